@@ -1,0 +1,1 @@
+"""Release pipeline of hotloop: importable, unit-tested modules that ``noxfile.py`` calls."""
