@@ -1,0 +1,74 @@
+"""``python -m hotloop``: what this install was built for, what it runs on, and whether it works."""
+
+from __future__ import annotations
+
+import sys
+from typing import Optional
+
+
+def kernel_for_capability(archs: list[str], capability: tuple[int, int]) -> Optional[str]:
+    """The compiled arch that runs on a GPU of this compute capability, or None.
+
+    A cubin (sm_XY) runs on the same major with an equal or higher minor; PTX
+    (compute_XY) is JIT-compiled by the driver for any equal or newer GPU.
+    """
+    major, minor = capability
+    cubins = [a for a in archs if a.startswith("sm_")]
+    for arch in sorted(cubins, key=lambda a: int(a[3:]), reverse=True):
+        number = int(arch[3:])
+        if number // 10 == major and number % 10 <= minor:
+            return arch
+    ptx = [a for a in archs if a.startswith("compute_") and int(a[8:]) <= major * 10 + minor]
+    return max(ptx, key=lambda a: int(a[8:]), default=None)
+
+
+def report() -> int:
+    import torch
+
+    print(f"torch        {torch.__version__} (CUDA {torch.version.cuda or 'none: CPU build'})")
+    try:
+        import hotloop
+    except ImportError as err:
+        print(f"hotloop      cannot be imported:\n  {err}")
+        print("verdict      BROKEN")
+        return 1
+    info = hotloop.BUILD_INFO
+    print(f"hotloop      {info['version']} from {hotloop.__file__}")
+    print(f"built for    torch {info['torch_version']}, CUDA {info['cuda_version'] or 'none'}")
+    print(f"archs        {' '.join(info['archs']) or 'none (CPU kernels only)'}")
+    print(f"C++11 ABI    {info['cxx11_abi']}   commit {info['git_commit'][:12]}   built {info['build_time']}")
+
+    problems = []
+    x = torch.randn(4, 8)
+    if not torch.allclose(hotloop.rms_norm(x), torch.nn.functional.rms_norm(x, (8,)), atol=1e-5):
+        problems.append("the CPU rms_norm kernel gave a wrong result")
+
+    if not torch.cuda.is_available():
+        print("GPU          none visible")
+    else:
+        name = torch.cuda.get_device_name()
+        capability = torch.cuda.get_device_capability()
+        kernel = kernel_for_capability(info["archs"], capability)
+        how = {None: "NO kernel for it"}.get(kernel, f"runs {kernel}")
+        if kernel and kernel.startswith("compute_"):
+            how += " (PTX, JIT-compiled by the driver on first use)"
+        print(f"GPU          {name}, sm_{capability[0]}{capability[1]}: {how}")
+        if kernel is None:
+            problems.append(
+                f"this wheel has no kernel for sm_{capability[0]}{capability[1]} "
+                f"(compiled: {', '.join(info['archs']) or 'none'})"
+            )
+        else:
+            y = torch.randn(4, 8, device="cuda")
+            expected = torch.nn.functional.rms_norm(y, (8,))
+            if not torch.allclose(hotloop.rms_norm(y), expected, atol=1e-5):
+                problems.append("the CUDA rms_norm kernel gave a wrong result")
+
+    for problem in problems:
+        print(f"problem      {problem}")
+    print(f"verdict      {'BROKEN' if problems else 'OK'}")
+    return 1 if problems else 0
+
+
+if __name__ == "__main__":
+    sys.exit(report())

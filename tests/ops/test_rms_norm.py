@@ -1,0 +1,211 @@
+"""rms_norm, its backward, fused_add_rms_norm and hotloop.RMSNorm."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+from op_testing import TOLERANCES, requires_cuda
+
+import hotloop
+
+DTYPES = [torch.float16, torch.bfloat16, torch.float32, torch.float64]
+# Hidden sizes that hit every kernel path: tiny, odd, not a multiple of the vector
+# width, one under a power of two, and past the register-resident limit.
+HIDDEN_SIZES = [1, 7, 64, 4095, 8193]
+
+
+def sample_inputs(device: str, dtype: torch.dtype, requires_grad: bool = False) -> list[tuple]:
+    def make(*shape: int, scale: float = 1.0) -> torch.Tensor:
+        t = torch.randn(*shape, device=device, dtype=torch.float64) * scale
+        return t.to(dtype).requires_grad_(requires_grad)
+
+    samples = [(make(3, h), make(h, scale=0.5) + 1, 1e-6) for h in HIDDEN_SIZES]
+    samples += [
+        (make(2, 3, 5, 40), make(40), 1e-5),  # several leading dims
+        (make(10), None, 1e-6),  # one dimension, no weight
+        (make(40, 6).t(), make(40), 1e-3),  # non-contiguous rows
+        (make(4, 96)[:, ::2], None, 1e-6),  # strided last dim
+    ]
+    return samples
+
+
+def rms_norm_reference(x: torch.Tensor, weight: torch.Tensor | None, eps: float) -> torch.Tensor:
+    x64 = x.double()
+    y = x64 * torch.rsqrt(x64.pow(2).mean(-1, keepdim=True) + eps)
+    return (y if weight is None else y * weight.double()).to(x.dtype)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_forward_matches_reference(device: str, dtype: torch.dtype) -> None:
+    for x, weight, eps in sample_inputs(device, dtype):
+        out = hotloop.rms_norm(x, weight, eps)
+        assert out.shape == x.shape
+        assert out.dtype == x.dtype
+        torch.testing.assert_close(out, rms_norm_reference(x, weight, eps), **TOLERANCES[dtype])
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_forward_matches_torch(device: str, dtype: torch.dtype) -> None:
+    x = torch.randn(6, 300, device=device, dtype=dtype)
+    weight = torch.rand(300, device=device, dtype=dtype)
+    expected = F.rms_norm(x, (300,), weight)  # eps=None: finfo(dtype).eps, as hotloop
+    torch.testing.assert_close(hotloop.rms_norm(x, weight), expected, **TOLERANCES[dtype])
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_backward_matches_reference(device: str, dtype: torch.dtype) -> None:
+    for x, weight, eps in sample_inputs(device, dtype, requires_grad=True):
+        grad_out = torch.randn_like(x)
+        hotloop.rms_norm(x, weight, eps).backward(grad_out)
+        leaves = [x] if weight is None else [x, weight]
+        got = [t.grad for t in leaves]
+        copies = [t.detach().double().requires_grad_() for t in leaves]
+        ref_weight = copies[1] if weight is not None else None
+        out64 = copies[0] * torch.rsqrt(copies[0].pow(2).mean(-1, keepdim=True) + eps)
+        (out64 if ref_weight is None else out64 * ref_weight).backward(grad_out.double())
+        tol = TOLERANCES[dtype]
+        if dtype in (torch.float16, torch.bfloat16):
+            # the weight gradient sums over every row; allow for the rounding of each term
+            tol = {"atol": 8 * tol["atol"], "rtol": 4 * tol["rtol"]}
+        for grad, copy in zip(got, copies):
+            torch.testing.assert_close(grad, copy.grad.to(dtype), **tol)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_opcheck(device: str, dtype: torch.dtype) -> None:
+    for x, weight, eps in sample_inputs(device, dtype, requires_grad=True)[1:7:2]:
+        torch.library.opcheck(torch.ops.hotloop.rms_norm.default, (x, weight, eps))
+        grad_out = torch.randn_like(x)
+        torch.library.opcheck(
+            torch.ops.hotloop.rms_norm_backward.default, (grad_out, x.detach(), weight, eps)
+        )
+
+
+def test_gradcheck(device: str) -> None:
+    for x, weight, eps in sample_inputs(device, torch.float64, requires_grad=True)[1:]:
+        if x.numel() > 1000:
+            continue  # gradcheck is quadratic in the number of elements
+        assert torch.autograd.gradcheck(lambda x, w, e=eps: hotloop.rms_norm(x, w, e), (x, weight))
+
+
+def test_compile_dynamic_shapes_without_graph_breaks(device: str) -> None:
+    norm = hotloop.RMSNorm(48, eps=1e-6, device=device)
+
+    def f(x: torch.Tensor) -> torch.Tensor:
+        return norm(x * 2).sum(-1)
+
+    compiled = torch.compile(f, fullgraph=True, dynamic=True)
+    for rows in (3, 11, 40):
+        x = torch.randn(rows, 48, device=device, requires_grad=True)
+        out = compiled(x)
+        torch.testing.assert_close(out, f(x))
+        out.sum().backward()
+    assert torch._dynamo.explain(f)(x).graph_break_count == 0
+
+
+def test_export(device: str) -> None:
+    module = torch.nn.Sequential(torch.nn.Linear(16, 16), hotloop.RMSNorm(16)).to(device)
+    x = torch.randn(4, 16, device=device)
+    exported = torch.export.export(module, (x,))
+    assert "hotloop.rms_norm" in str(exported.graph)
+    torch.testing.assert_close(exported.module()(x), module(x))
+
+
+def fused_reference(x, residual, weight, eps):
+    summed = (x.double() + residual.double()).to(x.dtype)
+    return rms_norm_reference(summed, weight, eps), summed
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_fused_add_rms_norm(device: str, dtype: torch.dtype) -> None:
+    for hidden in HIDDEN_SIZES:
+        x = torch.randn(5, hidden, device=device, dtype=dtype)
+        residual = torch.randn(5, hidden, device=device, dtype=dtype)
+        weight = torch.rand(hidden, device=device, dtype=dtype) + 0.5
+        expected_x, expected_residual = fused_reference(x, residual, weight, 1e-6)
+        hotloop.fused_add_rms_norm(x, residual, weight, 1e-6)
+        torch.testing.assert_close(residual, expected_residual, **TOLERANCES[dtype])
+        # one rounding more: the residual is rounded to dtype before or after the norm
+        tol = {k: 2 * v for k, v in TOLERANCES[dtype].items()}
+        torch.testing.assert_close(x, expected_x, **tol)
+
+
+def test_fused_add_rms_norm_opcheck_and_compile(device: str) -> None:
+    x = torch.randn(4, 33, device=device)
+    residual = torch.randn(4, 33, device=device)
+    weight = torch.rand(33, device=device)
+    torch.library.opcheck(torch.ops.hotloop.fused_add_rms_norm.default, (x, residual, weight, 1e-5))
+
+    def step(x: torch.Tensor, residual: torch.Tensor) -> torch.Tensor:
+        hotloop.fused_add_rms_norm(x, residual, weight, 1e-5)
+        return x + 1
+
+    compiled = torch.compile(step, fullgraph=True, dynamic=True)
+    x2, residual2 = x.clone(), residual.clone()
+    torch.testing.assert_close(compiled(x, residual), step(x2, residual2))
+    torch.testing.assert_close(residual, residual2)
+
+
+@pytest.mark.parametrize(
+    ("x", "weight", "message"),
+    [
+        (torch.randn(3, 8), torch.randn(7), "7"),
+        (torch.ones(3, 8, dtype=torch.int64), None, "floating"),
+        (torch.randn(3, 8), torch.randn(8, dtype=torch.float64), "dtype"),
+        (torch.randn(3, 8), torch.randn(2, 4), "weight"),
+    ],
+)
+def test_rms_norm_bad_inputs(x: torch.Tensor, weight: torch.Tensor | None, message: str) -> None:
+    with pytest.raises((RuntimeError, ValueError), match=message):
+        hotloop.rms_norm(x, weight, 1e-6)
+
+
+def test_rms_norm_bad_backend() -> None:
+    with pytest.raises(ValueError, match="backend"):
+        hotloop.rms_norm(torch.randn(2, 4), backend="fortran")
+    with pytest.raises(ValueError, match="CUDA tensor"):
+        hotloop.rms_norm(torch.randn(2, 4), backend="cuda")
+
+
+def test_fused_add_rms_norm_bad_inputs() -> None:
+    x, residual, weight = torch.randn(4, 8), torch.randn(4, 8), torch.rand(8)
+    with pytest.raises(RuntimeError, match="contiguous"):
+        hotloop.fused_add_rms_norm(x.t(), residual.t(), torch.rand(4))
+    with pytest.raises(RuntimeError, match="shape"):
+        hotloop.fused_add_rms_norm(x, torch.randn(4, 9), weight)
+    with pytest.raises(RuntimeError, match="8"):
+        hotloop.fused_add_rms_norm(x, residual, torch.rand(9))
+
+
+@requires_cuda
+@pytest.mark.gpu
+def test_rms_norm_weight_on_another_device() -> None:
+    with pytest.raises(RuntimeError, match="cpu"):
+        hotloop.rms_norm(torch.randn(2, 8, device="cuda"), torch.rand(8), 1e-6)
+
+
+def test_empty_input(device: str) -> None:
+    x = torch.randn(0, 16, device=device)
+    assert hotloop.rms_norm(x, torch.rand(16, device=device), 1e-6).shape == (0, 16)
+
+
+def test_module_is_a_drop_in_for_torch_rmsnorm(device: str) -> None:
+    reference = torch.nn.RMSNorm(24, eps=1e-5, device=device)
+    with torch.no_grad():
+        reference.weight.uniform_(0.5, 1.5)
+    ours = hotloop.RMSNorm(24, eps=1e-5, device=device)
+    ours.load_state_dict(reference.state_dict())
+    assert list(ours.state_dict()) == list(reference.state_dict())
+    x = torch.randn(3, 5, 24, device=device)
+    torch.testing.assert_close(ours(x), reference(x))
+    converted = hotloop.RMSNorm.from_module(reference)
+    assert converted.weight is reference.weight
+    torch.testing.assert_close(converted(x), reference(x))
+
+
+def test_module_rejects_multi_dim_shapes() -> None:
+    with pytest.raises(ValueError, match="last dimension"):
+        hotloop.RMSNorm((4, 8))
+    with pytest.raises(ValueError, match="last dimension 8"):
+        hotloop.RMSNorm(8)(torch.randn(2, 9))
