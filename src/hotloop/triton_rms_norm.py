@@ -1,0 +1,545 @@
+"""RMSNorm in Triton, registered as custom ops that torch.compile traces into.
+
+Two ops, both made with ``torch.library.triton_op`` so that torch.compile sees the
+Triton kernels themselves (``wrap_triton``) instead of an opaque call:
+
+* ``hotloop::rms_norm_triton(Tensor x, Tensor? weight, float eps) -> Tensor``
+* ``hotloop::rms_norm_triton_backward(Tensor grad_out, Tensor x, Tensor? weight,
+  float eps) -> (Tensor grad_x, Tensor grad_weight)``; ``grad_weight`` is an empty
+  ``(0,)`` tensor when ``weight`` is None, as for the C++ ``hotloop::rms_norm_backward``.
+
+Semantics are those of ``torch.nn.functional.rms_norm(x, (x.size(-1),), weight, eps)``
+and of the C++ ops: the mean of squares, the normalisation and the multiplication by
+the weight happen in float32 (float64 for float64 inputs) and the result is rounded
+once. The backward recomputes ``rstd`` from ``x``.
+
+The weight gradient is reduced without a second pass over ``x``: the backward runs a
+fixed number of persistent programs, each owning a contiguous chunk of rows, and each
+accumulates its share of ``sum_rows(grad_out * x_hat)`` in float32 registers while it
+computes ``grad_x``. The ``[num_programs, H]`` partials are summed afterwards (the
+scheme of Liger-Kernel and Unsloth). Rows wider than ``MAX_FUSED_BLOCK`` do not fit in
+registers; they take a looped path (a per-row statistics kernel, then a column-blocked
+kernel that writes ``grad_x`` and the partials).
+
+Inputs must be CUDA tensors, except under ``TRITON_INTERPRET=1`` (Triton's
+interpreter, which reads the variable when this module is imported), where CPU tensors
+run through the interpreter so that the kernels can be tested on a machine without a GPU.
+
+This module imports on a machine without a GPU; kernels compile at their first call.
+"""
+
+import os
+from typing import Optional
+
+import torch
+import triton
+import triton.language as tl
+
+__all__ = ["MAX_FUSED_BLOCK", "interpreting", "rms_norm", "rms_norm_backward"]
+
+# Widest row (as a power of two) that one program holds in registers. Wider rows take
+# the looped kernels. 16384 fits without spills in the forward; see _bwd_settings.
+MAX_FUSED_BLOCK = 16384
+# Column block of the looped kernels.
+LOOPED_BLOCK = 4096
+# Elements a row-tile should hold for narrow rows (several rows per program).
+_TILE_ELEMENTS = 4096
+
+_SUPPORTED_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
+
+
+def interpreting() -> bool:
+    """Whether the kernels run in Triton's interpreter (``TRITON_INTERPRET=1``)."""
+    return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
+
+
+# --------------------------------------------------------------------------- kernels
+
+
+@triton.jit
+def _to_acc(v, FP64: tl.constexpr):
+    # Accumulation type: float32, or float64 for float64 inputs.
+    if FP64:
+        return v.to(tl.float64)
+    else:
+        return v.to(tl.float32)
+
+
+@triton.jit
+def _rsqrt(v, FP64: tl.constexpr):
+    # tl.rsqrt is float32-only; float64 takes an IEEE sqrt and a division.
+    if FP64:
+        return 1.0 / tl.sqrt(v)
+    else:
+        return tl.rsqrt(v)
+
+
+@triton.jit
+def _rms_norm_fwd_kernel(
+    X,
+    W,
+    Y,
+    n_rows,
+    n_cols,
+    stride_x_row,
+    stride_y_row,
+    eps,
+    HAS_WEIGHT: tl.constexpr,
+    FP64: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+):
+    # One program normalises BLOCK_M whole rows (BLOCK_N >= n_cols).
+    rows = tl.program_id(0).to(tl.int64) * BLOCK_M + tl.arange(0, BLOCK_M)
+    cols = tl.arange(0, BLOCK_N)
+    col_mask = cols < n_cols
+    mask = (rows < n_rows)[:, None] & col_mask[None, :]
+    x = tl.load(X + rows[:, None] * stride_x_row + cols[None, :], mask=mask, other=0.0)
+    x = _to_acc(x, FP64)
+    mean_sq = tl.sum(x * x, axis=1) / n_cols
+    rstd = _rsqrt(mean_sq + eps, FP64)
+    y = x * rstd[:, None]
+    if HAS_WEIGHT:
+        w = _to_acc(tl.load(W + cols, mask=col_mask, other=0.0), FP64)
+        y = y * w[None, :]
+    tl.store(
+        Y + rows[:, None] * stride_y_row + cols[None, :],
+        y.to(Y.dtype.element_ty),
+        mask=mask,
+    )
+
+
+@triton.jit
+def _rms_norm_fwd_looped_kernel(
+    X,
+    W,
+    Y,
+    n_cols,
+    stride_x_row,
+    stride_y_row,
+    eps,
+    HAS_WEIGHT: tl.constexpr,
+    FP64: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+):
+    # One program per row, for rows wider than MAX_FUSED_BLOCK: a pass for the mean
+    # of squares, then a pass that writes y (the row is still in L2 by then).
+    row = tl.program_id(0).to(tl.int64)
+    x_row = X + row * stride_x_row
+    y_row = Y + row * stride_y_row
+    acc = _to_acc(tl.zeros([BLOCK_N], dtype=tl.float32), FP64)
+    for start in range(0, n_cols, BLOCK_N):
+        cols = start + tl.arange(0, BLOCK_N)
+        x = _to_acc(tl.load(x_row + cols, mask=cols < n_cols, other=0.0), FP64)
+        acc += x * x
+    rstd = _rsqrt(tl.sum(acc, axis=0) / n_cols + eps, FP64)
+    for start in range(0, n_cols, BLOCK_N):
+        cols = start + tl.arange(0, BLOCK_N)
+        col_mask = cols < n_cols
+        y = _to_acc(tl.load(x_row + cols, mask=col_mask, other=0.0), FP64) * rstd
+        if HAS_WEIGHT:
+            y = y * _to_acc(tl.load(W + cols, mask=col_mask, other=0.0), FP64)
+        tl.store(y_row + cols, y.to(Y.dtype.element_ty), mask=col_mask)
+
+
+@triton.jit
+def _rms_norm_bwd_kernel(
+    DY,
+    X,
+    W,
+    DX,
+    DW_PARTIAL,
+    n_rows,
+    n_cols,
+    rows_per_program,
+    stride_dy_row,
+    stride_x_row,
+    stride_dx_row,
+    eps,
+    HAS_WEIGHT: tl.constexpr,
+    FP64: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+):
+    # Persistent backward: this program owns rows [row_begin, row_end) and walks them
+    # BLOCK_M at a time. With x_hat = x * rstd and g = dy * w,
+    #   dx = rstd * (g - x_hat * mean(g * x_hat)),  dw += sum_rows(dy * x_hat),
+    # the dw share staying in registers until the end (one partial row per program).
+    pid = tl.program_id(0)
+    cols = tl.arange(0, BLOCK_N)
+    col_mask = cols < n_cols
+    if HAS_WEIGHT:
+        w = _to_acc(tl.load(W + cols, mask=col_mask, other=0.0), FP64)
+    dw_acc = _to_acc(tl.zeros([BLOCK_N], dtype=tl.float32), FP64)
+    row_begin = pid.to(tl.int64) * rows_per_program
+    row_end = tl.minimum(row_begin + rows_per_program, n_rows)
+    for start in range(row_begin, row_end, BLOCK_M):
+        rows = start + tl.arange(0, BLOCK_M)
+        mask = (rows < row_end)[:, None] & col_mask[None, :]
+        x = tl.load(X + rows[:, None] * stride_x_row + cols[None, :], mask=mask, other=0.0)
+        x = _to_acc(x, FP64)
+        dy = tl.load(DY + rows[:, None] * stride_dy_row + cols[None, :], mask=mask, other=0.0)
+        dy = _to_acc(dy, FP64)
+        rstd = _rsqrt(tl.sum(x * x, axis=1) / n_cols + eps, FP64)
+        x_hat = x * rstd[:, None]
+        if HAS_WEIGHT:
+            g = dy * w[None, :]
+        else:
+            g = dy
+        mean_g_xhat = tl.sum(g * x_hat, axis=1) / n_cols
+        dx = (g - x_hat * mean_g_xhat[:, None]) * rstd[:, None]
+        tl.store(
+            DX + rows[:, None] * stride_dx_row + cols[None, :],
+            dx.to(DX.dtype.element_ty),
+            mask=mask,
+        )
+        if HAS_WEIGHT:
+            dw_acc += tl.sum(dy * x_hat, axis=0)
+    if HAS_WEIGHT:
+        tl.store(DW_PARTIAL + pid.to(tl.int64) * n_cols + cols, dw_acc, mask=col_mask)
+
+
+@triton.jit
+def _rms_norm_bwd_row_stats_kernel(
+    DY,
+    X,
+    W,
+    RSTD,
+    COEF,
+    n_cols,
+    stride_dy_row,
+    stride_x_row,
+    eps,
+    HAS_WEIGHT: tl.constexpr,
+    FP64: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+):
+    # Looped backward, step 1, one program per row: rstd and
+    # coef = rstd^3 * mean(g * x), so that dx = rstd * g - coef * x.
+    row = tl.program_id(0).to(tl.int64)
+    sum_sq = _to_acc(tl.zeros([BLOCK_N], dtype=tl.float32), FP64)
+    sum_gx = _to_acc(tl.zeros([BLOCK_N], dtype=tl.float32), FP64)
+    for start in range(0, n_cols, BLOCK_N):
+        cols = start + tl.arange(0, BLOCK_N)
+        col_mask = cols < n_cols
+        x = _to_acc(tl.load(X + row * stride_x_row + cols, mask=col_mask, other=0.0), FP64)
+        g = _to_acc(tl.load(DY + row * stride_dy_row + cols, mask=col_mask, other=0.0), FP64)
+        if HAS_WEIGHT:
+            g = g * _to_acc(tl.load(W + cols, mask=col_mask, other=0.0), FP64)
+        sum_sq += x * x
+        sum_gx += g * x
+    rstd = _rsqrt(tl.sum(sum_sq, axis=0) / n_cols + eps, FP64)
+    coef = rstd * rstd * rstd * (tl.sum(sum_gx, axis=0) / n_cols)
+    tl.store(RSTD + row, rstd)
+    tl.store(COEF + row, coef)
+
+
+@triton.jit
+def _rms_norm_bwd_looped_kernel(
+    DY,
+    X,
+    W,
+    RSTD,
+    COEF,
+    DX,
+    DW_PARTIAL,
+    n_rows,
+    n_cols,
+    rows_per_program,
+    stride_dy_row,
+    stride_x_row,
+    stride_dx_row,
+    HAS_WEIGHT: tl.constexpr,
+    FP64: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+):
+    # Looped backward, step 2: program (m, n) owns a chunk of rows and the column
+    # block n; it writes dx there and keeps its dw share in registers.
+    pid_m = tl.program_id(0)
+    cols = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
+    col_mask = cols < n_cols
+    if HAS_WEIGHT:
+        w = _to_acc(tl.load(W + cols, mask=col_mask, other=0.0), FP64)
+    dw_acc = _to_acc(tl.zeros([BLOCK_N], dtype=tl.float32), FP64)
+    row_begin = pid_m.to(tl.int64) * rows_per_program
+    row_end = tl.minimum(row_begin + rows_per_program, n_rows)
+    for row in range(row_begin, row_end):
+        x = _to_acc(tl.load(X + row * stride_x_row + cols, mask=col_mask, other=0.0), FP64)
+        dy = _to_acc(tl.load(DY + row * stride_dy_row + cols, mask=col_mask, other=0.0), FP64)
+        rstd = tl.load(RSTD + row)
+        coef = tl.load(COEF + row)
+        if HAS_WEIGHT:
+            g = dy * w
+        else:
+            g = dy
+        dx = rstd * g - coef * x
+        tl.store(DX + row * stride_dx_row + cols, dx.to(DX.dtype.element_ty), mask=col_mask)
+        if HAS_WEIGHT:
+            dw_acc += dy * x * rstd
+    if HAS_WEIGHT:
+        tl.store(DW_PARTIAL + pid_m.to(tl.int64) * n_cols + cols, dw_acc, mask=col_mask)
+
+
+# --------------------------------------------------------------------- launch settings
+
+
+def _num_warps(tile_elements: int) -> int:
+    # About 8 to 16 elements per thread for the row tile.
+    if tile_elements <= 1024:
+        return 4
+    if tile_elements <= 4096:
+        return 8
+    return 16
+
+
+def _fused_tile(n_cols: int) -> tuple[int, int, int]:
+    """(BLOCK_M, BLOCK_N, num_warps) of the fused kernels for rows of n_cols elements."""
+    block_n = triton.next_power_of_2(n_cols)
+    block_m = max(1, min(128, _TILE_ELEMENTS // block_n))
+    return block_m, block_n, _num_warps(block_m * block_n)
+
+
+def _num_persistent_programs(device: torch.device) -> int:
+    if device.type == "cuda":
+        return torch.cuda.get_device_properties(device).multi_processor_count
+    return 4  # the interpreter: a few programs, to exercise the partial reduction
+
+
+def _check_inputs(op: str, x: torch.Tensor, weight: Optional[torch.Tensor]) -> None:
+    if x.device.type != "cuda" and not interpreting():
+        raise ValueError(
+            f"{op}(backend='triton'): x is on {x.device.type}; the Triton kernels need a "
+            "CUDA tensor (or TRITON_INTERPRET=1 set before importing hotloop, for the "
+            "interpreter)"
+        )
+    if x.dim() < 1:
+        raise ValueError(
+            f"{op}(backend='triton'): expected x to have at least 1 dimension (the "
+            "normalised one) but got a 0-dim tensor"
+        )
+    if x.dtype not in _SUPPORTED_DTYPES:
+        raise ValueError(
+            f"{op}(backend='triton'): expected a floating-point tensor (float16, bfloat16, "
+            f"float32, float64) but got {x.dtype} for x"
+        )
+    if weight is not None:
+        if weight.device != x.device:
+            raise ValueError(
+                f"{op}(backend='triton'): x is on {x.device} but weight is on {weight.device}"
+            )
+        if weight.dtype != x.dtype:
+            raise ValueError(
+                f"{op}(backend='triton'): x is {x.dtype} but weight is {weight.dtype} "
+                "(expected the same dtype)"
+            )
+        if weight.numel() != x.shape[-1]:
+            raise ValueError(
+                f"{op}(backend='triton'): weight has {weight.numel()} elements but x's last "
+                f"dim is {x.shape[-1]}"
+            )
+
+
+def _as_rows(t: torch.Tensor, n_cols: int) -> torch.Tensor:
+    """t as a 2-d (rows, n_cols) tensor with unit column stride (a view where possible)."""
+    rows = t.reshape(-1, n_cols)
+    if rows.stride(1) != 1:
+        rows = rows.contiguous()
+    return rows
+
+
+# ------------------------------------------------------------------------------ ops
+
+
+@torch.library.triton_op("hotloop::rms_norm_triton", mutates_args=())
+def _rms_norm_triton(x: torch.Tensor, weight: Optional[torch.Tensor], eps: float) -> torch.Tensor:
+    _check_inputs("rms_norm", x, weight)
+    y = torch.empty(x.shape, dtype=x.dtype, device=x.device)
+    if x.numel() == 0:
+        return y
+    n_cols = x.shape[-1]
+    x2 = _as_rows(x, n_cols)
+    y2 = y.view(-1, n_cols)
+    n_rows = x2.shape[0]
+    w = weight.reshape(-1).contiguous() if weight is not None else None
+    has_weight = w is not None
+    fp64 = x.dtype == torch.float64
+    block_n = triton.next_power_of_2(n_cols)
+    if block_n <= MAX_FUSED_BLOCK:
+        block_m, block_n, num_warps = _fused_tile(n_cols)
+        torch.library.wrap_triton(_rms_norm_fwd_kernel)[(triton.cdiv(n_rows, block_m),)](
+            x2,
+            w if has_weight else x2,  # never read when HAS_WEIGHT is False
+            y2,
+            n_rows,
+            n_cols,
+            x2.stride(0),
+            y2.stride(0),
+            eps,
+            HAS_WEIGHT=has_weight,
+            FP64=fp64,
+            BLOCK_M=block_m,
+            BLOCK_N=block_n,
+            num_warps=num_warps,
+        )
+    else:
+        torch.library.wrap_triton(_rms_norm_fwd_looped_kernel)[(n_rows,)](
+            x2,
+            w if has_weight else x2,
+            y2,
+            n_cols,
+            x2.stride(0),
+            y2.stride(0),
+            eps,
+            HAS_WEIGHT=has_weight,
+            FP64=fp64,
+            BLOCK_N=LOOPED_BLOCK,
+            num_warps=_num_warps(LOOPED_BLOCK),
+        )
+    return y
+
+
+@torch.library.triton_op("hotloop::rms_norm_triton_backward", mutates_args=())
+def _rms_norm_triton_backward(
+    grad_out: torch.Tensor, x: torch.Tensor, weight: Optional[torch.Tensor], eps: float
+) -> tuple[torch.Tensor, torch.Tensor]:
+    _check_inputs("rms_norm_backward", x, weight)
+    if grad_out.shape != x.shape or grad_out.dtype != x.dtype or grad_out.device != x.device:
+        raise ValueError(
+            "rms_norm_backward(backend='triton'): grad_out is "
+            f"{grad_out.dtype}{list(grad_out.shape)} on {grad_out.device} but x is "
+            f"{x.dtype}{list(x.shape)} on {x.device} (expected the same shape, dtype, device)"
+        )
+    grad_x = torch.empty(x.shape, dtype=x.dtype, device=x.device)
+    if weight is None:
+        grad_weight = torch.empty((0,), dtype=x.dtype, device=x.device)
+    elif x.numel() == 0:
+        return grad_x, torch.zeros(weight.shape, dtype=weight.dtype, device=weight.device)
+    if x.numel() == 0:
+        return grad_x, grad_weight
+
+    n_cols = x.shape[-1]
+    x2 = _as_rows(x, n_cols)
+    dy2 = _as_rows(grad_out, n_cols)
+    dx2 = grad_x.view(-1, n_cols)
+    n_rows = x2.shape[0]
+    w = weight.reshape(-1).contiguous() if weight is not None else None
+    has_weight = w is not None
+    fp64 = x.dtype == torch.float64
+    acc_dtype = torch.float64 if fp64 else torch.float32
+    programs = _num_persistent_programs(x.device)
+
+    if triton.next_power_of_2(n_cols) <= MAX_FUSED_BLOCK:
+        block_m, block_n, num_warps = _fused_tile(n_cols)
+        # Whole tiles per program, and no program without rows.
+        tiles = triton.cdiv(n_rows, block_m)
+        rows_per_program = triton.cdiv(tiles, min(programs, tiles)) * block_m
+        programs = triton.cdiv(n_rows, rows_per_program)
+        dw_partial = torch.empty(
+            (programs, n_cols) if has_weight else (0,), dtype=acc_dtype, device=x.device
+        )
+        torch.library.wrap_triton(_rms_norm_bwd_kernel)[(programs,)](
+            dy2,
+            x2,
+            w if has_weight else x2,
+            dx2,
+            dw_partial if has_weight else dx2,  # never written when HAS_WEIGHT is False
+            n_rows,
+            n_cols,
+            rows_per_program,
+            dy2.stride(0),
+            x2.stride(0),
+            dx2.stride(0),
+            eps,
+            HAS_WEIGHT=has_weight,
+            FP64=fp64,
+            BLOCK_M=block_m,
+            BLOCK_N=block_n,
+            num_warps=num_warps,
+        )
+    else:
+        rstd = torch.empty((n_rows,), dtype=acc_dtype, device=x.device)
+        coef = torch.empty((n_rows,), dtype=acc_dtype, device=x.device)
+        torch.library.wrap_triton(_rms_norm_bwd_row_stats_kernel)[(n_rows,)](
+            dy2,
+            x2,
+            w if has_weight else x2,
+            rstd,
+            coef,
+            n_cols,
+            dy2.stride(0),
+            x2.stride(0),
+            eps,
+            HAS_WEIGHT=has_weight,
+            FP64=fp64,
+            BLOCK_N=LOOPED_BLOCK,
+            num_warps=_num_warps(LOOPED_BLOCK),
+        )
+        col_blocks = triton.cdiv(n_cols, LOOPED_BLOCK)
+        programs = min(n_rows, max(1, triton.cdiv(4 * programs, col_blocks)))
+        rows_per_program = triton.cdiv(n_rows, programs)
+        programs = triton.cdiv(n_rows, rows_per_program)
+        dw_partial = torch.empty(
+            (programs, n_cols) if has_weight else (0,), dtype=acc_dtype, device=x.device
+        )
+        torch.library.wrap_triton(_rms_norm_bwd_looped_kernel)[(programs, col_blocks)](
+            dy2,
+            x2,
+            w if has_weight else x2,
+            rstd,
+            coef,
+            dx2,
+            dw_partial if has_weight else dx2,
+            n_rows,
+            n_cols,
+            rows_per_program,
+            dy2.stride(0),
+            x2.stride(0),
+            dx2.stride(0),
+            HAS_WEIGHT=has_weight,
+            FP64=fp64,
+            BLOCK_N=LOOPED_BLOCK,
+            num_warps=_num_warps(LOOPED_BLOCK),
+        )
+    if weight is not None:
+        grad_weight = dw_partial.sum(0).to(weight.dtype).view(weight.shape)
+    return grad_x, grad_weight
+
+
+def _setup_context(ctx, inputs, output):  # type: ignore[no-untyped-def]
+    x, weight, eps = inputs
+    ctx.save_for_backward(x, weight)
+    ctx.eps = eps
+
+
+def _backward(ctx, grad_out):  # type: ignore[no-untyped-def]
+    x, weight = ctx.saved_tensors
+    grad_x, grad_weight = torch.ops.hotloop.rms_norm_triton_backward(
+        grad_out, x, weight, ctx.eps
+    )
+    return grad_x, (grad_weight if weight is not None else None), None
+
+
+torch.library.register_autograd("hotloop::rms_norm_triton", _backward, setup_context=_setup_context)
+
+
+# ------------------------------------------------------------------------ Python API
+
+
+def rms_norm(
+    x: torch.Tensor, weight: Optional[torch.Tensor] = None, eps: Optional[float] = None
+) -> torch.Tensor:
+    """``F.rms_norm(x, (x.size(-1),), weight, eps)`` through the Triton kernels.
+
+    ``eps=None`` means ``torch.finfo(x.dtype).eps``, as in ``F.rms_norm``. Differentiable
+    in ``x`` and ``weight``; traced by torch.compile without a graph break.
+    """
+    if eps is None:
+        eps = torch.finfo(x.dtype).eps if x.is_floating_point() else 0.0
+    return torch.ops.hotloop.rms_norm_triton(x, weight, eps)
+
+
+def rms_norm_backward(
+    grad_out: torch.Tensor, x: torch.Tensor, weight: Optional[torch.Tensor], eps: float
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(grad_x, grad_weight) of :func:`rms_norm`; grad_weight is ``(0,)`` without weight."""
+    return torch.ops.hotloop.rms_norm_triton_backward(grad_out, x, weight, eps)
