@@ -1,0 +1,57 @@
+"""hotloop's sessions. Plain ``nox`` runs lint and tests; ``nox -s wheels`` builds the release.
+
+The logic lives in ``scripts/`` (importable, unit-tested); the sessions only install what they
+need and call it. Interpreters come from PATH or pyenv's install folders (never its shims):
+``scripts.interpreters.put_on_path`` makes ``python3.X`` resolve before nox looks for it.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+import nox
+
+sys.path.insert(0, str(Path(__file__).parent))
+
+from scripts import interpreters, matrix  # noqa: E402
+
+nox.options.default_venv_backend = "uv"
+nox.options.sessions = ["lint", "tests"]
+nox.options.reuse_existing_virtualenvs = False
+
+SESSION_PYTHON = "3.12"
+interpreters.put_on_path([SESSION_PYTHON])
+os.environ["UV_PYTHON_DOWNLOADS"] = "never"
+
+PIPELINE_TOOLS = ("uv==0.13.9", "auditwheel==6.8.2", "abi3audit==0.0.26", "pyelftools==0.33")
+TEST_TOOLS = ("pytest>=8", "expecttest", "hypothesis", "numpy", "pyelftools==0.33")
+BUILD_TOOLS = ("setuptools>=77", "wheel", "ninja")
+
+
+@nox.session(python=SESSION_PYTHON)
+def wheels(session: nox.Session) -> None:
+    """Build, repair, audit and test the wheels: ``-- --torch 2.11 | --all, --python 3.12, --skip-tests, --out DIR``."""
+    session.install(*PIPELINE_TOOLS)
+    session.run("python", "-m", "scripts.wheels", *session.posargs)
+
+
+@nox.session(python=SESSION_PYTHON)
+def tests(session: nox.Session) -> None:
+    """Op tests against a quick CPU build of the source tree, and the pipeline's unit tests.
+
+    torch is the newest matrix row's, or ``HOTLOOP_TORCH=2.11`` (a row's version or minor).
+    """
+    row = matrix.select_rows(matrix.load_rows(), os.environ.get("HOTLOOP_TORCH") or None)[0]
+    session.install(f"torch=={row.torch}", *BUILD_TOOLS, *TEST_TOOLS)
+    session.install("--no-build-isolation", "-e", ".", env={"HOTLOOP_CUDA": "0", "MAX_JOBS": "2"})
+    session.run("pytest", "tests", *session.posargs)
+
+
+@nox.session(python=SESSION_PYTHON)
+def lint(session: nox.Session) -> None:
+    """ruff check and ruff format --check (config in pyproject.toml)."""
+    session.install("ruff")
+    session.run("ruff", "check", ".")
+    session.run("ruff", "format", "--check", ".")

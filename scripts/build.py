@@ -1,0 +1,200 @@
+"""Build one CUDA abi3 wheel for a matrix row, in a fresh venv with exactly the row's torch.
+
+The sources are copied to a private folder first: setup.py writes ``_build_info.py`` and
+``build/`` next to itself, and other builds (and people) use the repository at the same time.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from scripts import toolchain
+from scripts.interpreters import Interpreter, find_interpreters
+from scripts.matrix import Row
+
+REPO = toolchain.REPO
+# What an sdist would carry: everything setup.py and the package need, nothing built.
+SOURCE_ITEMS = ("setup.py", "pyproject.toml", "MANIFEST.in", "README.md", "LICENSE", "csrc", "src")
+BUILD_REQUIREMENTS = ("setuptools>=77", "wheel", "ninja", "build")
+
+
+@dataclass
+class BuildResult:
+    wheel: Path
+    seconds: float
+    log: Path
+
+
+def log(msg: str) -> None:
+    print(f"[build] {msg}", file=sys.stderr, flush=True)
+
+
+def uv_exe() -> str:
+    exe = shutil.which("uv")
+    if not exe:
+        raise SystemExit("uv not found on PATH (python3 -m pip install -r requirements-nox.txt)")
+    return exe
+
+
+def uv_env() -> dict[str, str]:
+    env = dict(os.environ)
+    env["UV_PYTHON_DOWNLOADS"] = "never"
+    return env
+
+
+def create_venv(path: Path, python: Path, packages: Sequence[str]) -> Path:
+    """Fresh uv venv at ``path`` with ``packages``; returns its interpreter."""
+    if path.exists():
+        shutil.rmtree(path)
+    uv = uv_exe()
+    subprocess.run([uv, "venv", "--quiet", "--python", str(python), str(path)], check=True, env=uv_env())
+    py = path / "bin" / "python"
+    subprocess.run([uv, "pip", "install", "--quiet", "--python", str(py), *packages], check=True, env=uv_env())
+    return py
+
+
+def site_packages(python: Path) -> Path:
+    out = subprocess.run(
+        [str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    return Path(out.stdout.strip())
+
+
+def git_commit() -> str:
+    try:
+        head = subprocess.run(
+            ["git", "rev-parse", "HEAD"], cwd=REPO, capture_output=True, text=True, check=True
+        ).stdout.strip()
+        dirty = subprocess.run(
+            ["git", "status", "--porcelain", "--", *SOURCE_ITEMS],
+            cwd=REPO,
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown"
+    return head + ("-dirty" if dirty else "")
+
+
+def source_date_epoch() -> str:
+    """``$SOURCE_DATE_EPOCH`` or the last commit's time: reproducible build_time."""
+    if os.environ.get("SOURCE_DATE_EPOCH"):
+        return os.environ["SOURCE_DATE_EPOCH"]
+    try:
+        return subprocess.run(
+            ["git", "log", "-1", "--format=%ct"], cwd=REPO, capture_output=True, text=True, check=True
+        ).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return str(int(time.time()))
+
+
+def copy_sources(dest: Path) -> None:
+    if dest.exists():
+        shutil.rmtree(dest)
+    dest.mkdir(parents=True)
+    ignore = shutil.ignore_patterns("__pycache__", "*.so", "*.o", "_build_info.py", "*.egg-info", "build")
+    for item in SOURCE_ITEMS:
+        src = REPO / item
+        if src.is_dir():
+            shutil.copytree(src, dest / item, ignore=ignore)
+        elif src.is_file():
+            shutil.copy2(src, dest / item)
+    if not (dest / "README.md").exists() and (dest / "pyproject.toml").exists():
+        # pyproject names README.md as the long description; until it exists, don't fail the build on it.
+        log("README.md missing in the repository: using a one-line placeholder for the build")
+        (dest / "README.md").write_text("# hotloop\n")
+
+
+def build_env(row: Row, cuda_home: Path, sysroot: Path, ccache_bin: Path | None, torch_site: Path) -> dict[str, str]:
+    """The environment setup.py's build contract reads (see setup.py's docstring)."""
+    env = dict(os.environ)
+    for var in ("CPATH", "CPLUS_INCLUDE_PATH", "C_INCLUDE_PATH", "LIBRARY_PATH", "CUDA_PATH", "CUDAHOSTCXX"):
+        env.pop(var, None)
+    env.update(
+        {
+            "HOTLOOP_CUDA": "1",
+            "CUDA_HOME": str(cuda_home),
+            "TORCH_CUDA_ARCH_LIST": row.arch_list,
+            "HOTLOOP_SYSROOT": str(sysroot),
+            "MAX_JOBS": os.environ.get("MAX_JOBS", str(os.cpu_count() or 2)),
+            "NVCC_THREADS": os.environ.get("NVCC_THREADS", "2"),
+            "SOURCE_DATE_EPOCH": source_date_epoch(),
+            "HOTLOOP_GIT_COMMIT": git_commit(),
+            # We wrap compilers in ccache ourselves (torch >= 2.14 would also do it, older ones not).
+            "TORCH_NO_COMPILER_WRAPPER": "1",
+            "UV_PYTHON_DOWNLOADS": "never",
+        }
+    )
+    # torch's headers include cublas_v2.h, cusparse.h, ...: they ship in torch's nvidia deps.
+    includes = [str(p) for p in toolchain.torch_cuda_include_dirs(torch_site)]
+    if includes:
+        env["CPATH"] = os.pathsep.join(includes)
+    if ccache_bin is not None:
+        env.update(toolchain.compiler_wrappers(ccache_bin, cuda_home))
+        env.update(toolchain.ccache_env())
+    else:
+        env["CC"], env["CXX"] = shutil.which("gcc") or "gcc", shutil.which("g++") or "g++"
+    return env
+
+
+def pick_build_python(row: Row, found: Mapping[str, Interpreter | None] | None = None) -> Interpreter:
+    """Newest Python of the row that is installed (the wheel is abi3: any of them builds it)."""
+    found = found if found is not None else find_interpreters(row.pythons)
+    for version in reversed(row.pythons):
+        interp = found.get(version)
+        if interp is not None:
+            return interp
+    raise SystemExit(f"no interpreter for any of {row.pythons} (torch {row.torch}) found")
+
+
+def build_wheel(row: Row, workdir: Path, build_python: Interpreter | None = None) -> BuildResult:
+    """Build ``row``'s wheel into ``workdir/dist``; raises CalledProcessError on failure."""
+    start = time.monotonic()
+    workdir.mkdir(parents=True, exist_ok=True)
+    cuda_home = toolchain.ensure_cuda_toolkit(row.cuda, row.toolkit)
+    sysroot = toolchain.ensure_sysroot()
+    ccache_bin = toolchain.ensure_ccache()
+    interp = build_python or pick_build_python(row)
+    log(f"{row.variant}: build venv on Python {interp.version} ({interp.path})")
+    py = create_venv(workdir / "venv", interp.path, [f"torch=={row.torch}", *BUILD_REQUIREMENTS])
+    src = workdir / "src"
+    copy_sources(src)
+    env = build_env(row, cuda_home, sysroot, ccache_bin, site_packages(py))
+    env["PATH"] = os.pathsep.join([str(py.parent), env.get("PATH", "")])
+    env["VIRTUAL_ENV"] = str(py.parent.parent)
+    if ccache_bin is not None:
+        # Same relative paths in every build of this variant: ccache hits across runs.
+        env["CCACHE_BASEDIR"] = str(src)
+    dist = workdir / "dist"
+    shutil.rmtree(dist, ignore_errors=True)
+    log_path = workdir / "build.log"
+    log(f"{row.variant}: python -m build --wheel --no-isolation (log: {log_path})")
+    with log_path.open("w") as fh:
+        proc = subprocess.run(
+            [str(py), "-m", "build", "--wheel", "--no-isolation", "--outdir", str(dist), str(src)],
+            env=env,
+            stdout=fh,
+            stderr=subprocess.STDOUT,
+        )
+    if proc.returncode != 0:
+        tail = "".join(log_path.read_text().splitlines(keepends=True)[-40:])
+        raise BuildError(f"{row.variant}: build failed (exit {proc.returncode}); last lines of {log_path}:\n{tail}")
+    wheels = sorted(dist.glob("*.whl"))
+    if len(wheels) != 1:
+        raise BuildError(f"{row.variant}: expected one wheel in {dist}, found {[w.name for w in wheels]}")
+    return BuildResult(wheels[0], time.monotonic() - start, log_path)
+
+
+class BuildError(RuntimeError):
+    pass

@@ -1,0 +1,134 @@
+"""``nox -s wheels``: build, repair, audit and test one wheel per selected matrix row.
+
+    python -m scripts.wheels [--torch 2.11 | --all] [--python 3.12] [--skip-tests] [--out DIR]
+
+Wheels that passed everything land in ``--out`` (default ``wheelhouse/``), next to
+``<variant>.json`` per cell and ``report.json`` / ``report.md`` for the run. A failed cell
+leaves no wheel there. Work folders (venvs, build logs, unrepaired wheels) live under the
+cache: ``$HOTLOOP_CACHE_DIR`` or ``.cache/hotloop/work/<variant>/``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import os
+import platform
+import shutil
+import sys
+import time
+import traceback
+from collections.abc import Sequence
+from pathlib import Path
+
+from scripts import audit, build, matrix, toolchain
+from scripts.interpreters import find_interpreters
+from scripts.report import CellReport, render_table, write_cell_json, write_run_report
+from scripts.wheeltest import test_wheel
+
+DEFAULT_OUT = toolchain.REPO / "wheelhouse"
+
+
+def log(msg: str) -> None:
+    print(f"[wheels] {msg}", file=sys.stderr, flush=True)
+
+
+def remove_variant_wheels(out_dir: Path, variant: str) -> None:
+    """Drop earlier wheels of this variant so a failed rerun leaves none behind."""
+    for old in out_dir.glob(f"hotloop-*+{variant}-*.whl"):
+        old.unlink()
+
+
+def run_cell(
+    row: matrix.Row, out_dir: Path, pythons: Sequence[str] | None, skip_tests: bool
+) -> CellReport:
+    cell = CellReport(row.variant, row.torch, row.cuda)
+    start = time.monotonic()
+    workdir = toolchain.cache_dir() / "work" / row.variant
+    remove_variant_wheels(out_dir, row.variant)
+    try:
+        cell.stage = "toolchain"
+        wanted = [p for p in row.pythons if not pythons or p in pythons]
+        found = find_interpreters(row.pythons)
+        interp = build.pick_build_python(row, found)
+        cell.build_python = f"{interp.version} ({interp.path})"
+
+        cell.stage = "build"
+        result = build.build_wheel(row, workdir, interp)
+        cell.build_seconds = result.seconds
+        log(f"{row.variant}: built {result.wheel.name} in {result.seconds:.0f}s")
+
+        cell.stage = "repair/audit"
+        site = build.site_packages(workdir / "venv" / "bin" / "python")
+        repaired, report = audit.repair_and_audit(result.wheel, workdir / "repaired", row, site)
+        cell.wheel = repaired.name
+        cell.size_bytes = repaired.stat().st_size
+        parts = audit.wheel_name_parts(repaired.name)
+        cell.tag = f"{parts['python']}-{parts['abi']}-{parts['platform']}"
+        cell.max_versions = report.max_versions
+        cell.auditwheel_output = report.auditwheel_output
+        cell.audit = "ok (" + ", ".join(sorted(report.max_versions.values())) + ")"
+        log(f"{row.variant}: audit ok: {repaired.name} ({cell.size_bytes} bytes), needs {cell.max_versions}")
+
+        cell.stage = "test"
+        if not skip_tests:
+            chosen = {v: found[v] for v in wanted}
+            for v, i in chosen.items():
+                log(f"{row.variant}: Python {v}: " + (f"{i.path} (from {i.source})" if i else "not found"))
+            tests = test_wheel(row.torch, repaired, chosen, workdir / "tests")
+            cell.tests = [t.as_dict() for t in tests]
+            failed = [t for t in tests if t.status != "passed"]
+            if failed:
+                raise RuntimeError(
+                    f"{repaired.name}: tests: "
+                    + "; ".join(f"Python {t.python} {t.status}: {t.summary} (log {t.log})" for t in failed)
+                )
+        cell.stage = "done"
+        shutil.copy2(repaired, out_dir / repaired.name)
+        cell.status = "passed"
+    except (build.BuildError, audit.AuditError, RuntimeError, OSError, SystemExit) as exc:
+        cell.error = str(exc)
+        log(f"{row.variant}: FAILED at {cell.stage}: {exc}")
+    except Exception as exc:  # noqa: BLE001 - a cell never takes the whole run down
+        cell.error = f"{type(exc).__name__}: {exc}\n{traceback.format_exc()}"
+        log(f"{row.variant}: FAILED at {cell.stage}: {cell.error}")
+    cell.total_seconds = time.monotonic() - start
+    write_cell_json(out_dir, cell)
+    return cell
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="nox -s wheels --", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--torch", action="append", help="torch version or minor of a row (repeatable)")
+    parser.add_argument("--all", action="store_true", help="every row of scripts/matrix.toml")
+    parser.add_argument("--python", action="append", help="test only these Pythons (repeatable)")
+    parser.add_argument("--skip-tests", action="store_true", help="build, repair and audit only")
+    parser.add_argument("--out", type=Path, default=DEFAULT_OUT, help="output folder (default: wheelhouse/)")
+    args = parser.parse_args(argv)
+    os.environ.setdefault("UV_PYTHON_DOWNLOADS", "never")
+
+    rows = matrix.select_rows(matrix.load_rows(), args.torch, args.all)
+    out_dir = args.out.resolve()
+    out_dir.mkdir(parents=True, exist_ok=True)
+    started = time.monotonic()
+    log("cells: " + ", ".join(r.variant for r in rows) + f"; output: {out_dir}")
+    cells = [run_cell(row, out_dir, args.python, args.skip_tests) for row in rows]
+    meta = {
+        "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
+        "commit": build.git_commit(),
+        "host": f"{platform.node()} {platform.machine()} {os.cpu_count()} cores",
+        "seconds": round(time.monotonic() - started, 1),
+        "args": sys.argv[1:] if argv is None else list(argv),
+    }
+    write_run_report(out_dir, cells, meta)
+    print("\n" + render_table(cells))
+    for cell in cells:
+        if cell.status != "passed":
+            print(f"\n{cell.variant} failed at {cell.stage}:\n{cell.error}")
+    print(f"\nreport: {out_dir / 'report.json'} (run took {meta['seconds']:.0f}s)")
+    return 0 if all(c.status == "passed" for c in cells) else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

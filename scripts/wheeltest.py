@@ -1,0 +1,109 @@
+"""Run the op test suite against an installed wheel, in a fresh venv per Python.
+
+The tests run from an empty working directory so the source tree's ``src/`` is never on
+``sys.path``; ``HOTLOOP_TEST_INSTALLED=1`` makes tests/ops/conftest.py assert that.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from scripts.build import create_venv
+from scripts.interpreters import Interpreter
+from scripts.toolchain import REPO
+
+PARALLEL_CELLS = 2  # two Python cells at a time: 2 cores, torch import is heavy
+
+
+@dataclass
+class TestResult:
+    python: str
+    status: str  # "passed", "failed", "missing" (no interpreter), "skipped"
+    interpreter: str = ""
+    source: str = ""
+    summary: str = ""
+    seconds: float = 0.0
+    log: str = ""
+
+    def as_dict(self) -> dict:
+        return asdict(self)
+
+
+def pytest_command(python: Path, repo: Path = REPO, extra: Sequence[str] = ()) -> list[str]:
+    return [
+        str(python),
+        "-m",
+        "pytest",
+        str(repo / "tests" / "ops"),
+        "-c",
+        str(repo / "pyproject.toml"),
+        "--rootdir",
+        str(repo),
+        "-p",
+        "no:cacheprovider",
+        *extra,
+    ]
+
+
+def last_summary_line(output: str) -> str:
+    for line in reversed(output.strip().splitlines()):
+        if line.startswith("=") or " passed" in line or " failed" in line or "error" in line:
+            return line.strip("= ").strip()
+    return output.strip().splitlines()[-1] if output.strip() else ""
+
+
+def test_one(torch_spec: str, wheel: Path, interp: Interpreter, workdir: Path) -> TestResult:
+    start = time.monotonic()
+    cell = workdir / f"py{interp.version}"
+    log_path = cell.with_suffix(".log")
+    try:
+        py = create_venv(cell / "venv", interp.path, [torch_spec, f"hotloop[test] @ {wheel.resolve().as_uri()}"])
+    except subprocess.CalledProcessError as exc:
+        return TestResult(interp.version, "failed", str(interp.path), interp.source, f"venv/install failed: {exc}",
+                          time.monotonic() - start, str(log_path))
+    run_dir = cell / "run"
+    run_dir.mkdir(parents=True, exist_ok=True)
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}
+    env.update({"HOTLOOP_TEST_INSTALLED": "1", "PYTHONDONTWRITEBYTECODE": "1"})
+    env["PATH"] = os.pathsep.join([str(py.parent), env.get("PATH", "")])
+    proc = subprocess.run(pytest_command(py), cwd=run_dir, env=env, capture_output=True, text=True)
+    output = proc.stdout + proc.stderr
+    log_path.write_text(output)
+    status = "passed" if proc.returncode == 0 else "failed"
+    return TestResult(interp.version, status, str(interp.path), interp.source, last_summary_line(output),
+                      time.monotonic() - start, str(log_path))
+
+
+def test_wheel(
+    torch_version: str,
+    wheel: Path,
+    interpreters: Mapping[str, Interpreter | None],
+    workdir: Path,
+    parallel: int = PARALLEL_CELLS,
+) -> list[TestResult]:
+    """Install ``wheel`` with ``torch==torch_version`` into a venv per interpreter and run tests/ops."""
+    workdir.mkdir(parents=True, exist_ok=True)
+    results: dict[str, TestResult] = {}
+    todo = []
+    for version, interp in interpreters.items():
+        if interp is None:
+            results[version] = TestResult(version, "missing", summary=f"no Python {version} interpreter found")
+        else:
+            todo.append(interp)
+    with ThreadPoolExecutor(max_workers=max(1, parallel)) as pool:
+        futures = {
+            i.version: pool.submit(test_one, f"torch=={torch_version}", wheel, i, workdir) for i in todo
+        }
+        for version, future in futures.items():
+            res = future.result()
+            print(f"[test] Python {version} ({res.interpreter}, from {res.source}): {res.status} - {res.summary}",
+                  file=sys.stderr, flush=True)
+            results[version] = res
+    return [results[v] for v in interpreters]

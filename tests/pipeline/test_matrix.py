@@ -1,0 +1,80 @@
+"""The build matrix table: rows, selection, labels, and the GitHub matrix."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from scripts import matrix
+
+
+@pytest.fixture(scope="module")
+def rows() -> list[matrix.Row]:
+    return matrix.load_rows()
+
+
+def test_rows_match_the_design(rows):
+    table = {r.torch: (r.cuda, r.pythons[0], r.pythons[-1]) for r in rows}
+    assert table == {
+        "2.8.0": ("12.8", "3.9", "3.13"),
+        "2.9.1": ("12.8", "3.10", "3.13"),
+        "2.10.0": ("12.8", "3.10", "3.13"),  # PyPI metadata: nvidia-cuda-runtime-cu12==12.8.90
+        "2.11.0": ("13.0", "3.10", "3.13"),
+        "2.12.1": ("13.0", "3.10", "3.13"),
+        "2.13.0": ("13.0", "3.10", "3.13"),
+        "2.14.1": ("13.0", "3.10", "3.13"),
+    }
+
+
+def test_python_39_only_with_torch_28(rows):
+    assert [r.torch for r in rows if "3.9" in r.pythons] == ["2.8.0"]
+
+
+def test_toolkits_are_pinned_exactly_and_match_cuda(rows):
+    for row in rows:
+        assert row.toolkit, row
+        for spec in row.toolkit:
+            name, _, version = spec.partition("==")
+            assert version.startswith(row.cuda + "."), spec
+            assert name.endswith("-cu12") == row.cuda.startswith("12."), spec
+
+
+def test_labels(rows):
+    by_torch = {r.torch: r for r in rows}
+    assert by_torch["2.11.0"].variant == "pt211cu130"
+    assert by_torch["2.11.0"].version == "0.1.0+pt211cu130"
+    assert by_torch["2.11.0"].requires_torch == "torch==2.11.*"
+    assert by_torch["2.8.0"].variant == "pt28cu128"
+    assert matrix.variant_label("2.14.1+cpu", None) == "pt214cpu"
+
+
+def test_archs():
+    assert matrix.archs_from_list("8.0;8.6;8.9;9.0;10.0;12.0+PTX") == [
+        "sm_80", "sm_86", "sm_89", "sm_90", "sm_100", "sm_120", "compute_120",
+    ]  # fmt: skip
+
+
+def test_selection(rows):
+    assert [r.torch for r in matrix.select_rows(rows)] == ["2.14.1"]
+    assert [r.torch for r in matrix.select_rows(rows, "2.11")] == ["2.11.0"]
+    assert [r.torch for r in matrix.select_rows(rows, ["2.8.0", "2.11"])] == ["2.8.0", "2.11.0"]
+    assert matrix.select_rows(rows, all_rows=True) == rows
+    with pytest.raises(SystemExit, match="no build-matrix row for torch '2.7'"):
+        matrix.select_rows(rows, "2.7")
+
+
+def test_github_json_equals_table(rows, capsys):
+    assert matrix.main(["--github-json"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert [c["torch"] for c in data["include"]] == [r.torch for r in rows]
+    for cell, row in zip(data["include"], rows):
+        assert cell["variant"] == row.variant
+        assert cell["cuda"] == row.cuda
+        assert cell["pythons"].split() == list(row.pythons)
+        assert cell["arch-list"] == row.arch_list
+
+
+def test_github_json_selection(capsys):
+    assert matrix.main(["--github-json", "--torch", "2.11"]) == 0
+    assert [c["variant"] for c in json.loads(capsys.readouterr().out)["include"]] == ["pt211cu130"]
