@@ -15,7 +15,7 @@ import nox
 
 sys.path.insert(0, str(Path(__file__).parent))
 
-from scripts import interpreters, matrix  # noqa: E402
+from scripts import interpreters, matrix
 
 nox.options.default_venv_backend = "uv"
 nox.options.sessions = ["lint", "tests"]
@@ -32,7 +32,11 @@ BUILD_TOOLS = ("setuptools>=77", "wheel", "ninja")
 
 @nox.session(python=SESSION_PYTHON)
 def wheels(session: nox.Session) -> None:
-    """Build, repair, audit and test the wheels: ``-- --torch 2.11 | --all, --python 3.12, --skip-tests, --out DIR``."""
+    """Build, repair, audit and test wheels.
+
+    Options after ``--``: ``--torch 2.11`` or ``--all``, ``--python 3.12``, ``--skip-tests``,
+    ``--out DIR`` (see ``python -m scripts.wheels --help``).
+    """
     session.install(*PIPELINE_TOOLS)
     session.run("python", "-m", "scripts.wheels", *session.posargs)
 

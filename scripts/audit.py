@@ -4,7 +4,7 @@ Each project rule has a name; a failure reads ``<wheel>: <rule>: <what was found
 
 Rules (``check_wheel``):
 
-* ``wheel-tag``        file name and WHEEL tags are ``cp39-abi3`` and include ``manylinux_2_28_x86_64``
+* ``wheel-tag``        file name and WHEEL tags are ``cp39-abi3`` with ``manylinux_2_28_x86_64``
 * ``version-label``    the wheel's version is the row's ``0.1.0+pt<..>cu<..>``
 * ``requires-torch``   exactly one torch requirement, ``torch==<row minor>.*``
 * ``build-info``       ``hotloop/_build_info.py`` agrees with the row (version, torch, CUDA, archs)
@@ -135,7 +135,9 @@ def read_build_info(zf: zipfile.ZipFile) -> dict | None:
     except KeyError:
         return None
     for node in ast.parse(text).body:
-        if isinstance(node, ast.Assign) and any(getattr(t, "id", None) == "BUILD_INFO" for t in node.targets):
+        if isinstance(node, ast.Assign) and any(
+            getattr(t, "id", None) == "BUILD_INFO" for t in node.targets
+        ):
             return ast.literal_eval(node.value)
     return None
 
@@ -160,18 +162,27 @@ def check_wheel(wheel: Path, row: Row, provided_by_torch: Iterable[str] = ()) ->
         dist_info = _dist_info(zf)
         wheel_meta = Parser().parsestr(zf.read(f"{dist_info}/WHEEL").decode())
         tags = wheel_meta.get_all("Tag") or []
-        if not tags or any(not t.startswith("cp39-abi3-") for t in tags) or f"cp39-abi3-{PLATFORM}" not in tags:
+        if (
+            not tags
+            or any(not t.startswith("cp39-abi3-") for t in tags)
+            or f"cp39-abi3-{PLATFORM}" not in tags
+        ):
             bad.append(f"wheel-tag: WHEEL lists tags {tags}, need cp39-abi3-{PLATFORM}")
 
         meta = read_metadata(zf)
         if meta.get("Version") != row.version:
             bad.append(f"version-label: METADATA Version {meta.get('Version')}, need {row.version}")
         torch_reqs = [
-            r for r in meta.get_all("Requires-Dist") or [] if re.match(r"torch\b(?![-_.\w])", r.strip())
+            r
+            for r in meta.get_all("Requires-Dist") or []
+            if re.match(r"torch\b(?![-_.\w])", r.strip())
         ]
         normalized = [re.sub(r"\s+", "", r.split(";")[0]) for r in torch_reqs]
         if normalized != [row.requires_torch]:
-            bad.append(f"requires-torch: Requires-Dist {torch_reqs or 'has no torch'}, need exactly {row.requires_torch}")
+            bad.append(
+                f"requires-torch: Requires-Dist {torch_reqs or 'has no torch'}, "
+                f"need exactly {row.requires_torch}"
+            )
 
         info = read_build_info(zf)
         if info is None:
@@ -187,13 +198,18 @@ def check_wheel(wheel: Path, row: Row, provided_by_torch: Iterable[str] = ()) ->
                 if info.get(key) != want:
                     bad.append(f"build-info: {key} is {info.get(key)!r}, need {want!r}")
             if str(info.get("torch_version", "")).split("+")[0] != row.torch:
-                bad.append(f"build-info: torch_version is {info.get('torch_version')!r}, need {row.torch}")
+                bad.append(
+                    f"build-info: torch_version is {info.get('torch_version')!r}, need {row.torch}"
+                )
 
         needs_all: set[str] = set()
         for name in zf.namelist():
             base = PurePosixPath(name).name
             if any(fnmatch.fnmatch(base, pat) for pat in FORBIDDEN_LIBS) or base in provided:
-                bad.append(f"no-bundled-libs: {name} is a torch/CUDA library; it must come from torch at run time")
+                bad.append(
+                    f"no-bundled-libs: {name} is a torch/CUDA library; "
+                    "it must come from torch at run time"
+                )
             data = zf.read(name)
             if not is_elf(data):
                 continue
@@ -203,7 +219,11 @@ def check_wheel(wheel: Path, row: Row, provided_by_torch: Iterable[str] = ()) ->
                 limit = MAX_SYMBOL_VERSIONS.get(family)
                 if limit and found > limit:
                     newer = sorted(
-                        (n for n in needs if (p := parse_version(n)) and p[0] == family and p[1] > limit),
+                        (
+                            n
+                            for n in needs
+                            if (p := parse_version(n)) and p[0] == family and p[1] > limit
+                        ),
                         key=lambda n: parse_version(n)[1],  # type: ignore[index]
                     )
                     rule = "glibc-version" if family == "GLIBC" else "glibcxx-version"
@@ -211,7 +231,9 @@ def check_wheel(wheel: Path, row: Row, provided_by_torch: Iterable[str] = ()) ->
                         f"{rule}: {name} needs {', '.join(newer)}; "
                         f"limit is {family}_{'.'.join(map(str, limit))} (torch's own libs)"
                     )
-        report.max_versions = {k: f"{k}_{'.'.join(map(str, v))}" for k, v in max_versions(needs_all).items()}
+        report.max_versions = {
+            k: f"{k}_{'.'.join(map(str, v))}" for k, v in max_versions(needs_all).items()
+        }
     return report
 
 
@@ -221,7 +243,12 @@ def check_wheel(wheel: Path, row: Row, provided_by_torch: Iterable[str] = ()) ->
 def torch_provided_libs(site_packages: Path) -> list[str]:
     """Shared-library file names that torch's wheel and its nvidia deps install."""
     names: set[str] = set()
-    for pattern in ("torch/lib/*.so*", "nvidia/**/lib/*.so*", "cusparselt/lib/*.so*", "triton/_C/*.so*"):
+    for pattern in (
+        "torch/lib/*.so*",
+        "nvidia/**/lib/*.so*",
+        "cusparselt/lib/*.so*",
+        "triton/_C/*.so*",
+    ):
         names.update(p.name for p in site_packages.glob(pattern))
     return sorted(names)
 
@@ -233,7 +260,9 @@ def auditwheel_command(wheel: Path, out_dir: Path, extra_excludes: Sequence[str]
     return [*cmd, str(wheel)]
 
 
-def repair_wheel(wheel: Path, out_dir: Path, provided_by_torch: Sequence[str] = ()) -> tuple[Path, str]:
+def repair_wheel(
+    wheel: Path, out_dir: Path, provided_by_torch: Sequence[str] = ()
+) -> tuple[Path, str]:
     """``auditwheel repair`` -> (repaired wheel, auditwheel's output)."""
     out_dir.mkdir(parents=True, exist_ok=True)
     for old in out_dir.glob("*.whl"):
@@ -243,20 +272,28 @@ def repair_wheel(wheel: Path, out_dir: Path, provided_by_torch: Sequence[str] = 
     )
     output = (proc.stdout + proc.stderr).strip()
     if proc.returncode != 0:
-        raise AuditError(f"{wheel.name}: auditwheel: repair failed (exit {proc.returncode}):\n{output}")
+        raise AuditError(
+            f"{wheel.name}: auditwheel: repair failed (exit {proc.returncode}):\n{output}"
+        )
     wheels = sorted(out_dir.glob("*.whl"))
     if len(wheels) != 1:
-        raise AuditError(f"{wheel.name}: auditwheel: expected one repaired wheel, got {[w.name for w in wheels]}")
+        raise AuditError(
+            f"{wheel.name}: auditwheel: expected one repaired wheel, got {[w.name for w in wheels]}"
+        )
     return wheels[0], output
 
 
 def run_abi3audit(wheel: Path) -> str:
     proc = subprocess.run(
-        [sys.executable, "-m", "abi3audit", "--strict", "--report", str(wheel)], capture_output=True, text=True
+        [sys.executable, "-m", "abi3audit", "--strict", "--report", str(wheel)],
+        capture_output=True,
+        text=True,
     )
     output = (proc.stdout + proc.stderr).strip()
     if proc.returncode != 0:
-        raise AuditError(f"{wheel.name}: abi3audit: --strict failed (exit {proc.returncode}):\n{output}")
+        raise AuditError(
+            f"{wheel.name}: abi3audit: --strict failed (exit {proc.returncode}):\n{output}"
+        )
     return output
 
 
@@ -266,7 +303,9 @@ def raise_on_violations(wheel_name: str, report: AuditReport) -> None:
         raise AuditError("\n".join(f"{wheel_name}: {v}" for v in report.violations))
 
 
-def repair_and_audit(wheel: Path, out_dir: Path, row: Row, site_packages: Path) -> tuple[Path, AuditReport]:
+def repair_and_audit(
+    wheel: Path, out_dir: Path, row: Row, site_packages: Path
+) -> tuple[Path, AuditReport]:
     provided = torch_provided_libs(site_packages)
     repaired, aw_output = repair_wheel(wheel, out_dir, provided)
     abi3 = run_abi3audit(repaired)

@@ -54,9 +54,13 @@ def create_venv(path: Path, python: Path, packages: Sequence[str]) -> Path:
     if path.exists():
         shutil.rmtree(path)
     uv = uv_exe()
-    subprocess.run([uv, "venv", "--quiet", "--python", str(python), str(path)], check=True, env=uv_env())
+    subprocess.run(
+        [uv, "venv", "--quiet", "--python", str(python), str(path)], check=True, env=uv_env()
+    )
     py = path / "bin" / "python"
-    subprocess.run([uv, "pip", "install", "--quiet", "--python", str(py), *packages], check=True, env=uv_env())
+    subprocess.run(
+        [uv, "pip", "install", "--quiet", "--python", str(py), *packages], check=True, env=uv_env()
+    )
     return py
 
 
@@ -93,7 +97,11 @@ def source_date_epoch() -> str:
         return os.environ["SOURCE_DATE_EPOCH"]
     try:
         return subprocess.run(
-            ["git", "log", "-1", "--format=%ct"], cwd=REPO, capture_output=True, text=True, check=True
+            ["git", "log", "-1", "--format=%ct"],
+            cwd=REPO,
+            capture_output=True,
+            text=True,
+            check=True,
         ).stdout.strip()
     except (OSError, subprocess.CalledProcessError):
         return str(int(time.time()))
@@ -103,7 +111,9 @@ def copy_sources(dest: Path) -> None:
     if dest.exists():
         shutil.rmtree(dest)
     dest.mkdir(parents=True)
-    ignore = shutil.ignore_patterns("__pycache__", "*.so", "*.o", "_build_info.py", "*.egg-info", "build")
+    ignore = shutil.ignore_patterns(
+        "__pycache__", "*.so", "*.o", "_build_info.py", "*.egg-info", "build"
+    )
     for item in SOURCE_ITEMS:
         src = REPO / item
         if src.is_dir():
@@ -111,15 +121,24 @@ def copy_sources(dest: Path) -> None:
         elif src.is_file():
             shutil.copy2(src, dest / item)
     if not (dest / "README.md").exists() and (dest / "pyproject.toml").exists():
-        # pyproject names README.md as the long description; until it exists, don't fail the build on it.
+        # pyproject names README.md as the long description; until it exists, don't fail on it.
         log("README.md missing in the repository: using a one-line placeholder for the build")
         (dest / "README.md").write_text("# hotloop\n")
 
 
-def build_env(row: Row, cuda_home: Path, sysroot: Path, ccache_bin: Path | None, torch_site: Path) -> dict[str, str]:
+def build_env(
+    row: Row, cuda_home: Path, sysroot: Path, ccache_bin: Path | None, torch_site: Path
+) -> dict[str, str]:
     """The environment setup.py's build contract reads (see setup.py's docstring)."""
     env = dict(os.environ)
-    for var in ("CPATH", "CPLUS_INCLUDE_PATH", "C_INCLUDE_PATH", "LIBRARY_PATH", "CUDA_PATH", "CUDAHOSTCXX"):
+    for var in (
+        "CPATH",
+        "CPLUS_INCLUDE_PATH",
+        "C_INCLUDE_PATH",
+        "LIBRARY_PATH",
+        "CUDA_PATH",
+        "CUDAHOSTCXX",
+    ):
         env.pop(var, None)
     env.update(
         {
@@ -131,7 +150,7 @@ def build_env(row: Row, cuda_home: Path, sysroot: Path, ccache_bin: Path | None,
             "NVCC_THREADS": os.environ.get("NVCC_THREADS", "2"),
             "SOURCE_DATE_EPOCH": source_date_epoch(),
             "HOTLOOP_GIT_COMMIT": git_commit(),
-            # We wrap compilers in ccache ourselves (torch >= 2.14 would also do it, older ones not).
+            # We wrap compilers in ccache ourselves (torch >= 2.14 would too, older ones don't).
             "TORCH_NO_COMPILER_WRAPPER": "1",
             "UV_PYTHON_DOWNLOADS": "never",
         }
@@ -148,7 +167,9 @@ def build_env(row: Row, cuda_home: Path, sysroot: Path, ccache_bin: Path | None,
     return env
 
 
-def pick_build_python(row: Row, found: Mapping[str, Interpreter | None] | None = None) -> Interpreter:
+def pick_build_python(
+    row: Row, found: Mapping[str, Interpreter | None] | None = None
+) -> Interpreter:
     """Newest Python of the row that is installed (the wheel is abi3: any of them builds it)."""
     found = found if found is not None else find_interpreters(row.pythons)
     for version in reversed(row.pythons):
@@ -189,10 +210,15 @@ def build_wheel(row: Row, workdir: Path, build_python: Interpreter | None = None
         )
     if proc.returncode != 0:
         tail = "".join(log_path.read_text().splitlines(keepends=True)[-40:])
-        raise BuildError(f"{row.variant}: build failed (exit {proc.returncode}); last lines of {log_path}:\n{tail}")
+        raise BuildError(
+            f"{row.variant}: build failed (exit {proc.returncode}); "
+            f"last lines of {log_path}:\n{tail}"
+        )
     wheels = sorted(dist.glob("*.whl"))
     if len(wheels) != 1:
-        raise BuildError(f"{row.variant}: expected one wheel in {dist}, found {[w.name for w in wheels]}")
+        raise BuildError(
+            f"{row.variant}: expected one wheel in {dist}, found {[w.name for w in wheels]}"
+        )
     return BuildResult(wheels[0], time.monotonic() - start, log_path)
 
 

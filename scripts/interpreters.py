@@ -32,7 +32,9 @@ def pyenv_root() -> Path | None:
     exe = shutil.which("pyenv")
     if exe:
         try:
-            out = subprocess.run([exe, "root"], capture_output=True, text=True, timeout=20, check=True)
+            out = subprocess.run(
+                [exe, "root"], capture_output=True, text=True, timeout=20, check=True
+            )
             root = Path(out.stdout.strip())
             if root.is_dir():
                 return root
@@ -56,11 +58,13 @@ def pyenv_candidates(version: str, root: Path | None) -> list[Path]:
         if re.fullmatch(re.escape(version) + r"\.\d+", d.name)
     ]
     dirs.sort(key=lambda d: _patch_key(d.name), reverse=True)
-    return [d / "bin" / f"python{version}" for d in dirs if (d / "bin" / f"python{version}").is_file()]
+    return [
+        d / "bin" / f"python{version}" for d in dirs if (d / "bin" / f"python{version}").is_file()
+    ]
 
 
 def interpreter_version(path: Path | str) -> str | None:
-    """``"3.12"`` if ``path`` runs and is CPython; ``None`` for a refusing shim or a broken binary."""
+    """``"3.12"`` if ``path`` runs; ``None`` for a refusing shim or a broken binary."""
     try:
         out = subprocess.run(
             [str(path), "-c", "import sys; print('%d.%d' % sys.version_info[:2])"],
@@ -87,12 +91,21 @@ def _from_uv(version: str) -> Path | None:
     env = {**os.environ, "UV_PYTHON_DOWNLOADS": "never"}
     try:
         out = subprocess.run(
-            [uv, "python", "find", "--no-project", version], capture_output=True, text=True, env=env, timeout=60
+            [uv, "python", "find", "--no-project", version],
+            capture_output=True,
+            text=True,
+            env=env,
+            timeout=60,
         )
     except (OSError, subprocess.SubprocessError):
         return None
     path = out.stdout.strip()
-    if out.returncode == 0 and path and "/shims/" not in path and interpreter_version(path) == version:
+    if (
+        out.returncode == 0
+        and path
+        and "/shims/" not in path
+        and interpreter_version(path) == version
+    ):
         return Path(path)
     return None
 
@@ -116,14 +129,16 @@ def find_interpreters(versions: Iterable[str]) -> dict[str, Interpreter | None]:
 
 
 def pyenv_bin_dirs(versions: Sequence[str]) -> list[str]:
-    """``bin`` folders of the pyenv installs of ``versions``, for nox's PATH lookup of ``pythonX.Y``."""
+    """``bin`` folders of the pyenv installs of ``versions`` (for nox's lookup of ``pythonX.Y``)."""
     root = pyenv_root()
     return [str(c.parent) for v in versions for c in pyenv_candidates(v, root)[:1]]
 
 
 def put_on_path(versions: Sequence[str]) -> None:
-    """Prepend the pyenv ``bin`` folders so ``python3.X`` resolves to real interpreters, not shims."""
-    dirs = [d for d in pyenv_bin_dirs(versions) if d not in os.environ.get("PATH", "").split(os.pathsep)]
+    """Prepend pyenv's ``bin`` folders so ``python3.X`` finds real interpreters, not shims."""
+    dirs = [
+        d for d in pyenv_bin_dirs(versions) if d not in os.environ.get("PATH", "").split(os.pathsep)
+    ]
     if dirs:
         os.environ["PATH"] = os.pathsep.join([*dirs, os.environ.get("PATH", "")])
     os.environ.setdefault("UV_PYTHON_DOWNLOADS", "never")

@@ -103,7 +103,9 @@ def load_rows(path: Path = MATRIX_FILE) -> list[Row]:
     for raw in data["row"]:
         cuda = raw["cuda"]
         if cuda not in toolkits:
-            raise ValueError(f"{path}: torch {raw['torch']} needs CUDA {cuda}, no [toolkits.\"{cuda}\"]")
+            raise ValueError(
+                f'{path}: torch {raw["torch"]} needs CUDA {cuda}, no [toolkits."{cuda}"]'
+            )
         rows.append(
             Row(
                 torch=raw["torch"],
@@ -147,12 +149,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     rows = load_rows()
     # The GitHub matrix is every row unless a selection was asked for.
-    selected = select_rows(rows, args.torch, all_rows=args.all or (args.github_json and not args.torch))
+    selected = select_rows(
+        rows, args.torch, all_rows=args.all or (args.github_json and not args.torch)
+    )
     if args.github_json:
         print(json.dumps(github_matrix(selected), separators=(",", ":")))
         return 0
     for row in selected:
-        print(f"{row.variant:12} torch {row.torch:7} CUDA {row.cuda:5} Python {' '.join(row.pythons)}")
+        print(
+            f"{row.variant:12} torch {row.torch:7} CUDA {row.cuda:5} Python {' '.join(row.pythons)}"
+        )
     return 0
 
 

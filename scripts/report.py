@@ -47,7 +47,7 @@ def human_size(size: int | None) -> str:
 def seconds(value: float | None) -> str:
     if value is None:
         return "-"
-    minutes, secs = divmod(int(round(value)), 60)
+    minutes, secs = divmod(round(value), 60)
     return f"{minutes}m{secs:02d}s" if minutes else f"{secs}s"
 
 

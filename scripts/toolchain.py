@@ -21,7 +21,6 @@ import re
 import shutil
 import subprocess
 import sys
-import tempfile
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -112,7 +111,19 @@ def ensure_cuda_toolkit(cuda: str, packages: Sequence[str]) -> Path:
     site = root / "site-packages"
     root.mkdir(parents=True)
     uv = shutil.which("uv") or "uv"
-    run([uv, "pip", "install", "--no-deps", "--python", _python_for_uv(), "--target", site, *packages])
+    run(
+        [
+            uv,
+            "pip",
+            "install",
+            "--no-deps",
+            "--python",
+            _python_for_uv(),
+            "--target",
+            site,
+            *packages,
+        ]
+    )
     for component in component_roots(site):
         _merge_tree(component, home)
     lib = home / "lib"
@@ -127,7 +138,9 @@ def ensure_cuda_toolkit(cuda: str, packages: Sequence[str]) -> Path:
         break
     nvcc = home / "bin" / "nvcc"
     if not nvcc.is_file():
-        raise RuntimeError(f"toolkit for CUDA {cuda} has no bin/nvcc after installing {list(packages)}")
+        raise RuntimeError(
+            f"toolkit for CUDA {cuda} has no bin/nvcc after installing {list(packages)}"
+        )
     out = run([nvcc, "--version"], capture_output=True, text=True).stdout
     if f"release {cuda}" not in out:
         raise RuntimeError(f"{nvcc} is not CUDA {cuda}:\n{out}")
@@ -200,7 +213,9 @@ def parse_one_line(text: str) -> list[AptSource]:
             for opt in options.split():
                 if opt.startswith("signed-by="):
                     signed = opt.split("=", 1)[1]
-        sources.append(AptSource(parts[0].rstrip("/"), (parts[1],), tuple(parts[2:]) or ("main",), signed))
+        sources.append(
+            AptSource(parts[0].rstrip("/"), (parts[1],), tuple(parts[2:]) or ("main",), signed)
+        )
     return sources
 
 
@@ -208,9 +223,15 @@ def system_apt_sources(etc: Path = Path("/etc/apt")) -> list[AptSource]:
     sources: list[AptSource] = []
     if (etc / "sources.list").is_file():
         sources += parse_one_line((etc / "sources.list").read_text())
-    for f in sorted((etc / "sources.list.d").glob("*.list")) if (etc / "sources.list.d").is_dir() else []:
+    for f in (
+        sorted((etc / "sources.list.d").glob("*.list")) if (etc / "sources.list.d").is_dir() else []
+    ):
         sources += parse_one_line(f.read_text())
-    for f in sorted((etc / "sources.list.d").glob("*.sources")) if (etc / "sources.list.d").is_dir() else []:
+    for f in (
+        sorted((etc / "sources.list.d").glob("*.sources"))
+        if (etc / "sources.list.d").is_dir()
+        else []
+    ):
         sources += parse_deb822(f.read_text())
     return sources
 
@@ -231,8 +252,10 @@ def bullseye_sources_line(mirror: AptSource, suite: str = SYSROOT_SUITE) -> str:
     return f"deb {signed}{mirror.uri} {suite} main\n"
 
 
-def apt_download(packages: Sequence[str], suite: str, workdir: Path, mirror: AptSource | None = None) -> list[Path]:
-    """``apt-get download`` ``packages`` of ``suite`` into ``workdir/debs`` using private apt state."""
+def apt_download(
+    packages: Sequence[str], suite: str, workdir: Path, mirror: AptSource | None = None
+) -> list[Path]:
+    """``apt-get download`` ``packages`` of ``suite`` into ``workdir/debs``, private apt state."""
     mirror = mirror or debian_mirror(system_apt_sources())
     state = workdir / "apt"
     lists = state / "lists"
@@ -307,7 +330,9 @@ def ensure_sysroot() -> Path:
     for sub in (f"usr/include/c++/{GCC_MAJOR}", f"usr/include/x86_64-linux-gnu/c++/{GCC_MAJOR}"):
         src = Path("/") / sub
         if not src.is_dir():
-            raise RuntimeError(f"{src} missing: install g++-{GCC_MAJOR} (the host compiler the sysroot pairs with)")
+            raise RuntimeError(
+                f"{src} missing: install g++-{GCC_MAJOR} (the host compiler the sysroot pairs with)"
+            )
         shutil.copytree(src, sysroot / sub, symlinks=True, dirs_exist_ok=True)
     libc = sysroot / "lib" / "x86_64-linux-gnu" / "libc.so.6"
     if not libc.exists():
@@ -359,7 +384,8 @@ def ensure_ccache() -> Path | None:
         script = wrapper_dir / "ccache"
         script.write_text(
             "#!/bin/sh\n"
-            f'LD_LIBRARY_PATH="{libdir}${{LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}}" exec "{tree}/usr/bin/ccache" "$@"\n'
+            f'LD_LIBRARY_PATH="{libdir}${{LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}}" '
+            f'exec "{tree}/usr/bin/ccache" "$@"\n'
         )
         script.chmod(0o755)
     run([wrapper_dir / "ccache", "--version"], stdout=subprocess.DEVNULL)
@@ -367,13 +393,17 @@ def ensure_ccache() -> Path | None:
     return wrapper_dir
 
 
-def compiler_wrappers(ccache_bin: Path, cuda_home: Path, cc: str = "gcc", cxx: str = "g++") -> dict[str, str]:
+def compiler_wrappers(
+    ccache_bin: Path, cuda_home: Path, cc: str = "gcc", cxx: str = "g++"
+) -> dict[str, str]:
     """``CC``, ``CXX`` and ``PYTORCH_NVCC`` that run through ccache.
 
     The wrappers are named ``gcc``/``g++`` (nvcc gets ``CC`` as ``-ccbin`` and recognises the
     host compiler by name); ``CCACHE_DIR`` lives in the cache.
     """
-    wrap = cache_dir() / "ccache-wrappers" / hashlib.sha256(str(cuda_home).encode()).hexdigest()[:10]
+    wrap = (
+        cache_dir() / "ccache-wrappers" / hashlib.sha256(str(cuda_home).encode()).hexdigest()[:10]
+    )
     wrap.mkdir(parents=True, exist_ok=True)
     ccache = ccache_bin / "ccache"
     out: dict[str, str] = {}

@@ -24,7 +24,7 @@ from pathlib import Path
 from scripts import audit, build, matrix, toolchain
 from scripts.interpreters import find_interpreters
 from scripts.report import CellReport, render_table, write_cell_json, write_run_report
-from scripts.wheeltest import test_wheel
+from scripts.wheeltest import run_op_tests
 
 DEFAULT_OUT = toolchain.REPO / "wheelhouse"
 
@@ -68,20 +68,28 @@ def run_cell(
         cell.max_versions = report.max_versions
         cell.auditwheel_output = report.auditwheel_output
         cell.audit = "ok (" + ", ".join(sorted(report.max_versions.values())) + ")"
-        log(f"{row.variant}: audit ok: {repaired.name} ({cell.size_bytes} bytes), needs {cell.max_versions}")
+        log(
+            f"{row.variant}: audit ok: {repaired.name} ({cell.size_bytes} bytes), "
+            f"needs {cell.max_versions}"
+        )
 
         cell.stage = "test"
         if not skip_tests:
             chosen = {v: found[v] for v in wanted}
             for v, i in chosen.items():
-                log(f"{row.variant}: Python {v}: " + (f"{i.path} (from {i.source})" if i else "not found"))
-            tests = test_wheel(row.torch, repaired, chosen, workdir / "tests")
+                log(
+                    f"{row.variant}: Python {v}: "
+                    + (f"{i.path} (from {i.source})" if i else "not found")
+                )
+            tests = run_op_tests(row.torch, repaired, chosen, workdir / "tests")
             cell.tests = [t.as_dict() for t in tests]
             failed = [t for t in tests if t.status != "passed"]
             if failed:
                 raise RuntimeError(
                     f"{repaired.name}: tests: "
-                    + "; ".join(f"Python {t.python} {t.status}: {t.summary} (log {t.log})" for t in failed)
+                    + "; ".join(
+                        f"Python {t.python} {t.status}: {t.summary} (log {t.log})" for t in failed
+                    )
                 )
         cell.stage = "done"
         shutil.copy2(repaired, out_dir / repaired.name)
@@ -89,7 +97,7 @@ def run_cell(
     except (build.BuildError, audit.AuditError, RuntimeError, OSError, SystemExit) as exc:
         cell.error = str(exc)
         log(f"{row.variant}: FAILED at {cell.stage}: {exc}")
-    except Exception as exc:  # noqa: BLE001 - a cell never takes the whole run down
+    except Exception as exc:
         cell.error = f"{type(exc).__name__}: {exc}\n{traceback.format_exc()}"
         log(f"{row.variant}: FAILED at {cell.stage}: {cell.error}")
     cell.total_seconds = time.monotonic() - start
@@ -98,13 +106,20 @@ def run_cell(
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="nox -s wheels --", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--torch", action="append", help="torch version or minor of a row (repeatable)")
+    parser = argparse.ArgumentParser(
+        prog="nox -s wheels --",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument(
+        "--torch", action="append", help="torch version or minor of a row (repeatable)"
+    )
     parser.add_argument("--all", action="store_true", help="every row of scripts/matrix.toml")
     parser.add_argument("--python", action="append", help="test only these Pythons (repeatable)")
     parser.add_argument("--skip-tests", action="store_true", help="build, repair and audit only")
-    parser.add_argument("--out", type=Path, default=DEFAULT_OUT, help="output folder (default: wheelhouse/)")
+    parser.add_argument(
+        "--out", type=Path, default=DEFAULT_OUT, help="output folder (default: wheelhouse/)"
+    )
     args = parser.parse_args(argv)
     os.environ.setdefault("UV_PYTHON_DOWNLOADS", "never")
 

@@ -23,7 +23,7 @@ PARALLEL_CELLS = 2  # two Python cells at a time: 2 cores, torch import is heavy
 
 
 @dataclass
-class TestResult:
+class PythonTestResult:
     python: str
     status: str  # "passed", "failed", "missing" (no interpreter), "skipped"
     interpreter: str = ""
@@ -59,15 +59,26 @@ def last_summary_line(output: str) -> str:
     return output.strip().splitlines()[-1] if output.strip() else ""
 
 
-def test_one(torch_spec: str, wheel: Path, interp: Interpreter, workdir: Path) -> TestResult:
+def run_op_tests_in_venv(
+    torch_spec: str, wheel: Path, interp: Interpreter, workdir: Path
+) -> PythonTestResult:
     start = time.monotonic()
     cell = workdir / f"py{interp.version}"
     log_path = cell.with_suffix(".log")
     try:
-        py = create_venv(cell / "venv", interp.path, [torch_spec, f"hotloop[test] @ {wheel.resolve().as_uri()}"])
+        py = create_venv(
+            cell / "venv", interp.path, [torch_spec, f"hotloop[test] @ {wheel.resolve().as_uri()}"]
+        )
     except subprocess.CalledProcessError as exc:
-        return TestResult(interp.version, "failed", str(interp.path), interp.source, f"venv/install failed: {exc}",
-                          time.monotonic() - start, str(log_path))
+        return PythonTestResult(
+            interp.version,
+            "failed",
+            str(interp.path),
+            interp.source,
+            f"venv/install failed: {exc}",
+            time.monotonic() - start,
+            str(log_path),
+        )
     run_dir = cell / "run"
     run_dir.mkdir(parents=True, exist_ok=True)
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}
@@ -77,33 +88,49 @@ def test_one(torch_spec: str, wheel: Path, interp: Interpreter, workdir: Path) -
     output = proc.stdout + proc.stderr
     log_path.write_text(output)
     status = "passed" if proc.returncode == 0 else "failed"
-    return TestResult(interp.version, status, str(interp.path), interp.source, last_summary_line(output),
-                      time.monotonic() - start, str(log_path))
+    return PythonTestResult(
+        interp.version,
+        status,
+        str(interp.path),
+        interp.source,
+        last_summary_line(output),
+        time.monotonic() - start,
+        str(log_path),
+    )
 
 
-def test_wheel(
+def run_op_tests(
     torch_version: str,
     wheel: Path,
     interpreters: Mapping[str, Interpreter | None],
     workdir: Path,
     parallel: int = PARALLEL_CELLS,
-) -> list[TestResult]:
-    """Install ``wheel`` with ``torch==torch_version`` into a venv per interpreter and run tests/ops."""
+) -> list[PythonTestResult]:
+    """Install ``wheel`` and ``torch==torch_version`` in a venv per interpreter; run tests/ops."""
     workdir.mkdir(parents=True, exist_ok=True)
-    results: dict[str, TestResult] = {}
+    results: dict[str, PythonTestResult] = {}
     todo = []
     for version, interp in interpreters.items():
         if interp is None:
-            results[version] = TestResult(version, "missing", summary=f"no Python {version} interpreter found")
+            results[version] = PythonTestResult(
+                version, "missing", summary=f"no Python {version} interpreter found"
+            )
         else:
             todo.append(interp)
     with ThreadPoolExecutor(max_workers=max(1, parallel)) as pool:
         futures = {
-            i.version: pool.submit(test_one, f"torch=={torch_version}", wheel, i, workdir) for i in todo
+            i.version: pool.submit(
+                run_op_tests_in_venv, f"torch=={torch_version}", wheel, i, workdir
+            )
+            for i in todo
         }
         for version, future in futures.items():
             res = future.result()
-            print(f"[test] Python {version} ({res.interpreter}, from {res.source}): {res.status} - {res.summary}",
-                  file=sys.stderr, flush=True)
+            print(
+                f"[test] Python {version} ({res.interpreter}, from {res.source}): "
+                f"{res.status} - {res.summary}",
+                file=sys.stderr,
+                flush=True,
+            )
             results[version] = res
     return [results[v] for v in interpreters]

@@ -6,17 +6,28 @@ import base64
 import hashlib
 import shutil
 import subprocess
+import sys
 import zipfile
 from collections.abc import Callable, Mapping
 from pathlib import Path
 
 import pytest
 
-from scripts.matrix import Row, load_rows
+# `pytest tests` from the repository root does not put the root on sys.path; scripts/ is
+# importable from there (nox runs it as `python -m scripts.<module>`).
+REPO = Path(__file__).resolve().parents[2]
+if str(REPO) not in sys.path:
+    sys.path.insert(0, str(REPO))
 
-GOOD_C = "#include <string.h>\nvoid copy(char *d, const char *s, unsigned long n) { memcpy(d, s, n); }\n"
+from scripts.matrix import Row, load_rows  # noqa: E402
+
+GOOD_C = (
+    "#include <string.h>\nvoid copy(char *d, const char *s, unsigned long n) { memcpy(d, s, n); }\n"
+)
 # Built against the host's glibc 2.36 this binds __libc_single_threaded@GLIBC_2.32.
-NEW_GLIBC_C = "#include <sys/single_threaded.h>\nint single(void) { return __libc_single_threaded; }\n"
+NEW_GLIBC_C = (
+    "#include <sys/single_threaded.h>\nint single(void) { return __libc_single_threaded; }\n"
+)
 # std::filesystem needs GLIBCXX_3.4.26, newer than torch's 3.4.22.
 NEW_GLIBCXX_CPP = (
     "#include <filesystem>\n#include <string>\n"
@@ -38,7 +49,9 @@ def compile_shared(tmp: Path, name: str, source: str, cpp: bool = False) -> byte
     src.write_text(source)
     out = tmp / f"{name}.so"
     flags = ["-std=c++17"] if cpp else []
-    subprocess.run([compiler, *flags, "-O2", "-shared", "-fPIC", "-o", str(out), str(src)], check=True)
+    subprocess.run(
+        [compiler, *flags, "-O2", "-shared", "-fPIC", "-o", str(out), str(src)], check=True
+    )
     return out.read_bytes()
 
 
@@ -65,6 +78,11 @@ def build_info_source(row: Row, **overrides: object) -> str:
     }
     info.update(overrides)
     return f"BUILD_INFO = {info!r}\n"
+
+
+@pytest.fixture
+def build_info_for() -> Callable[..., str]:
+    return build_info_source
 
 
 def _record_line(name: str, data: bytes) -> str:
@@ -106,16 +124,23 @@ def make_wheel(
 
 
 @pytest.fixture
-def wheel_factory(tmp_path: Path, newest_row: Row, elf_libs: dict[str, bytes]) -> Callable[..., Path]:
+def wheel_factory(
+    tmp_path: Path, newest_row: Row, elf_libs: dict[str, bytes]
+) -> Callable[..., Path]:
     """``wheel_factory(**changes)``: a wheel that passes every rule unless ``changes`` break one."""
 
     def factory(
-        *, extra: Mapping[str, bytes | str] | None = None, build_info: str | None = None, **kwargs: object
+        *,
+        extra: Mapping[str, bytes | str] | None = None,
+        build_info: str | None = None,
+        **kwargs: object,
     ) -> Path:
         files: dict[str, bytes | str] = {
             "hotloop/__init__.py": "",
             "hotloop/_C.abi3.so": elf_libs["good"],
-            "hotloop/_build_info.py": build_info if build_info is not None else build_info_source(newest_row),
+            "hotloop/_build_info.py": build_info
+            if build_info is not None
+            else build_info_source(newest_row),
         }
         files.update(extra or {})
         return make_wheel(tmp_path, newest_row, files, **kwargs)  # type: ignore[arg-type]

@@ -5,7 +5,6 @@ from __future__ import annotations
 import pytest
 
 from scripts import audit
-from tests.pipeline.conftest import build_info_source
 
 
 def rules(report: audit.AuditReport) -> set[str]:
@@ -34,7 +33,12 @@ def test_glibcxx_too_new(wheel_factory, newest_row, elf_libs):
 
 
 @pytest.mark.parametrize(
-    "name", ["hotloop.libs/libtorch_cpu.so", "hotloop.libs/libc10-1a2b3c.so", "hotloop.libs/libcudart.so.13"]
+    "name",
+    [
+        "hotloop.libs/libtorch_cpu.so",
+        "hotloop.libs/libc10-1a2b3c.so",
+        "hotloop.libs/libcudart.so.13",
+    ],
 )
 def test_bundled_torch_or_cuda_lib(wheel_factory, newest_row, elf_libs, name):
     report = audit.check_wheel(wheel_factory(extra={name: elf_libs["good"]}), newest_row)
@@ -59,7 +63,9 @@ def test_requires_torch_pin(wheel_factory, newest_row, requires):
 
 
 def test_other_requirements_are_fine(wheel_factory, newest_row):
-    report = audit.check_wheel(wheel_factory(requires=(newest_row.requires_torch, "torchvision; extra == 'x'")), newest_row)
+    report = audit.check_wheel(
+        wheel_factory(requires=(newest_row.requires_torch, "torchvision; extra == 'x'")), newest_row
+    )
     assert report.violations == []
 
 
@@ -79,8 +85,9 @@ def test_version_label_mismatch(wheel_factory, newest_row):
         {"torch_version": "2.13.0+cu130"},
     ],
 )
-def test_build_info_mismatch(wheel_factory, newest_row, change):
-    report = audit.check_wheel(wheel_factory(build_info=build_info_source(newest_row, **change)), newest_row)
+def test_build_info_mismatch(wheel_factory, newest_row, build_info_for, change):
+    wheel = wheel_factory(build_info=build_info_for(newest_row, **change))
+    report = audit.check_wheel(wheel, newest_row)
     assert rules(report) == {"build-info"}
     assert next(iter(change)) in report.violations[0]
 
@@ -91,7 +98,12 @@ def test_build_info_missing(wheel_factory, newest_row):
 
 
 @pytest.mark.parametrize(
-    "tag", ["cp312-cp312-manylinux_2_28_x86_64", "cp39-abi3-linux_x86_64", "cp39-abi3-manylinux_2_34_x86_64"]
+    "tag",
+    [
+        "cp312-cp312-manylinux_2_28_x86_64",
+        "cp39-abi3-linux_x86_64",
+        "cp39-abi3-manylinux_2_34_x86_64",
+    ],
 )
 def test_wheel_tag(wheel_factory, newest_row, tag):
     report = audit.check_wheel(wheel_factory(tag=tag), newest_row)
@@ -135,7 +147,15 @@ def test_auditwheel_command_excludes_torch_and_cuda(tmp_path):
 
 
 def test_torch_provided_libs(tmp_path):
-    for rel in ("torch/lib/libtorch_cpu.so", "torch/lib/libc10.so", "nvidia/cu13/lib/libcublas.so.13"):
+    for rel in (
+        "torch/lib/libtorch_cpu.so",
+        "torch/lib/libc10.so",
+        "nvidia/cu13/lib/libcublas.so.13",
+    ):
         (tmp_path / rel).parent.mkdir(parents=True, exist_ok=True)
         (tmp_path / rel).write_bytes(b"")
-    assert audit.torch_provided_libs(tmp_path) == ["libc10.so", "libcublas.so.13", "libtorch_cpu.so"]
+    assert audit.torch_provided_libs(tmp_path) == [
+        "libc10.so",
+        "libcublas.so.13",
+        "libtorch_cpu.so",
+    ]
