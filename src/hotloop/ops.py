@@ -157,8 +157,16 @@ def _rms_norm_backward(ctx: Any, grad: Tensor) -> tuple[Tensor, Optional[Tensor]
     return grad_x, (grad_weight if weight is not None else None), None
 
 
+def _no_double_backward(ctx: Any, *grads: Tensor) -> None:
+    raise RuntimeError(
+        "hotloop.rms_norm: the gradient of its gradient (double backward) is not implemented"
+    )
+
+
 torch.library.register_autograd("hotloop::mul", _mul_backward, setup_context=_save_ab)
 torch.library.register_autograd("hotloop::muladd", _muladd_backward, setup_context=_save_ab)
 torch.library.register_autograd(
     "hotloop::rms_norm", _rms_norm_backward, setup_context=_rms_norm_setup
 )
+# Without a formula autograd would pass silently through the backward op.
+torch.library.register_autograd("hotloop::rms_norm_backward", _no_double_backward)

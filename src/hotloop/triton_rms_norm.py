@@ -17,9 +17,11 @@ The weight gradient is reduced without a second pass over ``x``: the backward ru
 fixed number of persistent programs, each owning a contiguous chunk of rows, and each
 accumulates its share of ``sum_rows(grad_out * x_hat)`` in float32 registers while it
 computes ``grad_x``. The ``[num_programs, H]`` partials are summed afterwards (the
-scheme of Liger-Kernel and Unsloth). Rows wider than ``MAX_FUSED_BLOCK`` do not fit in
-registers; they take a looped path (a per-row statistics kernel, then a column-blocked
-kernel that writes ``grad_x`` and the partials).
+scheme of Liger-Kernel and Unsloth). Rows wider than one program holds in registers
+(``MAX_FUSED_FWD_BLOCK``, ``MAX_FUSED_BWD_BLOCK``) take a looped path
+(forward: two passes over each row, the second from L2; backward: a per-row statistics
+kernel, then a column-blocked kernel that writes ``grad_x`` and the dw partials, which
+reads x and dy twice).
 
 Inputs must be CUDA tensors, except under ``TRITON_INTERPRET=1`` (Triton's
 interpreter, which reads the variable when this module is imported), where CPU tensors
@@ -35,11 +37,12 @@ import torch
 import triton
 import triton.language as tl
 
-__all__ = ["MAX_FUSED_BLOCK", "interpreting", "rms_norm", "rms_norm_backward"]
+__all__ = ["interpreting", "rms_norm", "rms_norm_backward"]
 
-# Widest row (as a power of two) that one program holds in registers. Wider rows take
-# the looped kernels. 16384 fits without spills in the forward; see _bwd_settings.
-MAX_FUSED_BLOCK = 16384
+# Widest rows (as a power of two) that one program holds in registers; wider rows take
+# the looped kernels. See _fwd_tile and _bwd_tile for where the limits come from.
+MAX_FUSED_FWD_BLOCK = 16384
+MAX_FUSED_BWD_BLOCK = 8192
 # Column block of the looped kernels.
 LOOPED_BLOCK = 4096
 # Elements a row-tile should hold for narrow rows (several rows per program).
@@ -122,7 +125,7 @@ def _rms_norm_fwd_looped_kernel(
     FP64: tl.constexpr,
     BLOCK_N: tl.constexpr,
 ):
-    # One program per row, for rows wider than MAX_FUSED_BLOCK: a pass for the mean
+    # One program per row, for rows wider than MAX_FUSED_FWD_BLOCK: a pass for the mean
     # of squares, then a pass that writes y (the row is still in L2 by then).
     row = tl.program_id(0).to(tl.int64)
     x_row = X + row * stride_x_row
@@ -283,25 +286,39 @@ def _rms_norm_bwd_looped_kernel(
 # --------------------------------------------------------------------- launch settings
 
 
-def _num_warps(tile_elements: int) -> int:
-    # About 8 to 16 elements per thread for the row tile.
-    if tile_elements <= 1024:
-        return 4
-    if tile_elements <= 4096:
-        return 8
-    return 16
+def _fwd_tile(n_cols: int) -> tuple[int, int, int]:
+    """(BLOCK_M, BLOCK_N, num_warps) of the fused forward for rows of n_cols elements.
 
-
-def _fused_tile(n_cols: int) -> tuple[int, int, int]:
-    """(BLOCK_M, BLOCK_N, num_warps) of the fused kernels for rows of n_cols elements."""
+    Narrow rows are packed BLOCK_M to a program so that each program moves about
+    _TILE_ELEMENTS elements; 8 to 16 elements a thread (ptxas for sm_90: no spills up
+    to BLOCK_N = 16384 with 16 warps).
+    """
     block_n = triton.next_power_of_2(n_cols)
     block_m = max(1, min(128, _TILE_ELEMENTS // block_n))
-    return block_m, block_n, _num_warps(block_m * block_n)
+    tile = block_m * block_n
+    num_warps = 4 if tile <= 1024 else 8 if tile <= 4096 else 16
+    return block_m, block_n, num_warps
 
 
-def _num_persistent_programs(device: torch.device) -> int:
+def _bwd_tile(n_cols: int) -> tuple[int, int, int]:
+    """(BLOCK_M, BLOCK_N, num_warps) of the fused persistent backward.
+
+    The backward holds x, dy, w and the dw share of a tile at once: about 8 registers
+    per tile element. ptxas for sm_90 gives 64 registers a thread at 8 elements a thread
+    (no spills) and spills from BLOCK_N = 16384 on, hence MAX_FUSED_BWD_BLOCK.
+    """
+    block_n = triton.next_power_of_2(n_cols)
+    block_m = max(1, min(128, _TILE_ELEMENTS // block_n))
+    num_warps = max(4, min(32, block_m * block_n // 256))
+    return block_m, block_n, num_warps
+
+
+def _num_persistent_programs(device: torch.device, num_warps: int) -> int:
+    """Programs of the persistent backward: as many as fit on the GPU at once."""
     if device.type == "cuda":
-        return torch.cuda.get_device_properties(device).multi_processor_count
+        sm_count = torch.cuda.get_device_properties(device).multi_processor_count
+        # 64 registers a thread (see _bwd_tile): an SM's 65536 registers hold 32 warps.
+        return sm_count * max(1, 32 // num_warps)
     return 4  # the interpreter: a few programs, to exercise the partial reduction
 
 
@@ -363,9 +380,8 @@ def _rms_norm_triton(x: torch.Tensor, weight: Optional[torch.Tensor], eps: float
     w = weight.reshape(-1).contiguous() if weight is not None else None
     has_weight = w is not None
     fp64 = x.dtype == torch.float64
-    block_n = triton.next_power_of_2(n_cols)
-    if block_n <= MAX_FUSED_BLOCK:
-        block_m, block_n, num_warps = _fused_tile(n_cols)
+    if triton.next_power_of_2(n_cols) <= MAX_FUSED_FWD_BLOCK:
+        block_m, block_n, num_warps = _fwd_tile(n_cols)
         torch.library.wrap_triton(_rms_norm_fwd_kernel)[(triton.cdiv(n_rows, block_m),)](
             x2,
             w if has_weight else x2,  # never read when HAS_WEIGHT is False
@@ -393,7 +409,7 @@ def _rms_norm_triton(x: torch.Tensor, weight: Optional[torch.Tensor], eps: float
             HAS_WEIGHT=has_weight,
             FP64=fp64,
             BLOCK_N=LOOPED_BLOCK,
-            num_warps=_num_warps(LOOPED_BLOCK),
+            num_warps=8,
         )
     return y
 
@@ -426,10 +442,10 @@ def _rms_norm_triton_backward(
     has_weight = w is not None
     fp64 = x.dtype == torch.float64
     acc_dtype = torch.float64 if fp64 else torch.float32
-    programs = _num_persistent_programs(x.device)
 
-    if triton.next_power_of_2(n_cols) <= MAX_FUSED_BLOCK:
-        block_m, block_n, num_warps = _fused_tile(n_cols)
+    if triton.next_power_of_2(n_cols) <= MAX_FUSED_BWD_BLOCK:
+        block_m, block_n, num_warps = _bwd_tile(n_cols)
+        programs = _num_persistent_programs(x.device, num_warps)
         # Whole tiles per program, and no program without rows.
         tiles = triton.cdiv(n_rows, block_m)
         rows_per_program = triton.cdiv(tiles, min(programs, tiles)) * block_m
@@ -472,10 +488,12 @@ def _rms_norm_triton_backward(
             HAS_WEIGHT=has_weight,
             FP64=fp64,
             BLOCK_N=LOOPED_BLOCK,
-            num_warps=_num_warps(LOOPED_BLOCK),
+            num_warps=16,
         )
         col_blocks = triton.cdiv(n_cols, LOOPED_BLOCK)
-        programs = min(n_rows, max(1, triton.cdiv(4 * programs, col_blocks)))
+        # About two programs an SM in all, each (row chunk, column block) one of them.
+        programs = _num_persistent_programs(x.device, 32)
+        programs = min(n_rows, max(1, triton.cdiv(2 * programs, col_blocks)))
         rows_per_program = triton.cdiv(n_rows, programs)
         programs = triton.cdiv(n_rows, rows_per_program)
         dw_partial = torch.empty(
@@ -498,7 +516,7 @@ def _rms_norm_triton_backward(
             HAS_WEIGHT=has_weight,
             FP64=fp64,
             BLOCK_N=LOOPED_BLOCK,
-            num_warps=_num_warps(LOOPED_BLOCK),
+            num_warps=16,
         )
     if weight is not None:
         grad_weight = dw_partial.sum(0).to(weight.dtype).view(weight.shape)

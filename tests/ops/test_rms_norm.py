@@ -16,18 +16,21 @@ HIDDEN_SIZES = [1, 7, 64, 4095, 8193]
 
 
 def sample_inputs(device: str, dtype: torch.dtype, requires_grad: bool = False) -> list[tuple]:
-    def make(*shape: int, scale: float = 1.0) -> torch.Tensor:
-        t = torch.randn(*shape, device=device, dtype=torch.float64) * scale
-        return t.to(dtype).requires_grad_(requires_grad)
+    def make(*shape: int) -> torch.Tensor:
+        return torch.randn(*shape, device=device, dtype=torch.float64).to(dtype)
 
-    samples = [(make(3, h), make(h, scale=0.5) + 1, 1e-6) for h in HIDDEN_SIZES]
+    samples = [(make(3, h), make(h) * 0.5 + 1, 1e-6) for h in HIDDEN_SIZES]
     samples += [
         (make(2, 3, 5, 40), make(40), 1e-5),  # several leading dims
         (make(10), None, 1e-6),  # one dimension, no weight
         (make(40, 6).t(), make(40), 1e-3),  # non-contiguous rows
         (make(4, 96)[:, ::2], None, 1e-6),  # strided last dim
     ]
-    return samples
+    # marked last, so that views stay leaves autograd fills .grad of
+    return [
+        (x.requires_grad_(requires_grad), w if w is None else w.requires_grad_(requires_grad), e)
+        for x, w, e in samples
+    ]
 
 
 def rms_norm_reference(x: torch.Tensor, weight: torch.Tensor | None, eps: float) -> torch.Tensor:
@@ -76,9 +79,11 @@ def test_backward_matches_reference(device: str, dtype: torch.dtype) -> None:
 def test_opcheck(device: str, dtype: torch.dtype) -> None:
     for x, weight, eps in sample_inputs(device, dtype, requires_grad=True)[1:7:2]:
         torch.library.opcheck(torch.ops.hotloop.rms_norm.default, (x, weight, eps))
-        grad_out = torch.randn_like(x)
+        # the backward op has no derivative of its own: check it on plain tensors
+        grad_out = torch.randn_like(x).detach()
+        plain_weight = None if weight is None else weight.detach()
         torch.library.opcheck(
-            torch.ops.hotloop.rms_norm_backward.default, (grad_out, x.detach(), weight, eps)
+            torch.ops.hotloop.rms_norm_backward.default, (grad_out, x.detach(), plain_weight, eps)
         )
 
 
@@ -87,6 +92,13 @@ def test_gradcheck(device: str) -> None:
         if x.numel() > 1000:
             continue  # gradcheck is quadratic in the number of elements
         assert torch.autograd.gradcheck(lambda x, w, e=eps: hotloop.rms_norm(x, w, e), (x, weight))
+
+
+def test_double_backward_is_refused() -> None:
+    x = torch.randn(3, 8, dtype=torch.float64, requires_grad=True)
+    (grad_x,) = torch.autograd.grad(hotloop.rms_norm(x).sum(), x, create_graph=True)
+    with pytest.raises(RuntimeError, match="double backward"):
+        grad_x.sum().backward()
 
 
 def test_compile_dynamic_shapes_without_graph_breaks(device: str) -> None:
