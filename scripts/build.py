@@ -12,7 +12,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from scripts import toolchain
@@ -30,6 +30,25 @@ class BuildResult:
     wheel: Path
     seconds: float
     log: Path
+    compile_seconds: dict[str, float] = field(default_factory=dict)
+
+
+def compile_times(build_dir: Path) -> dict[str, float]:
+    """Seconds per object file from ninja's ``.ninja_log`` (``start end mtime output hash``).
+
+    Only the last entry per output counts (ninja appends); a ccache hit shows as a short time.
+    """
+    times: dict[str, float] = {}
+    for log_file in build_dir.rglob(".ninja_log"):
+        for line in log_file.read_text().splitlines():
+            fields = line.split("\t")
+            if line.startswith("#") or len(fields) < 4:
+                continue
+            output = fields[3]
+            if "/csrc/" in output:
+                output = "csrc/" + output.split("/csrc/", 1)[1]
+            times[output] = (int(fields[1]) - int(fields[0])) / 1000
+    return times
 
 
 def log(msg: str) -> None:
@@ -219,7 +238,7 @@ def build_wheel(row: Row, workdir: Path, build_python: Interpreter | None = None
         raise BuildError(
             f"{row.variant}: expected one wheel in {dist}, found {[w.name for w in wheels]}"
         )
-    return BuildResult(wheels[0], time.monotonic() - start, log_path)
+    return BuildResult(wheels[0], time.monotonic() - start, log_path, compile_times(src / "build"))
 
 
 class BuildError(RuntimeError):

@@ -26,6 +26,7 @@ class CellReport:
     auditwheel_output: str = ""
     tests: list[dict[str, Any]] = field(default_factory=list)
     build_seconds: float | None = None
+    compile_seconds: dict[str, float] = field(default_factory=dict)
     total_seconds: float | None = None
     error: str = ""
     build_python: str = ""

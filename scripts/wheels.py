@@ -56,6 +56,9 @@ def run_cell(
         cell.stage = "build"
         result = build.build_wheel(row, workdir, interp)
         cell.build_seconds = result.seconds
+        cell.compile_seconds = result.compile_seconds
+        for obj, secs in sorted(result.compile_seconds.items()):
+            log(f"{row.variant}: compiled {obj} in {secs:.1f}s")
         log(f"{row.variant}: built {result.wheel.name} in {result.seconds:.0f}s")
 
         cell.stage = "repair/audit"
