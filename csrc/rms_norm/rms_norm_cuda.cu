@@ -1,0 +1,470 @@
+// CUDA kernels of rms_norm and rms_norm_backward.
+//
+// Rows of the [rows, hidden] view map onto blocks as planned by plan_row_launch
+// (common/row_launch.cuh): one block per row (one warp per row for short rows),
+// rows strided over the grid. When every pointer is 16-byte aligned and hidden is
+// a multiple of the vector width, each thread keeps its slice of the row in
+// registers as 16-byte vectors (kVectorsPerThread of them), so x is read from
+// global memory once; otherwise a generic kernel with scalar loads handles any
+// hidden size, re-reading the row (mostly from L1/L2) for the second pass.
+// Sums are float32 (float64 for float64).
+#include <ATen/ATen.h>
+#include <ATen/OpMathType.h>
+#include <ATen/cuda/CUDAContext.h>
+#include <c10/cuda/CUDAException.h>
+#include <c10/cuda/CUDAGuard.h>
+#include <torch/library.h>
+
+#include <optional>
+#include <tuple>
+
+#include "../common/checks.h"
+#include "../common/cuda_utils.cuh"
+#include "../common/row_launch.cuh"
+
+namespace hotloop {
+namespace {
+
+// ---------------------------------------------------------------------------
+// Forward
+// ---------------------------------------------------------------------------
+
+template <typename scalar_t, int kVectorsPerThread>
+__global__ void rms_norm_vector_kernel(const scalar_t* __restrict__ x,
+                                       const scalar_t* __restrict__ weight,
+                                       scalar_t* __restrict__ y, int64_t rows, int64_t hidden,
+                                       at::opmath_type<scalar_t> eps) {
+  using acc_t = at::opmath_type<scalar_t>;
+  constexpr int kVec = vector_size<scalar_t>();
+  using Vec = AlignedVector<scalar_t, kVec>;
+  const int num_vectors = static_cast<int>(hidden / kVec);
+  const acc_t inv_hidden = acc_t(1) / static_cast<acc_t>(hidden);
+  const Vec* weight_vec = reinterpret_cast<const Vec*>(weight);
+
+  for (int64_t row = static_cast<int64_t>(blockIdx.x) * blockDim.y + threadIdx.y; row < rows;
+       row += static_cast<int64_t>(gridDim.x) * blockDim.y) {
+    const Vec* x_row = reinterpret_cast<const Vec*>(x + row * hidden);
+    Vec xv[kVectorsPerThread];
+    acc_t sum_sq = 0;
+#pragma unroll
+    for (int i = 0; i < kVectorsPerThread; ++i) {
+      const int idx = threadIdx.x + i * blockDim.x;
+      if (idx < num_vectors) {
+        xv[i] = x_row[idx];
+#pragma unroll
+        for (int k = 0; k < kVec; ++k) {
+          const acc_t v = static_cast<acc_t>(xv[i].val[k]);
+          sum_sq += v * v;
+        }
+      }
+    }
+    sum_sq = row_sum(sum_sq);
+    const acc_t rstd = rsqrt_acc(sum_sq * inv_hidden + eps);
+
+    Vec* y_row = reinterpret_cast<Vec*>(y + row * hidden);
+#pragma unroll
+    for (int i = 0; i < kVectorsPerThread; ++i) {
+      const int idx = threadIdx.x + i * blockDim.x;
+      if (idx < num_vectors) {
+        Vec out;
+        if (weight_vec != nullptr) {
+          const Vec wv = weight_vec[idx];
+#pragma unroll
+          for (int k = 0; k < kVec; ++k) {
+            out.val[k] = static_cast<scalar_t>(static_cast<acc_t>(xv[i].val[k]) * rstd *
+                                               static_cast<acc_t>(wv.val[k]));
+          }
+        } else {
+#pragma unroll
+          for (int k = 0; k < kVec; ++k) {
+            out.val[k] = static_cast<scalar_t>(static_cast<acc_t>(xv[i].val[k]) * rstd);
+          }
+        }
+        y_row[idx] = out;
+      }
+    }
+  }
+}
+
+template <typename scalar_t>
+__global__ void rms_norm_generic_kernel(const scalar_t* __restrict__ x,
+                                        const scalar_t* __restrict__ weight,
+                                        scalar_t* __restrict__ y, int64_t rows, int64_t hidden,
+                                        at::opmath_type<scalar_t> eps) {
+  using acc_t = at::opmath_type<scalar_t>;
+  const acc_t inv_hidden = acc_t(1) / static_cast<acc_t>(hidden);
+  for (int64_t row = static_cast<int64_t>(blockIdx.x) * blockDim.y + threadIdx.y; row < rows;
+       row += static_cast<int64_t>(gridDim.x) * blockDim.y) {
+    const scalar_t* x_row = x + row * hidden;
+    acc_t sum_sq = 0;
+    for (int64_t j = threadIdx.x; j < hidden; j += blockDim.x) {
+      const acc_t v = static_cast<acc_t>(x_row[j]);
+      sum_sq += v * v;
+    }
+    sum_sq = row_sum(sum_sq);
+    const acc_t rstd = rsqrt_acc(sum_sq * inv_hidden + eps);
+    scalar_t* y_row = y + row * hidden;
+    for (int64_t j = threadIdx.x; j < hidden; j += blockDim.x) {
+      acc_t v = static_cast<acc_t>(x_row[j]) * rstd;
+      if (weight != nullptr) {
+        v *= static_cast<acc_t>(weight[j]);
+      }
+      y_row[j] = static_cast<scalar_t>(v);
+    }
+  }
+}
+
+template <typename scalar_t>
+void launch_rms_norm(const scalar_t* x, const scalar_t* weight, scalar_t* y, int64_t rows,
+                     int64_t hidden, double eps) {
+  using acc_t = at::opmath_type<scalar_t>;
+  const bool aligned = is_vector_aligned(x) && is_vector_aligned(y) &&
+                       (weight == nullptr || is_vector_aligned(weight));
+  const RowLaunch plan = plan_row_launch(hidden, vector_size<scalar_t>(), aligned);
+  const dim3 grid(static_cast<unsigned>(row_blocks(rows, plan)));
+  const cudaStream_t stream = at::cuda::getCurrentCUDAStream();
+  const acc_t eps_acc = static_cast<acc_t>(eps);
+  switch (plan.vectors_per_thread) {
+#define HOTLOOP_LAUNCH(VPT)                                                            \
+  case VPT:                                                                            \
+    rms_norm_vector_kernel<scalar_t, VPT>                                              \
+        <<<grid, plan.block(), 0, stream>>>(x, weight, y, rows, hidden, eps_acc);      \
+    break;
+    HOTLOOP_LAUNCH(1)
+    HOTLOOP_LAUNCH(2)
+    HOTLOOP_LAUNCH(4)
+    HOTLOOP_LAUNCH(8)
+#undef HOTLOOP_LAUNCH
+    default:
+      TORCH_INTERNAL_ASSERT(plan.vectors_per_thread == 0);
+      rms_norm_generic_kernel<scalar_t>
+          <<<grid, plan.block(), 0, stream>>>(x, weight, y, rows, hidden, eps_acc);
+  }
+  C10_CUDA_KERNEL_LAUNCH_CHECK();
+}
+
+// ---------------------------------------------------------------------------
+// Backward
+//
+// grad_x = rstd * (g - xhat * mean(g * xhat)) = rstd * g - x * rstd^3 * sum(g * x) / H,
+// with g = grad_out * weight and xhat = x * rstd.
+// grad_weight = sum over rows of grad_out * xhat, reduced in two steps without a
+// second pass over x: each row slot (blockIdx.x, threadIdx.y) of the grid-strided
+// kernel sums its rows into a float32 (float64) partial row of weight_partials
+// ([gridDim.x * blockDim.y, hidden]); sum_partials_kernel then adds up the partial
+// rows column by column. The grid is sized to fill the GPU once, so the partial
+// buffer has a few rows per SM, not one per row of x.
+// ---------------------------------------------------------------------------
+
+template <typename scalar_t, int kVectorsPerThread>
+__global__ void rms_norm_backward_vector_kernel(
+    const scalar_t* __restrict__ grad_out, const scalar_t* __restrict__ x,
+    const scalar_t* __restrict__ weight, scalar_t* __restrict__ grad_x,
+    at::opmath_type<scalar_t>* __restrict__ weight_partials, int64_t rows, int64_t hidden,
+    at::opmath_type<scalar_t> eps) {
+  using acc_t = at::opmath_type<scalar_t>;
+  constexpr int kVec = vector_size<scalar_t>();
+  using Vec = AlignedVector<scalar_t, kVec>;
+  using AccVec = AlignedVector<acc_t, kVec>;
+  const int num_vectors = static_cast<int>(hidden / kVec);
+  const acc_t inv_hidden = acc_t(1) / static_cast<acc_t>(hidden);
+  const bool has_weight = weight != nullptr;
+
+  // The weight slice of this thread is the same for every row: load it once.
+  acc_t w[kVectorsPerThread][kVec];
+  acc_t dw[kVectorsPerThread][kVec];
+#pragma unroll
+  for (int i = 0; i < kVectorsPerThread; ++i) {
+    const int idx = threadIdx.x + i * blockDim.x;
+    Vec wv;
+    if (has_weight && idx < num_vectors) {
+      wv = reinterpret_cast<const Vec*>(weight)[idx];
+    }
+#pragma unroll
+    for (int k = 0; k < kVec; ++k) {
+      w[i][k] = has_weight && idx < num_vectors ? static_cast<acc_t>(wv.val[k]) : acc_t(1);
+      dw[i][k] = 0;
+    }
+  }
+
+  for (int64_t row = static_cast<int64_t>(blockIdx.x) * blockDim.y + threadIdx.y; row < rows;
+       row += static_cast<int64_t>(gridDim.x) * blockDim.y) {
+    const Vec* x_row = reinterpret_cast<const Vec*>(x + row * hidden);
+    const Vec* go_row = reinterpret_cast<const Vec*>(grad_out + row * hidden);
+    Vec xv[kVectorsPerThread];
+    Vec gov[kVectorsPerThread];
+    acc_t sum_sq = 0;
+    acc_t sum_gx = 0;
+#pragma unroll
+    for (int i = 0; i < kVectorsPerThread; ++i) {
+      const int idx = threadIdx.x + i * blockDim.x;
+      if (idx < num_vectors) {
+        xv[i] = x_row[idx];
+        gov[i] = go_row[idx];
+#pragma unroll
+        for (int k = 0; k < kVec; ++k) {
+          const acc_t xk = static_cast<acc_t>(xv[i].val[k]);
+          const acc_t gk = static_cast<acc_t>(gov[i].val[k]) * w[i][k];
+          sum_sq += xk * xk;
+          sum_gx += gk * xk;
+        }
+      }
+    }
+    row_sum2(sum_sq, sum_gx);
+    const acc_t rstd = rsqrt_acc(sum_sq * inv_hidden + eps);
+    const acc_t x_coeff = rstd * rstd * rstd * sum_gx * inv_hidden;
+
+    Vec* gx_row = reinterpret_cast<Vec*>(grad_x + row * hidden);
+#pragma unroll
+    for (int i = 0; i < kVectorsPerThread; ++i) {
+      const int idx = threadIdx.x + i * blockDim.x;
+      if (idx < num_vectors) {
+        Vec out;
+#pragma unroll
+        for (int k = 0; k < kVec; ++k) {
+          const acc_t xk = static_cast<acc_t>(xv[i].val[k]);
+          const acc_t gok = static_cast<acc_t>(gov[i].val[k]);
+          out.val[k] = static_cast<scalar_t>(rstd * gok * w[i][k] - xk * x_coeff);
+          dw[i][k] += gok * xk * rstd;
+        }
+        gx_row[idx] = out;
+      }
+    }
+  }
+
+  if (weight_partials != nullptr) {
+    const int64_t slot = static_cast<int64_t>(blockIdx.x) * blockDim.y + threadIdx.y;
+    AccVec* partial_row = reinterpret_cast<AccVec*>(weight_partials + slot * hidden);
+#pragma unroll
+    for (int i = 0; i < kVectorsPerThread; ++i) {
+      const int idx = threadIdx.x + i * blockDim.x;
+      if (idx < num_vectors) {
+        AccVec out;
+#pragma unroll
+        for (int k = 0; k < kVec; ++k) {
+          out.val[k] = dw[i][k];
+        }
+        partial_row[idx] = out;
+      }
+    }
+  }
+}
+
+// Any hidden size and alignment. Each thread owns the columns j = threadIdx.x +
+// n * blockDim.x of its row slot's partial row, so it accumulates there directly
+// (the buffer starts zeroed) without any other thread touching those elements.
+template <typename scalar_t>
+__global__ void rms_norm_backward_generic_kernel(
+    const scalar_t* __restrict__ grad_out, const scalar_t* __restrict__ x,
+    const scalar_t* __restrict__ weight, scalar_t* __restrict__ grad_x,
+    at::opmath_type<scalar_t>* __restrict__ weight_partials, int64_t rows, int64_t hidden,
+    at::opmath_type<scalar_t> eps) {
+  using acc_t = at::opmath_type<scalar_t>;
+  const acc_t inv_hidden = acc_t(1) / static_cast<acc_t>(hidden);
+  const int64_t slot = static_cast<int64_t>(blockIdx.x) * blockDim.y + threadIdx.y;
+  acc_t* partial_row = weight_partials != nullptr ? weight_partials + slot * hidden : nullptr;
+  for (int64_t row = slot; row < rows; row += static_cast<int64_t>(gridDim.x) * blockDim.y) {
+    const scalar_t* x_row = x + row * hidden;
+    const scalar_t* go_row = grad_out + row * hidden;
+    acc_t sum_sq = 0;
+    acc_t sum_gx = 0;
+    for (int64_t j = threadIdx.x; j < hidden; j += blockDim.x) {
+      const acc_t xj = static_cast<acc_t>(x_row[j]);
+      acc_t gj = static_cast<acc_t>(go_row[j]);
+      if (weight != nullptr) {
+        gj *= static_cast<acc_t>(weight[j]);
+      }
+      sum_sq += xj * xj;
+      sum_gx += gj * xj;
+    }
+    row_sum2(sum_sq, sum_gx);
+    const acc_t rstd = rsqrt_acc(sum_sq * inv_hidden + eps);
+    const acc_t x_coeff = rstd * rstd * rstd * sum_gx * inv_hidden;
+    scalar_t* gx_row = grad_x + row * hidden;
+    for (int64_t j = threadIdx.x; j < hidden; j += blockDim.x) {
+      const acc_t xj = static_cast<acc_t>(x_row[j]);
+      const acc_t goj = static_cast<acc_t>(go_row[j]);
+      const acc_t wj = weight != nullptr ? static_cast<acc_t>(weight[j]) : acc_t(1);
+      gx_row[j] = static_cast<scalar_t>(rstd * goj * wj - xj * x_coeff);
+      if (partial_row != nullptr) {
+        partial_row[j] += goj * xj * rstd;
+      }
+    }
+  }
+}
+
+// grad_weight[j] = sum over p of partials[p][j], rounded to the weight's dtype.
+// Block (32, 32): threadIdx.x picks a column (coalesced reads along a partial
+// row), threadIdx.y strides over the partial rows; shared memory finishes the sum.
+constexpr int kSumColumns = 32;
+constexpr int kSumRowGroups = 32;
+
+template <typename scalar_t>
+__global__ void sum_partials_kernel(const at::opmath_type<scalar_t>* __restrict__ partials,
+                                    scalar_t* __restrict__ grad_weight, int64_t num_partials,
+                                    int64_t hidden) {
+  using acc_t = at::opmath_type<scalar_t>;
+  __shared__ acc_t sums[kSumRowGroups][kSumColumns + 1];
+  const int64_t col = static_cast<int64_t>(blockIdx.x) * kSumColumns + threadIdx.x;
+  acc_t sum = 0;
+  if (col < hidden) {
+    for (int64_t p = threadIdx.y; p < num_partials; p += kSumRowGroups) {
+      sum += partials[p * hidden + col];
+    }
+  }
+  sums[threadIdx.y][threadIdx.x] = sum;
+  __syncthreads();
+  if (threadIdx.y == 0 && col < hidden) {
+    acc_t total = 0;
+#pragma unroll
+    for (int r = 0; r < kSumRowGroups; ++r) {
+      total += sums[r][threadIdx.x];
+    }
+    grad_weight[col] = static_cast<scalar_t>(total);
+  }
+}
+
+template <typename Kernel>
+int64_t persistent_blocks(Kernel kernel, const RowLaunch& plan, int64_t rows) {
+  int blocks_per_sm = 0;
+  C10_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(
+      &blocks_per_sm, kernel, plan.threads_per_row * plan.rows_per_block, 0));
+  const int64_t full_gpu = static_cast<int64_t>(std::max(blocks_per_sm, 1)) * num_sms();
+  return std::max<int64_t>(1, std::min(full_gpu, ceil_div(rows, plan.rows_per_block)));
+}
+
+template <typename scalar_t>
+void launch_rms_norm_backward(const scalar_t* grad_out, const scalar_t* x, const scalar_t* weight,
+                              scalar_t* grad_x, scalar_t* grad_weight, int64_t rows,
+                              int64_t hidden, double eps, const at::TensorOptions& options) {
+  using acc_t = at::opmath_type<scalar_t>;
+  const bool aligned = is_vector_aligned(grad_out) && is_vector_aligned(x) &&
+                       is_vector_aligned(grad_x) &&
+                       (weight == nullptr || is_vector_aligned(weight));
+  const RowLaunch plan = plan_row_launch(hidden, vector_size<scalar_t>(), aligned);
+  const cudaStream_t stream = at::cuda::getCurrentCUDAStream();
+  const acc_t eps_acc = static_cast<acc_t>(eps);
+
+  auto launch = [&](auto kernel) {
+    const int64_t blocks = persistent_blocks(kernel, plan, rows);
+    at::Tensor partials;
+    acc_t* partials_ptr = nullptr;
+    const int64_t num_partials = blocks * plan.rows_per_block;
+    if (weight != nullptr) {
+      // Only the generic kernel accumulates into the buffer; the vector kernels
+      // overwrite every element of the partial rows (slots without rows write 0).
+      partials = plan.vectors_per_thread == 0
+                     ? at::zeros({num_partials, hidden}, options.dtype(c10::CppTypeToScalarType<acc_t>::value))
+                     : at::empty({num_partials, hidden}, options.dtype(c10::CppTypeToScalarType<acc_t>::value));
+      partials_ptr = partials.mutable_data_ptr<acc_t>();
+    }
+    kernel<<<dim3(static_cast<unsigned>(blocks)), plan.block(), 0, stream>>>(
+        grad_out, x, weight, grad_x, partials_ptr, rows, hidden, eps_acc);
+    C10_CUDA_KERNEL_LAUNCH_CHECK();
+    if (weight != nullptr) {
+      const dim3 sum_grid(static_cast<unsigned>(ceil_div(hidden, kSumColumns)));
+      sum_partials_kernel<scalar_t><<<sum_grid, dim3(kSumColumns, kSumRowGroups), 0, stream>>>(
+          partials_ptr, grad_weight, num_partials, hidden);
+      C10_CUDA_KERNEL_LAUNCH_CHECK();
+    }
+  };
+
+  switch (plan.vectors_per_thread) {
+    case 1:
+      launch(rms_norm_backward_vector_kernel<scalar_t, 1>);
+      break;
+    case 2:
+      launch(rms_norm_backward_vector_kernel<scalar_t, 2>);
+      break;
+    case 4:
+      launch(rms_norm_backward_vector_kernel<scalar_t, 4>);
+      break;
+    case 8:
+      launch(rms_norm_backward_vector_kernel<scalar_t, 8>);
+      break;
+    default:
+      TORCH_INTERNAL_ASSERT(plan.vectors_per_thread == 0);
+      launch(rms_norm_backward_generic_kernel<scalar_t>);
+  }
+}
+
+// ---------------------------------------------------------------------------
+// Operators
+// ---------------------------------------------------------------------------
+
+void check_rms_norm_inputs(const char* op, const at::Tensor& x,
+                           const std::optional<at::Tensor>& weight) {
+  check_norm_input(op, "x", x);
+  if (weight.has_value()) {
+    check_norm_weight(op, *weight, x);
+  }
+}
+
+at::Tensor rms_norm_cuda(const at::Tensor& x, const std::optional<at::Tensor>& weight,
+                         double eps) {
+  check_rms_norm_inputs("rms_norm", x, weight);
+  at::Tensor y = at::empty(x.sizes(), x.options());
+  if (x.numel() == 0) {
+    return y;
+  }
+  const c10::cuda::CUDAGuard guard(x.device());
+  const at::Tensor x_contig = x.contiguous();
+  const at::Tensor w_contig = weight.has_value() ? weight->contiguous() : at::Tensor();
+  const int64_t hidden = x.size(-1);
+  const int64_t rows = x.numel() / hidden;
+  HOTLOOP_DISPATCH_FLOATING(x.scalar_type(), "rms_norm_cuda", [&] {
+    launch_rms_norm<scalar_t>(x_contig.const_data_ptr<scalar_t>(),
+                              w_contig.defined() ? w_contig.const_data_ptr<scalar_t>() : nullptr,
+                              y.mutable_data_ptr<scalar_t>(), rows, hidden, eps);
+  });
+  return y;
+}
+
+std::tuple<at::Tensor, at::Tensor> rms_norm_backward_cuda(const at::Tensor& grad_out,
+                                                          const at::Tensor& x,
+                                                          const std::optional<at::Tensor>& weight,
+                                                          double eps) {
+  constexpr const char* op = "rms_norm_backward";
+  check_rms_norm_inputs(op, x, weight);
+  check_same_device(op, "x", x, "grad_out", grad_out);
+  check_same_dtype(op, "x", x, "grad_out", grad_out);
+  check_same_shape(op, "x", x, "grad_out", grad_out);
+
+  at::Tensor grad_x = at::empty(x.sizes(), x.options());
+  at::Tensor grad_weight;
+  if (!weight.has_value()) {
+    grad_weight = at::empty({0}, x.options());
+  } else if (x.numel() == 0) {
+    // No rows (or hidden == 0): the weight gradient is a sum over nothing.
+    grad_weight = at::zeros(weight->sizes(), weight->options());
+  } else {
+    grad_weight = at::empty(weight->sizes(), weight->options());
+  }
+  if (x.numel() == 0) {
+    return {grad_x, grad_weight};
+  }
+  const c10::cuda::CUDAGuard guard(x.device());
+  const at::Tensor x_contig = x.contiguous();
+  const at::Tensor go_contig = grad_out.contiguous();
+  const at::Tensor w_contig = weight.has_value() ? weight->contiguous() : at::Tensor();
+  const int64_t hidden = x.size(-1);
+  const int64_t rows = x.numel() / hidden;
+  HOTLOOP_DISPATCH_FLOATING(x.scalar_type(), "rms_norm_backward_cuda", [&] {
+    launch_rms_norm_backward<scalar_t>(
+        go_contig.const_data_ptr<scalar_t>(), x_contig.const_data_ptr<scalar_t>(),
+        w_contig.defined() ? w_contig.const_data_ptr<scalar_t>() : nullptr,
+        grad_x.mutable_data_ptr<scalar_t>(),
+        w_contig.defined() ? grad_weight.mutable_data_ptr<scalar_t>() : nullptr, rows, hidden, eps,
+        x.options());
+  });
+  return {grad_x, grad_weight};
+}
+
+}  // namespace
+
+TORCH_LIBRARY_IMPL(hotloop, CUDA, m) {
+  m.impl("rms_norm", &rms_norm_cuda);
+  m.impl("rms_norm_backward", &rms_norm_backward_cuda);
+}
+
+}  // namespace hotloop
