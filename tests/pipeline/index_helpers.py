@@ -1,0 +1,282 @@
+"""Real parts for the index and publish tests: tiny installable wheels, tool and torch venvs
+made with uv, and index servers bound to 127.0.0.1 that the fixtures start and stop.
+
+The tiny wheels are real ``hotloop`` wheels in every way pip and uv look at (name, local
+version label, ``cp39-abi3-manylinux_2_28_x86_64`` tag, ``Requires-Dist: torch==2.X.*``,
+``Requires-Python``, RECORD) but hold one Python file, so the tests do not depend on the
+CUDA wheels. Every pip/uv run is isolated from the machine's configuration (global pip.conf,
+``PIP_*``/``UV_*`` variables) so it sees what a user's pip sees.
+"""
+
+from __future__ import annotations
+
+import base64
+import contextlib
+import hashlib
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+import venv
+import zipfile
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+if str(REPO) not in sys.path:
+    sys.path.insert(0, str(REPO))
+
+from scripts import publish  # noqa: E402
+
+PACKAGE_VERSION = "0.1.0"
+# Two variants whose pins differ only in torch's minor: the resolver must choose by the pin.
+TORCH_FOR_VARIANT = {"pt211cu130": "2.11", "pt214cu130": "2.14"}
+# torch release installed into the test venvs (uv's cache holds it; hardlinked, seconds).
+TORCH_INSTALLED = "2.11.0"
+TORCH_VARIANT = "pt211cu130"
+SERVER_TOOLS = ("pypiserver[passlib]==2.4.2", "tomli; python_version < '3.11'")
+RUN_TIMEOUT_S = 300
+SERVER_START_TIMEOUT_S = 30
+_ZIP_DATE = (2026, 1, 1, 0, 0, 0)
+
+
+# --------------------------------------------------------------------------- wheels
+
+
+def _record_line(name: str, data: bytes) -> str:
+    digest = base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b"=").decode()
+    return f"{name},sha256={digest},{len(data)}"
+
+
+def make_tiny_wheel(
+    directory: Path,
+    variant: str,
+    *,
+    name: str = "hotloop",
+    version: str = PACKAGE_VERSION,
+    requires_python: str = ">=3.9",
+    tag: str = "cp39-abi3-manylinux_2_28_x86_64",
+) -> Path:
+    """An installable ``<name>-<version>+<variant>-<tag>.whl`` pinning ``torch==2.X.*``."""
+    full_version = f"{version}+{variant}"
+    torch_minor = TORCH_FOR_VARIANT.get(variant, "2.11")
+    dist_name = name.replace("-", "_")
+    package = dist_name.lower()
+    dist_info = f"{dist_name}-{full_version}.dist-info"
+    metadata = (
+        "Metadata-Version: 2.1\n"
+        f"Name: {name}\n"
+        f"Version: {full_version}\n"
+        "Summary: tiny stand-in for the CUDA wheel (index tests)\n"
+        f"Requires-Python: {requires_python}\n"
+        f"Requires-Dist: torch=={torch_minor}.*\n"
+    )
+    contents = {
+        f"{package}/__init__.py": f'__version__ = "{full_version}"\nVARIANT = "{variant}"\n',
+        f"{dist_info}/METADATA": metadata,
+        f"{dist_info}/WHEEL": (
+            f"Wheel-Version: 1.0\nGenerator: tests\nRoot-Is-Purelib: false\nTag: {tag}\n"
+        ),
+    }
+    path = directory / f"{dist_name}-{full_version}-{tag}.whl"
+    directory.mkdir(parents=True, exist_ok=True)
+    with zipfile.ZipFile(path, "w", zipfile.ZIP_DEFLATED) as zf:
+        record = []
+        for member, text in contents.items():
+            data = text.encode()
+            zf.writestr(zipfile.ZipInfo(member, _ZIP_DATE), data)
+            record.append(_record_line(member, data))
+        record.append(f"{dist_info}/RECORD,,")
+        zf.writestr(zipfile.ZipInfo(f"{dist_info}/RECORD", _ZIP_DATE), "\n".join(record) + "\n")
+    return path
+
+
+def make_variant_wheels(directory: Path) -> list[Path]:
+    return [make_tiny_wheel(directory, v) for v in sorted(TORCH_FOR_VARIANT)]
+
+
+# --------------------------------------------------------------------------- environments
+
+
+def isolated_env(**extra: str) -> dict[str, str]:
+    """os.environ without pip/uv/twine settings, with config files switched off."""
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if not k.startswith(("PIP_", "UV_", "TWINE_", "VIRTUAL_ENV", "PYTHONPATH"))
+    }
+    if "UV_CACHE_DIR" in os.environ:  # where uv's cached torch lives
+        env["UV_CACHE_DIR"] = os.environ["UV_CACHE_DIR"]
+    env.update(
+        PIP_CONFIG_FILE=os.devnull,
+        PIP_DISABLE_PIP_VERSION_CHECK="1",
+        PIP_NO_INPUT="1",
+        UV_NO_CONFIG="1",
+        UV_PYTHON_DOWNLOADS="never",
+    )
+    env.update(extra)
+    return env
+
+
+def run(
+    cmd: Sequence[str | Path], *, env: dict[str, str] | None = None, check: bool = True, **kwargs
+) -> subprocess.CompletedProcess[str]:
+    proc = subprocess.run(
+        [str(c) for c in cmd],
+        env=env if env is not None else isolated_env(),
+        capture_output=True,
+        text=True,
+        timeout=RUN_TIMEOUT_S,
+        **kwargs,
+    )
+    if check and proc.returncode != 0:
+        raise AssertionError(
+            f"{' '.join(map(str, cmd))} -> {proc.returncode}\n{proc.stdout}\n{proc.stderr}"
+        )
+    return proc
+
+
+def venv_python(root: Path) -> Path:
+    return root / "bin" / "python"
+
+
+def find_uv() -> str | None:
+    """uv from ``$UV``, PATH, next to this Python, or the ``uv`` package nox was installed with."""
+    for candidate in (
+        os.environ.get("UV"),
+        shutil.which("uv"),
+        str(Path(sys.executable).parent / "uv"),
+    ):
+        if candidate and Path(candidate).is_file() and os.access(candidate, os.X_OK):
+            return candidate
+    with contextlib.suppress(ImportError, FileNotFoundError):
+        from uv import find_uv_bin  # type: ignore[import-not-found]
+
+        return str(find_uv_bin())
+    return None
+
+
+def make_tool_venv(root: Path) -> tuple[Path, str]:
+    """A venv with twine (publish's pins) and pypiserver; returns (its python, a uv binary).
+
+    With uv at hand it builds the venv (seconds); otherwise it bootstraps with the standard
+    ``venv`` module and pip from the default index, and installs uv there too.
+    """
+    tools = [*publish.TOOLS, *SERVER_TOOLS]
+    uv = find_uv()
+    if uv is not None:
+        run([uv, "venv", "-q", "-p", sys.executable, root])
+        run([uv, "pip", "install", "-q", "-p", venv_python(root), *tools])
+        return venv_python(root), uv
+    venv.EnvBuilder(with_pip=True, clear=True).create(root)
+    run([venv_python(root), "-m", "pip", "install", "-q", "uv", *tools])
+    return venv_python(root), str(root / "bin" / "uv")
+
+
+def make_torch_venv(root: Path, uv: str, torch: str = TORCH_INSTALLED) -> Path:
+    """A fresh venv with pip (``--seed``) and the real ``torch==<torch>``; returns its python."""
+    run([uv, "venv", "-q", "--seed", "-p", sys.executable, root])
+    run([uv, "pip", "install", "-q", "-p", venv_python(root), f"torch=={torch}"])
+    return venv_python(root)
+
+
+def installed_hotloop(python: Path) -> str:
+    """The hotloop version the venv imports (from the installed module, not just metadata)."""
+    out = run([python, "-c", "import hotloop; print(hotloop.__version__)"])
+    return out.stdout.strip()
+
+
+def pip_install(python: Path, *args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
+    return run(
+        [python, "-m", "pip", "install", "--no-cache-dir", *args, "hotloop"],
+        check=check,
+    )
+
+
+def uv_pip_install(
+    uv: str, python: Path, *args: str, check: bool = True
+) -> subprocess.CompletedProcess[str]:
+    return run([uv, "pip", "install", "--no-cache", "-p", python, *args, "hotloop"], check=check)
+
+
+# --------------------------------------------------------------------------- servers
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _wait_until_up(url: str, proc: subprocess.Popen, log: Path) -> None:
+    deadline = time.monotonic() + SERVER_START_TIMEOUT_S
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"server exited with {proc.returncode}:\n{log.read_text()}")
+        try:
+            with urllib.request.urlopen(url, timeout=2):
+                return
+        except urllib.error.HTTPError:
+            return  # it answers
+        except OSError:
+            time.sleep(0.2)
+    raise RuntimeError(f"server not up after {SERVER_START_TIMEOUT_S}s:\n{log.read_text()}")
+
+
+@contextlib.contextmanager
+def serve(cmd: Sequence[str | Path], port: int, log: Path) -> Iterator[str]:
+    """Run a server bound to 127.0.0.1:``port``; yield its base URL; stop it afterwards."""
+    with log.open("w") as log_file:
+        proc = subprocess.Popen(
+            [str(c) for c in cmd],
+            stdout=log_file,
+            stderr=subprocess.STDOUT,
+            env=isolated_env(),
+            start_new_session=True,
+        )
+        base = f"http://127.0.0.1:{port}"
+        try:
+            _wait_until_up(base + "/", proc, log)
+            yield base
+        finally:
+            proc.terminate()
+            try:
+                proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait(timeout=10)
+
+
+def static_server(site: Path, log: Path) -> contextlib.AbstractContextManager[str]:
+    port = free_port()
+    cmd = [sys.executable, "-m", "http.server", port, "--bind", "127.0.0.1", "--directory", site]
+    return serve(cmd, port, log)
+
+
+def write_htpasswd(tool_python: Path, path: Path, user: str, password: str) -> None:
+    """An Apache htpasswd file written by passlib (what pypiserver reads it with)."""
+    code = (
+        "import sys\nfrom passlib.apache import HtpasswdFile\n"
+        "f = HtpasswdFile(sys.argv[1], new=True, default_scheme='portable')\n"
+        "f.set_password(sys.argv[2], sys.stdin.read())\nf.save()\n"
+    )
+    run([tool_python, "-c", code, path, user], input=password)
+
+
+def pypiserver(
+    tool_python: Path, packages: Path, htpasswd: Path, log: Path
+) -> contextlib.AbstractContextManager[str]:
+    """pypiserver on 127.0.0.1: uploads need a password, downloads do not, no PyPI fallback."""
+    port = free_port()
+    cmd = [
+        tool_python.parent / "pypi-server", "run",
+        "--interface", "127.0.0.1", "--port", port,
+        "--passwords", htpasswd, "--authenticate", "update",
+        "--disable-fallback", "--hash-algo", "sha256",
+        packages,
+    ]  # fmt: skip
+    return serve(cmd, port, log)
