@@ -66,3 +66,25 @@ def lint(session: nox.Session) -> None:
     session.install("ruff")
     session.run("ruff", "check", ".")
     session.run("ruff", "format", "--check", ".")
+
+
+@nox.session(python=SESSION_PYTHON)
+def cibuildwheel(session: nox.Session) -> None:
+    """cibuildwheel for one matrix cell, configured from the table (needs Docker or podman).
+
+    ``-- --torch 2.11`` picks the row (default: newest); ``-- --print-build-identifiers``
+    only prints the cell's identifiers (no container); ``python -m scripts.ci --help``.
+    """
+    from scripts import ci
+
+    session.install(ci.CIBUILDWHEEL)
+    session.run("python", "-m", "scripts.ci", "cibuildwheel", *session.posargs)
+
+
+@nox.session(python=SESSION_PYTHON)
+def workflows(session: nox.Session) -> None:
+    """GitHub's workflow schema (check-jsonschema) and zizmor over .github/workflows/."""
+    from scripts import ci
+
+    session.install(*ci.WORKFLOW_CHECK_TOOLS)
+    session.run("python", "-m", "scripts.ci", "check-workflows")

@@ -1,0 +1,282 @@
+"""cibuildwheel and GitHub Actions glue: the same pipeline as ``nox -s wheels`` on CI runners.
+
+cibuildwheel reads its static configuration from ``[tool.cibuildwheel]`` in pyproject.toml;
+everything that differs per matrix cell comes from ``scripts/matrix.toml`` through the
+environment that :func:`cell_environment` builds (the GitHub workflow never lists rows).
+Inside PyTorch's manylinux_2_28 builder image the hooks call back into this module:
+
+* ``before-build``   installs the row's exact torch and the build/audit tools into the build
+                     Python, the row's CUDA toolkit from PyPI (``toolchain.ensure_cuda_toolkit``,
+                     as nox does) and fixed paths under ``/opt/hotloop`` that the static
+                     environment names (``CUDA_HOME``, ``CPATH``, compiler wrappers)
+* ``repair``         ``audit.repair_and_audit``: auditwheel with torch/CUDA excluded, abi3audit
+                     and the project's rules, exactly what ``nox -s wheels`` runs
+* ``test-command``   ``wheeltest.pytest_command`` with ``{project}`` as the repository
+
+    python -m scripts.ci env --torch 2.11 [--github]   per-cell environment (KEY=VALUE lines)
+    python -m scripts.ci identifiers                    cibuildwheel's identifiers, every cell
+    python -m scripts.ci cibuildwheel --torch 2.11      run cibuildwheel for one cell
+    python -m scripts.ci check-workflows                schema + zizmor over .github/workflows
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import subprocess
+import sys
+import sysconfig
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+
+from scripts import matrix, toolchain
+
+REPO = toolchain.REPO
+WORKFLOWS = REPO / ".github" / "workflows"
+
+# Versions checked against this configuration (`nox -s workflows`, `nox -s cibuildwheel`).
+CIBUILDWHEEL = "cibuildwheel==4.3.3"
+WORKFLOW_CHECK_TOOLS = ("check-jsonschema==0.39.0", "zizmor==1.32.0")
+# The repair step's tools; must equal noxfile.PIPELINE_TOOLS (a test compares them).
+REPAIR_TOOLS = ("uv==0.13.9", "auditwheel==6.8.2", "abi3audit==0.0.26", "pyelftools==0.33")
+
+IMAGE_REPOSITORY = "pytorch/manylinux2_28-builder"
+PLATFORM_TAG = "manylinux_x86_64"
+
+# Fixed paths inside the build container: the static [tool.cibuildwheel] environment names
+# them, and `before-build` makes them point at the row's toolkit and torch's CUDA headers.
+CONTAINER_ROOT = Path("/opt/hotloop")
+CONTAINER_CUDA_HOME = CONTAINER_ROOT / "cuda"
+CONTAINER_INCLUDE = CONTAINER_ROOT / "include"
+CONTAINER_BIN = CONTAINER_ROOT / "bin"
+
+# The strings pyproject.toml's [tool.cibuildwheel] must carry (tests compare them).
+BEFORE_BUILD_COMMAND = (
+    "python -m pip install \"tomli; python_version < '3.11'\" && python -m scripts.ci before-build"
+)
+REPAIR_COMMAND = "python -m scripts.ci repair {wheel} {dest_dir}"
+BEFORE_TEST_COMMAND = 'python -m pip install "torch==${HOTLOOP_TORCH}"'
+# What scripts.wheeltest sets for the installed-wheel suite (tests/ops/conftest.py checks it).
+TEST_ENVIRONMENT = {"HOTLOOP_TEST_INSTALLED": "1", "PYTHONDONTWRITEBYTECODE": "1"}
+# Variables the host hands into the container (cell values from the table, cache, provenance).
+ENVIRONMENT_PASS = (
+    "HOTLOOP_TORCH",
+    "TORCH_CUDA_ARCH_LIST",
+    "HOTLOOP_CI_CACHE",
+    "SOURCE_DATE_EPOCH",
+    "HOTLOOP_GIT_COMMIT",
+)
+
+
+def log(msg: str) -> None:
+    print(f"[ci] {msg}", file=sys.stderr, flush=True)
+
+
+def image_for(cuda: str) -> str:
+    """PyTorch's manylinux_2_28 builder for a CUDA version: ``...-builder:cuda13.0``."""
+    return f"{IMAGE_REPOSITORY}:cuda{cuda}"
+
+
+def build_identifier(row: matrix.Row) -> str:
+    """One build per cell, on the row's lowest Python: the wheel is cp39-abi3 either way."""
+    return f"cp{row.pythons[0].replace('.', '')}-{PLATFORM_TAG}"
+
+
+def test_command() -> str:
+    """``nox -s wheels``'s pytest invocation, with cibuildwheel's ``{project}`` as the repo."""
+    from scripts.wheeltest import pytest_command
+
+    return " ".join(pytest_command(Path("python"), Path("{project}")))
+
+
+def default_cache() -> Path:
+    """Host folder for pip, ccache and the toolkit; the workflow caches it between runs."""
+    return REPO / ".cache" / "cibuildwheel"
+
+
+def cell_environment(row: matrix.Row, cache: Path | None = None) -> dict[str, str]:
+    """Everything cibuildwheel needs for one cell, derived from the matrix row."""
+    from scripts.build import git_commit, source_date_epoch
+
+    return {
+        "CIBW_BUILD": build_identifier(row),
+        "CIBW_ARCHS_LINUX": "x86_64",
+        "CIBW_MANYLINUX_X86_64_IMAGE": image_for(row.cuda),
+        "HOTLOOP_TORCH": row.torch,
+        "TORCH_CUDA_ARCH_LIST": row.arch_list,
+        "HOTLOOP_CI_CACHE": str((cache or default_cache()).resolve()),
+        "SOURCE_DATE_EPOCH": source_date_epoch(),
+        "HOTLOOP_GIT_COMMIT": git_commit(),
+    }
+
+
+def row_for(torch: str | None) -> matrix.Row:
+    torch = torch or os.environ.get("HOTLOOP_TORCH")
+    if not torch:
+        raise SystemExit("no torch version: pass --torch or set HOTLOOP_TORCH")
+    return matrix.select_rows(matrix.load_rows(), torch)[0]
+
+
+def pyproject_cibuildwheel(pyproject: Path = REPO / "pyproject.toml") -> dict:
+    return matrix.tomllib.loads(pyproject.read_text())["tool"]["cibuildwheel"]
+
+
+# --------------------------------------------------------------------------- inside the container
+
+
+def pip_install(*packages: str) -> None:
+    cmd = [sys.executable, "-m", "pip", "install", "--progress-bar", "off", *packages]
+    log("$ " + " ".join(cmd))
+    subprocess.run(cmd, check=True)
+
+
+def _copy_headers(sources: Sequence[Path], dest: Path) -> None:
+    if dest.exists():
+        shutil.rmtree(dest)
+    dest.mkdir(parents=True)
+    for src in sources:
+        shutil.copytree(src, dest, symlinks=True, dirs_exist_ok=True)
+
+
+def _write_wrapper(path: Path, target: str, ccache: str | None) -> None:
+    prefix = f'"{ccache}" ' if ccache else ""
+    path.write_text(f'#!/bin/sh\nexec {prefix}"{target}" "$@"\n')
+    path.chmod(0o755)
+
+
+def before_build(row: matrix.Row) -> None:
+    """Prepare the build Python and ``/opt/hotloop`` for ``row`` (runs in the container)."""
+    from scripts.build import BUILD_REQUIREMENTS
+
+    # PyPI's default Linux torch wheels are the CUDA builds the matrix table records, and the
+    # ones `nox -s wheels` and users install: no extra index, the same bytes everywhere.
+    pip_install(f"torch=={row.torch}", *BUILD_REQUIREMENTS, *REPAIR_TOOLS)
+    cuda_home = toolchain.ensure_cuda_toolkit(row.cuda, row.toolkit)
+    site = Path(sysconfig.get_paths()["purelib"])
+    CONTAINER_ROOT.mkdir(parents=True, exist_ok=True)
+    if CONTAINER_CUDA_HOME.is_symlink() or CONTAINER_CUDA_HOME.exists():
+        CONTAINER_CUDA_HOME.unlink()
+    CONTAINER_CUDA_HOME.symlink_to(cuda_home)
+    # torch's headers include cublas_v2.h, cusparse.h, ...: they ship in torch's nvidia deps.
+    _copy_headers(toolchain.torch_cuda_include_dirs(site), CONTAINER_INCLUDE)
+    # The image's gcc-toolset targets glibc 2.28 natively: no sysroot needed here.
+    ccache = shutil.which("ccache")
+    CONTAINER_BIN.mkdir(parents=True, exist_ok=True)
+    for name, real in (
+        ("gcc", shutil.which("gcc") or "gcc"),
+        ("g++", shutil.which("g++") or "g++"),
+        ("nvcc", str(cuda_home / "bin" / "nvcc")),
+    ):
+        _write_wrapper(CONTAINER_BIN / name, real, ccache)
+    log(f"torch {row.torch}, CUDA_HOME -> {cuda_home}, ccache: {ccache or 'not installed'}")
+
+
+def repair(wheel: Path, dest_dir: Path, row: matrix.Row) -> Path:
+    """The repair + audit of ``nox -s wheels`` (``audit.repair_and_audit``), for cibuildwheel."""
+    from scripts import audit
+
+    site = Path(sysconfig.get_paths()["purelib"])
+    repaired, report = audit.repair_and_audit(wheel, dest_dir, row, site)
+    log(f"{repaired.name}: audit ok, needs {report.max_versions}")
+    return repaired
+
+
+# --------------------------------------------------------------------------- on the host
+
+
+def cibuildwheel_command(extra: Sequence[str] = ()) -> list[str]:
+    return [sys.executable, "-m", "cibuildwheel", "--platform", "linux", *extra]
+
+
+def run_cibuildwheel(
+    row: matrix.Row, extra: Sequence[str] = (), base_env: Mapping[str, str] | None = None
+) -> subprocess.CompletedProcess:
+    env = dict(os.environ if base_env is None else base_env)
+    env.update(cell_environment(row))
+    return subprocess.run(
+        cibuildwheel_command(extra), cwd=REPO, env=env, capture_output=True, text=True
+    )
+
+
+def print_identifiers(rows: Sequence[matrix.Row]) -> int:
+    """``cibuildwheel --print-build-identifiers`` per cell; fails unless it is the table's one."""
+    bad = 0
+    for row in rows:
+        proc = run_cibuildwheel(row, ["--print-build-identifiers"])
+        got = proc.stdout.split()
+        want = [build_identifier(row)]
+        status = "ok" if proc.returncode == 0 and got == want else "MISMATCH"
+        bad += status != "ok"
+        print(f"{row.variant:12} {image_for(row.cuda):38} {' '.join(got) or '-'}  {status}")
+        if status != "ok":
+            print(proc.stderr, file=sys.stderr)
+    return 1 if bad else 0
+
+
+def check_workflows() -> int:
+    """GitHub's workflow schema and zizmor (offline) over .github/workflows."""
+    files = sorted(str(p) for p in WORKFLOWS.glob("*.yml"))
+    failed = 0
+    for cmd in (
+        ["check-jsonschema", "--builtin-schema", "vendor.github-workflows", *files],
+        ["zizmor", "--offline", str(WORKFLOWS)],
+    ):
+        log("$ " + " ".join(cmd))
+        failed |= subprocess.run(cmd, cwd=REPO).returncode
+    return 1 if failed else 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m scripts.ci",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    sub = parser.add_subparsers(dest="command", required=True)
+    env_p = sub.add_parser("env", help="per-cell environment as KEY=VALUE lines")
+    env_p.add_argument("--torch", required=True)
+    sub.add_parser("identifiers", help="cibuildwheel --print-build-identifiers for every cell")
+    run_p = sub.add_parser("cibuildwheel", help="run cibuildwheel for one cell")
+    run_p.add_argument("--torch", help="row (default: newest)")
+    run_p.add_argument("--print-build-identifiers", action="store_true")
+    run_p.add_argument("--output-dir", type=Path)
+    bb = sub.add_parser("before-build", help="(in the container) prepare the build Python")
+    bb.add_argument("--torch", help="row (default: $HOTLOOP_TORCH)")
+    rp = sub.add_parser("repair", help="(in the container) repair and audit a built wheel")
+    rp.add_argument("wheel", type=Path)
+    rp.add_argument("dest_dir", type=Path)
+    rp.add_argument("--torch", help="row (default: $HOTLOOP_TORCH)")
+    sub.add_parser("check-workflows", help="check-jsonschema + zizmor over .github/workflows")
+    args = parser.parse_args(argv)
+
+    if args.command == "env":
+        for key, value in cell_environment(row_for(args.torch)).items():
+            print(f"{key}={value}")
+        return 0
+    if args.command == "identifiers":
+        return print_identifiers(matrix.load_rows())
+    if args.command == "cibuildwheel":
+        row = matrix.select_rows(matrix.load_rows(), args.torch)[0]
+        if args.print_build_identifiers:
+            return print_identifiers([row])
+        out = args.output_dir or REPO / "wheelhouse" / "cibuildwheel" / row.variant
+        env = dict(os.environ)
+        env.update(cell_environment(row))
+        log(f"{row.variant}: {' '.join(f'{k}={v}' for k, v in cell_environment(row).items())}")
+        return subprocess.run(
+            cibuildwheel_command(["--output-dir", str(out)]), cwd=REPO, env=env
+        ).returncode
+    if args.command == "before-build":
+        before_build(row_for(args.torch))
+        return 0
+    if args.command == "repair":
+        repair(args.wheel, args.dest_dir, row_for(args.torch))
+        return 0
+    if args.command == "check-workflows":
+        return check_workflows()
+    return 2
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
