@@ -98,8 +98,29 @@ def component_roots(site: Path) -> list[Path]:
     return sorted(p for p in nvidia.iterdir() if p.is_dir() and p.name != "__pycache__")
 
 
+def override_env_var(cuda: str) -> str:
+    """``HOTLOOP_CUDA_HOME_12_8``: a toolkit to use instead of the PyPI packages."""
+    return "HOTLOOP_CUDA_HOME_" + cuda.replace(".", "_")
+
+
+class ToolkitError(RuntimeError):
+    pass
+
+
 def ensure_cuda_toolkit(cuda: str, packages: Sequence[str]) -> Path:
-    """Return a ``CUDA_HOME`` for ``cuda`` built from the pinned PyPI ``packages``."""
+    """Return a ``CUDA_HOME`` for ``cuda`` built from the pinned PyPI ``packages``.
+
+    ``$HOTLOOP_CUDA_HOME_<major>_<minor>`` replaces the PyPI toolkit (for CI images that
+    carry one). PyPI's 12.x ``nvidia-cuda-nvcc-cu12`` wheels hold only ``ptxas`` (no
+    ``nvcc`` driver, ``cicc`` or ``cudafe++``), so 12.x rows need that override.
+    """
+    override = os.environ.get(override_env_var(cuda))
+    if override:
+        home = Path(override)
+        out = run([home / "bin" / "nvcc", "--version"], capture_output=True, text=True).stdout
+        if f"release {cuda}" not in out:
+            raise ToolkitError(f"{override_env_var(cuda)}={home}: nvcc is not CUDA {cuda}:\n{out}")
+        return home
     key = _toolkit_key(packages)
     digest = hashlib.sha256(key.encode()).hexdigest()[:10]
     root = cache_dir() / "cuda" / f"{cuda}-{digest}"
@@ -138,8 +159,13 @@ def ensure_cuda_toolkit(cuda: str, packages: Sequence[str]) -> Path:
         break
     nvcc = home / "bin" / "nvcc"
     if not nvcc.is_file():
-        raise RuntimeError(
-            f"toolkit for CUDA {cuda} has no bin/nvcc after installing {list(packages)}"
+        shipped = (
+            sorted(p.name for p in (home / "bin").glob("*")) if (home / "bin").is_dir() else []
+        )
+        raise ToolkitError(
+            f"CUDA {cuda}: the PyPI packages {list(packages)} ship no bin/nvcc "
+            f"(bin/ holds only {shipped}); point {override_env_var(cuda)} at a CUDA {cuda} "
+            "toolkit to build this row"
         )
     out = run([nvcc, "--version"], capture_output=True, text=True).stdout
     if f"release {cuda}" not in out:

@@ -53,6 +53,9 @@ def run_cell(
         interp = build.pick_build_python(row, found)
         cell.build_python = f"{interp.version} ({interp.path})"
 
+        toolchain.ensure_cuda_toolkit(row.cuda, row.toolkit)
+        toolchain.ensure_sysroot()
+
         cell.stage = "build"
         result = build.build_wheel(row, workdir, interp)
         cell.build_seconds = result.seconds

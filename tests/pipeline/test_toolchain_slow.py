@@ -55,7 +55,14 @@ def test_sysroot_keeps_symbol_versions_within_torch(tmp_path):
     assert found.get("GLIBCXX", ()) <= audit.MAX_SYMBOL_VERSIONS["GLIBCXX"], found
 
 
-@pytest.mark.parametrize("cuda", sorted({row.cuda for row in matrix.load_rows()}))
+def test_cuda12_from_pypi_is_a_clear_error(monkeypatch):
+    row = next(r for r in matrix.load_rows() if r.cuda.startswith("12."))
+    monkeypatch.delenv(toolchain.override_env_var(row.cuda), raising=False)
+    with pytest.raises(toolchain.ToolkitError, match=r"ship no bin/nvcc .*HOTLOOP_CUDA_HOME_12_8"):
+        toolchain.ensure_cuda_toolkit(row.cuda, row.toolkit)
+
+
+@pytest.mark.parametrize("cuda", sorted({r.cuda for r in matrix.load_rows() if r.cuda >= "13"}))
 def test_pypi_toolkit_compiles_for_the_newest_arch(tmp_path, cuda):
     row = next(r for r in matrix.load_rows() if r.cuda == cuda)
     home = toolchain.ensure_cuda_toolkit(cuda, row.toolkit)
