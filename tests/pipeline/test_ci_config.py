@@ -1,0 +1,230 @@
+"""cibuildwheel and GitHub Actions configuration agree with the matrix table and with nox.
+
+The workflow files are read as text (the test environment has no YAML parser); the checks
+are about strings that must match exactly, so that is enough.
+"""
+
+from __future__ import annotations
+
+import ast
+import json
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from scripts import audit, ci, matrix, toolchain, wheeltest
+
+REPO = Path(__file__).resolve().parents[2]
+WORKFLOWS = REPO / ".github" / "workflows"
+ROWS = matrix.load_rows()
+USES = re.compile(r"^\s*(?:-\s+)?uses:\s*(\S+)(.*)$", re.MULTILINE)
+
+
+def workflow_text(name: str) -> str:
+    return (WORKFLOWS / name).read_text()
+
+
+@pytest.fixture(scope="module")
+def cibw() -> dict:
+    return ci.pyproject_cibuildwheel(REPO / "pyproject.toml")
+
+
+# --------------------------------------------------------------------------- matrix
+
+
+def test_wheels_workflow_takes_its_matrix_from_the_table() -> None:
+    text = workflow_text("wheels.yml")
+    assert "python -m scripts.matrix --github-json" in text
+    assert "matrix: ${{ fromJSON(needs.matrix.outputs.matrix) }}" in text
+    # Every matrix.<key> the workflow reads is one scripts.matrix emits.
+    keys = set(re.findall(r"(?<![/\w.])matrix\.([\w-]+)", text))
+    emitted = set(ROWS[0].as_github())
+    assert keys <= emitted, f"wheels.yml reads {sorted(keys - emitted)}, not in --github-json"
+
+
+@pytest.mark.parametrize("name", ["ci.yml", "wheels.yml", "publish.yml"])
+def test_workflows_hard_code_no_rows(name: str) -> None:
+    text = workflow_text(name)
+    for row in ROWS:
+        for value in (row.torch, row.variant, ci.image_for(row.cuda), ci.build_identifier(row)):
+            assert value not in text, f"{name} hard-codes {value!r}: it belongs to matrix.toml"
+
+
+def test_github_json_lists_every_row() -> None:
+    proc = subprocess.run(
+        [sys.executable, "-m", "scripts.matrix", "--github-json"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    include = json.loads(proc.stdout)["include"]
+    assert [cell["torch"] for cell in include] == [row.torch for row in ROWS]
+
+
+@pytest.mark.parametrize("row", ROWS, ids=[r.variant for r in ROWS])
+def test_cell_environment_follows_the_row(row: matrix.Row, tmp_path: Path) -> None:
+    env = ci.cell_environment(row, cache=tmp_path)
+    lowest = row.pythons[0].replace(".", "")
+    assert env["CIBW_BUILD"] == f"cp{lowest}-manylinux_x86_64"
+    assert env["CIBW_MANYLINUX_X86_64_IMAGE"] == f"pytorch/manylinux2_28-builder:cuda{row.cuda}"
+    assert env["HOTLOOP_TORCH"] == row.torch
+    assert env["TORCH_CUDA_ARCH_LIST"] == row.arch_list
+    assert env["HOTLOOP_CI_CACHE"] == str(tmp_path.resolve())
+
+
+def test_torch_28_row_builds_on_cp39_the_rest_on_cp310() -> None:
+    ids = {row.torch: ci.build_identifier(row) for row in ROWS}
+    assert ids["2.8.0"] == "cp39-manylinux_x86_64"
+    assert {v for k, v in ids.items() if k != "2.8.0"} == {"cp310-manylinux_x86_64"}
+
+
+def test_environment_pass_names_only_cell_variables(cibw: dict) -> None:
+    passed = cibw["linux"]["environment-pass"]
+    assert passed == list(ci.ENVIRONMENT_PASS)
+    assert set(passed) <= set(ci.cell_environment(ROWS[-1]))
+
+
+# --------------------------------------------------------------------------- same commands as nox
+
+
+def test_repair_command_is_scripts_ci_repair(cibw: dict) -> None:
+    assert cibw["repair-wheel-command"] == ci.REPAIR_COMMAND
+    assert cibw["before-build"] == ci.BEFORE_BUILD_COMMAND
+    assert cibw["before-test"] == ci.BEFORE_TEST_COMMAND
+    assert cibw["build-frontend"] == "build; args: --no-isolation"
+
+
+def test_repair_cli_runs_the_nox_repair_and_audit(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    calls = []
+
+    def fake(wheel: Path, out_dir: Path, row: matrix.Row, site: Path):
+        calls.append((wheel, out_dir, row))
+        report = audit.AuditReport(wheel.name, max_versions={"GLIBC": "GLIBC_2.14"})
+        return out_dir / wheel.name, report
+
+    monkeypatch.setattr(audit, "repair_and_audit", fake)
+    wheel, dest = tmp_path / "hotloop-0.1.0-cp39-abi3-linux_x86_64.whl", tmp_path / "out"
+    # The placeholders cibuildwheel fills in, in the order the command names them.
+    argv = ci.REPAIR_COMMAND.format(wheel=wheel, dest_dir=dest).split()[3:]
+    assert ci.main([*argv, "--torch", "2.11"]) == 0
+    assert calls == [(wheel, dest, matrix.select_rows(ROWS, "2.11")[0])]
+
+
+def test_repair_tools_are_the_nox_pipeline_tools() -> None:
+    tree = ast.parse((REPO / "noxfile.py").read_text())
+    found = [
+        ast.literal_eval(node.value)
+        for node in tree.body
+        if isinstance(node, ast.Assign)
+        and any(getattr(t, "id", None) == "PIPELINE_TOOLS" for t in node.targets)
+    ]
+    assert found == [ci.REPAIR_TOOLS]
+
+
+def test_test_command_is_the_installed_wheel_suite(cibw: dict) -> None:
+    assert cibw["test-command"] == ci.test_command()
+    assert cibw["test-environment"] == ci.TEST_ENVIRONMENT
+    assert cibw["test-extras"] == ["test"]
+
+
+def test_nox_runs_the_same_pytest_command_and_environment(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """What scripts.wheeltest runs per Python is cibuildwheel's test-command, {project} filled."""
+    seen: dict = {}
+    python = tmp_path / "venv" / "bin" / "python"
+    monkeypatch.setattr(wheeltest, "create_venv", lambda path, interp, packages: python)
+
+    def fake_run(cmd, cwd=None, env=None, **kwargs):
+        seen.update(cmd=cmd, env=env)
+        return subprocess.CompletedProcess(cmd, 0, "1 passed\n", "")
+
+    monkeypatch.setattr(wheeltest.subprocess, "run", fake_run)
+    interp = wheeltest.Interpreter("3.12", Path("/usr/bin/python3.12"), "test")
+    wheeltest.run_op_tests_in_venv("torch==2.11.0", tmp_path / "x.whl", interp, tmp_path)
+    expected = ci.test_command().replace("{project}", str(toolchain.REPO)).split()
+    assert [str(python), *expected[1:]] == seen["cmd"]
+    for key, value in ci.TEST_ENVIRONMENT.items():
+        assert seen["env"].get(key) == value
+
+
+def test_container_environment_names_the_paths_before_build_prepares(cibw: dict) -> None:
+    env = cibw["linux"]["environment"]
+    assert env["CUDA_HOME"] == str(ci.CONTAINER_CUDA_HOME)
+    assert env["CPATH"] == str(ci.CONTAINER_INCLUDE)
+    assert {env["CC"], env["CXX"], env["PYTORCH_NVCC"]} == {
+        str(ci.CONTAINER_BIN / name) for name in ("gcc", "g++", "nvcc")
+    }
+    assert env["HOTLOOP_CUDA"] == "1"
+    # The ccache settings nox uses (paths differ: the container sees the host under /host).
+    nox_ccache = toolchain.ccache_env()
+    ccache = {k: v for k, v in env.items() if k.startswith("CCACHE_")}
+    assert set(ccache) == set(nox_ccache)
+    for key in ("CCACHE_NOHASHDIR", "CCACHE_COMPILERCHECK"):
+        assert ccache[key] == nox_ccache[key]
+
+
+# --------------------------------------------------------------------------- workflow hygiene
+
+
+def all_uses() -> list[tuple[str, str, str]]:
+    return [
+        (path.name, m.group(1), m.group(2))
+        for path in sorted(WORKFLOWS.glob("*.yml"))
+        for m in USES.finditer(path.read_text())
+    ]
+
+
+def test_every_action_is_pinned_to_a_commit_sha() -> None:
+    uses = all_uses()
+    assert uses
+    for name, ref, comment in uses:
+        if ref.startswith("$/"):  # this repository's own reusable workflow
+            continue
+        assert re.fullmatch(r"[\w.-]+/[\w./-]+@[0-9a-f]{40}", ref), f"{name}: {ref} not pinned"
+        assert re.match(r"\s+#\s*v\d", comment), f"{name}: {ref} has no '# vX' comment"
+
+
+def test_one_sha_per_action() -> None:
+    shas: dict[str, set[str]] = {}
+    for _, ref, _ in all_uses():
+        action, _, sha = ref.partition("@")
+        shas.setdefault(action, set()).add(sha)
+    assert {a: s for a, s in shas.items() if len(s) > 1} == {}
+
+
+@pytest.mark.parametrize("name", ["ci.yml", "wheels.yml", "publish.yml"])
+def test_workflows_start_without_permissions(name: str) -> None:
+    assert re.search(r"^permissions: \{\}$", workflow_text(name), re.MULTILINE)
+
+
+def test_secrets_only_in_the_publish_upload_job() -> None:
+    for name in ("ci.yml", "wheels.yml"):
+        assert "secrets" not in workflow_text(name)
+    publish = workflow_text("publish.yml")
+    upload = publish[publish.index("\n  upload:") :]
+    assert publish.count("${{ secrets.") == upload.count("${{ secrets.") > 0
+
+
+def test_one_artifact_per_cell() -> None:
+    text = workflow_text("wheels.yml")
+    assert "name: wheel-${{ matrix.variant }}" in text
+    assert "pattern: wheel-*" in text
+
+
+# --------------------------------------------------------------------------- cibuildwheel itself
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("row", ROWS, ids=[r.variant for r in ROWS])
+def test_cibuildwheel_selects_the_cell_identifier(row: matrix.Row) -> None:
+    pytest.importorskip("cibuildwheel")
+    proc = ci.run_cibuildwheel(row, ["--print-build-identifiers"])
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.split() == [ci.build_identifier(row)]
