@@ -244,7 +244,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     env_p.add_argument("--torch", required=True)
     sub.add_parser("identifiers", help="cibuildwheel --print-build-identifiers for every cell")
     run_p = sub.add_parser("cibuildwheel", help="run cibuildwheel for one cell")
-    run_p.add_argument("--torch", help="row (default: newest)")
+    run_p.add_argument("--torch", help="row (default: newest; every row for identifiers)")
     run_p.add_argument("--print-build-identifiers", action="store_true")
     run_p.add_argument("--output-dir", type=Path)
     bb = sub.add_parser("before-build", help="(in the container) prepare the build Python")
@@ -263,9 +263,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.command == "identifiers":
         return print_identifiers(matrix.load_rows())
     if args.command == "cibuildwheel":
-        row = matrix.select_rows(matrix.load_rows(), args.torch)[0]
-        if args.print_build_identifiers:
-            return print_identifiers([row])
+        rows = matrix.load_rows()
+        if args.print_build_identifiers:  # every cell unless one was picked
+            return print_identifiers(matrix.select_rows(rows, args.torch, all_rows=not args.torch))
+        row = matrix.select_rows(rows, args.torch)[0]
         out = args.output_dir or REPO / "wheelhouse" / "cibuildwheel" / row.variant
         env = dict(os.environ)
         env.update(cell_environment(row))
