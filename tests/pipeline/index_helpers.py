@@ -261,7 +261,7 @@ def write_htpasswd(tool_python: Path, path: Path, user: str, password: str) -> N
     """An Apache htpasswd file written by passlib (what pypiserver reads it with)."""
     code = (
         "import sys\nfrom passlib.apache import HtpasswdFile\n"
-        "f = HtpasswdFile(sys.argv[1], new=True, default_scheme='portable')\n"
+        "f = HtpasswdFile(sys.argv[1], new=True, default_scheme='sha256_crypt')\n"
         "f.set_password(sys.argv[2], sys.stdin.read())\nf.save()\n"
     )
     run([tool_python, "-c", code, path, user], input=password)

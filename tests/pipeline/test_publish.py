@@ -1,0 +1,210 @@
+"""scripts/publish.py: twine uploads to a real pypiserver on 127.0.0.1, then pip and uv install
+from it in fresh venvs holding the real torch 2.11."""
+
+from __future__ import annotations
+
+import secrets
+import urllib.error
+import urllib.request
+import uuid
+from pathlib import Path
+
+import pytest
+from index_helpers import (
+    REPO,
+    TORCH_VARIANT,
+    installed_hotloop,
+    isolated_env,
+    make_tiny_wheel,
+    make_tool_venv,
+    make_torch_venv,
+    make_variant_wheels,
+    pip_install,
+    pypiserver,
+    run,
+    uv_pip_install,
+    write_htpasswd,
+)
+
+from scripts import publish
+
+USER = "hotloop-ci"
+
+
+@pytest.fixture(scope="module")
+def tools(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, str]:
+    """(python of a venv with twine and pypiserver, uv)."""
+    return make_tool_venv(tmp_path_factory.mktemp("tools") / "venv")
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory, tools: tuple[Path, str]):
+    """pypiserver on 127.0.0.1 with one user; yields (base URL, package folder, password)."""
+    root = tmp_path_factory.mktemp("pypiserver")
+    password = secrets.token_urlsafe(16)
+    write_htpasswd(tools[0], root / "htpasswd", USER, password)
+    packages = root / "packages"
+    packages.mkdir()
+    with pypiserver(tools[0], packages, root / "htpasswd", root / "server.log") as url:
+        yield url, packages, password
+
+
+def run_publish(tools, url: str, wheels: Path, password: str | None, *extra: str):
+    creds = {"TWINE_USERNAME": USER, "TWINE_PASSWORD": password} if password else {}
+    return run(
+        [
+            tools[0],
+            "-m",
+            "scripts.publish",
+            "--repository-url",
+            url + "/",
+            "--wheels",
+            wheels,
+            *extra,
+        ],
+        env=isolated_env(**creds),
+        cwd=REPO,
+        check=False,
+    )
+
+
+@pytest.fixture(scope="module")
+def wheel_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return make_variant_wheels(tmp_path_factory.mktemp("wheelhouse"))[0].parent
+
+
+@pytest.fixture(scope="module")
+def uploaded(tools, server, wheel_dir: Path):
+    url, _, password = server
+    return run_publish(tools, url, wheel_dir, password)
+
+
+def test_upload_puts_every_variant_on_the_server(uploaded, server, wheel_dir: Path) -> None:
+    _, packages, password = server
+    assert uploaded.returncode == 0, uploaded.stdout + uploaded.stderr
+    assert "publish: 2 of 2 wheel(s) on 127.0.0.1" in uploaded.stdout
+    for wheel in wheel_dir.glob("*.whl"):
+        assert (packages / wheel.name).read_bytes() == wheel.read_bytes()
+    assert password not in uploaded.stdout + uploaded.stderr
+
+
+def test_pip_picks_the_variant_of_installed_torch(uploaded, server, tools, tmp_path: Path) -> None:
+    url = server[0]
+    python = make_torch_venv(tmp_path / "venv", tools[1])
+    pip_install(python, "--index-url", f"{url}/simple/")
+    assert installed_hotloop(python) == f"0.1.0+{TORCH_VARIANT}"
+
+
+def test_uv_picks_the_variant_of_installed_torch(uploaded, server, tools, tmp_path: Path) -> None:
+    url = server[0]
+    python = make_torch_venv(tmp_path / "venv", tools[1])
+    uv_pip_install(tools[1], python, "--index-url", f"{url}/simple/")
+    assert installed_hotloop(python) == f"0.1.0+{TORCH_VARIANT}"
+
+
+def test_reupload_is_refused_and_reported(uploaded, server, tools, tmp_path: Path) -> None:
+    url, packages, password = server
+    # Same file name, other bytes: the server must keep what it has.
+    rebuilt = make_tiny_wheel(tmp_path / "rebuilt", TORCH_VARIANT, requires_python=">=3.10")
+    before = (packages / rebuilt.name).read_bytes()
+    assert before != rebuilt.read_bytes()
+    proc = run_publish(tools, url, rebuilt.parent, password)
+    assert proc.returncode == 1
+    assert f"{rebuilt.name}: already on the index (refused, not overwritten)" in proc.stdout
+    assert "bump the version" in proc.stdout
+    assert (packages / rebuilt.name).read_bytes() == before
+    skipped = run_publish(tools, url, rebuilt.parent, password, "--skip-existing")
+    assert skipped.returncode == 0
+    assert "already on the index (skipped)" in skipped.stdout
+
+
+def test_wrong_password_is_refused(server, tools, tmp_path: Path) -> None:
+    url, packages, password = server
+    wheel = make_tiny_wheel(tmp_path / "w", TORCH_VARIANT, version="0.1.1")
+    wrong = "not-" + password
+    proc = run_publish(tools, url, wheel.parent, wrong)
+    assert proc.returncode == 1
+    assert "refused: the index did not accept the credentials" in proc.stdout
+    assert "(403 Forbidden)" in proc.stdout
+    assert wrong not in proc.stdout + proc.stderr
+    assert not (packages / wheel.name).exists()
+
+
+def test_no_credentials_stops_with_a_clear_message(server, tools, tmp_path: Path) -> None:
+    wheel = make_tiny_wheel(tmp_path / "w", TORCH_VARIANT, version="0.1.2")
+    proc = run_publish(tools, server[0], wheel.parent, None)
+    assert proc.returncode == 1
+    assert "no credentials: set TWINE_USERNAME and TWINE_PASSWORD" in proc.stderr
+    assert not (server[1] / wheel.name).exists()
+
+
+def test_anonymous_upload_is_refused_by_the_server(server, tmp_path: Path) -> None:
+    """A bare upload request (what twine sends, without Authorization) is turned away."""
+    url, packages, _ = server
+    wheel = make_tiny_wheel(tmp_path / "w", TORCH_VARIANT, version="0.1.3")
+    boundary = uuid.uuid4().hex
+    fields = [
+        (b'name=":action"', b"file_upload"),
+        (b'name="name"', b"hotloop"),
+        (b'name="version"', b"0.1.3+" + TORCH_VARIANT.encode()),
+        (b'name="content"; filename="' + wheel.name.encode() + b'"', wheel.read_bytes()),
+    ]
+    body = b"".join(
+        b"--" + boundary.encode() + b"\r\nContent-Disposition: form-data; " + disposition
+        + b"\r\n\r\n" + value + b"\r\n"
+        for disposition, value in fields
+    ) + b"--" + boundary.encode() + b"--\r\n"  # fmt: skip
+    request = urllib.request.Request(
+        url + "/",
+        data=body,
+        headers={"Content-Type": f"multipart/form-data; boundary={boundary}"},
+        method="POST",
+    )
+    with pytest.raises(urllib.error.HTTPError) as refused:
+        urllib.request.urlopen(request, timeout=30)
+    assert refused.value.code in (401, 403)
+    assert not (packages / wheel.name).exists()
+
+
+# --------------------------------------------------------------------------- units
+
+
+@pytest.mark.parametrize(
+    ("output", "outcome"),
+    [
+        ("HTTPError: 400 Bad Request ... Package &#039;x.whl&#039;\n; already exists!", "exists"),
+        (
+            "HTTPError: 400 Bad Request from https://upload.pypi.org/legacy/ File already exists",
+            "exists",
+        ),
+        ("HTTPError: 409 Conflict from http://127.0.0.1:1/", "exists"),
+        ("HTTPError: 403 Forbidden from http://127.0.0.1:1/", "auth"),
+        ("HTTPError: 500 Internal Server Error", "failed"),
+    ],
+)
+def test_classify(output: str, outcome: str) -> None:
+    expected = {"exists": publish.EXISTS, "auth": publish.AUTH, "failed": publish.FAILED}[outcome]
+    assert publish.classify(1, output, skip_existing=False) == expected
+    if outcome == "exists":
+        assert publish.classify(1, output, skip_existing=True) == publish.SKIPPED
+    assert publish.classify(0, output, skip_existing=False) == publish.UPLOADED
+
+
+def test_repository_url_with_credentials_is_refused() -> None:
+    with pytest.raises(publish.PublishError, match="carries credentials"):
+        publish.check_repository_url("https://user:secret@index.invalid/legacy/")
+    with pytest.raises(publish.PublishError, match="http"):
+        publish.check_repository_url("index.invalid/legacy/")
+
+
+def test_mask_secrets() -> None:
+    assert (
+        publish.mask_secrets("pw=abc123 and abc123", ["abc123", None, ""])
+        == "pw=******** and ********"
+    )
+
+
+def test_server_answer() -> None:
+    output = "WARNING  Error during upload.\nERROR    HTTPError: 403 Forbidden from http://127.0.0.1:1/\n"
+    assert publish.server_answer(output) == "403 Forbidden"
+    assert publish.server_answer("ERROR    NonInteractive: Credential not found") is None
