@@ -88,3 +88,26 @@ def workflows(session: nox.Session) -> None:
 
     session.install(*ci.WORKFLOW_CHECK_TOOLS)
     session.run("python", "-m", "scripts.ci", "check-workflows")
+
+
+@nox.session(python=SESSION_PYTHON)
+def index(session: nox.Session) -> None:
+    """Static PEP 503 index of the wheels (default: ``--wheels wheelhouse --out build/index``).
+
+    Options after ``--`` go to ``python -m scripts.index`` (``--base-url URL`` for the landing
+    page's install commands). Standard library only: nothing to install.
+    """
+    args = session.posargs or ["--wheels", "wheelhouse", "--out", "build/index"]
+    session.run("python", "-m", "scripts.index", *args)
+
+
+@nox.session(python=SESSION_PYTHON)
+def publish(session: nox.Session) -> None:
+    """Upload the wheels with twine: ``nox -s publish -- --repository-url URL [--wheels DIR]``.
+
+    Credentials: TWINE_USERNAME / TWINE_PASSWORD or the keyring, never a file in the repository.
+    """
+    from scripts import publish as publishing
+
+    session.install(*publishing.TOOLS)
+    session.run("python", "-m", "scripts.publish", *session.posargs)
