@@ -30,6 +30,7 @@ from scripts.index import find_wheels
 # What the publish session installs; the tests use the same pins.
 TOOLS = ("twine==7.0.0",)
 UPLOAD_TIMEOUT_S = 600
+FAILURE_LINES = 12
 
 UPLOADED = "uploaded"
 EXISTS = "already on the index (refused, not overwritten)"
@@ -147,8 +148,9 @@ def publish(url: str, sources: Sequence[Path], skip_existing: bool = False) -> l
         result = upload_wheel(url, wheel, skip_existing)
         answer = "" if result.ok else server_answer(result.output)
         print(f"{wheel.name}: {result.outcome}" + (f" ({answer})" if answer else ""), flush=True)
-        if result.outcome == FAILED:
-            print("  " + result.output.strip().replace("\n", "\n  "), flush=True)
+        if result.outcome == FAILED:  # unexplained: show the end of twine's output
+            tail = result.output.strip().splitlines()[-FAILURE_LINES:]
+            print("\n".join("  " + line for line in tail), flush=True)
         results.append(result)
     return results
 
