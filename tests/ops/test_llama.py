@@ -1,0 +1,64 @@
+"""A small random Llama with its RMSNorm layers swapped for hotloop.RMSNorm."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+
+import hotloop
+
+transformers = pytest.importorskip("transformers")
+
+
+def tiny_llama(device: str) -> torch.nn.Module:
+    config = transformers.LlamaConfig(
+        vocab_size=256,
+        hidden_size=96,  # not a multiple of the 16-byte vector width in bf16 x 8
+        intermediate_size=192,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=64,
+        rms_norm_eps=1e-5,
+    )
+    torch.manual_seed(0)
+    return transformers.LlamaForCausalLM(config).to(device=device, dtype=torch.bfloat16)
+
+
+def swap_rms_norms(model: torch.nn.Module) -> int:
+    swapped = 0
+    for parent in list(model.modules()):
+        for name, child in list(parent.named_children()):
+            if type(child).__name__ == "LlamaRMSNorm":
+                setattr(parent, name, hotloop.RMSNorm.from_module(child))
+                swapped += 1
+    return swapped
+
+
+@pytest.mark.parametrize("compiled", [False, True], ids=["eager", "compiled"])
+def test_swapped_llama_matches(device: str, compiled: bool) -> None:
+    if compiled and device == "cpu":
+        pytest.skip("minutes of inductor C++ compilation on the CPU; compile is covered on CUDA")
+    reference = tiny_llama(device)
+    ours = copy.deepcopy(reference)
+    assert swap_rms_norms(ours) == 2 * 2 + 1  # two per layer and the final norm
+    assert not any(type(m).__name__ == "LlamaRMSNorm" for m in ours.modules())
+    tokens = torch.randint(0, 256, (2, 24), device=device)
+
+    def run(model: torch.nn.Module) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        forward = torch.compile(model, fullgraph=True) if compiled else model
+        logits = forward(input_ids=tokens).logits
+        logits.float().pow(2).mean().backward()
+        grads = {n: p.grad.float() for n, p in model.named_parameters() if p.grad is not None}
+        return logits.float(), grads
+
+    ref_logits, ref_grads = run(reference)
+    our_logits, our_grads = run(ours)
+    # bfloat16 end to end: a relative error of a few bf16 ulps over the model
+    torch.testing.assert_close(our_logits, ref_logits, atol=5e-2, rtol=5e-2)
+    assert ref_grads.keys() == our_grads.keys()
+    for name, grad in ref_grads.items():
+        err = (our_grads[name] - grad).norm() / grad.norm().clamp_min(1e-12)
+        assert err < 5e-2, f"{name}: relative gradient error {err:.3g}"
