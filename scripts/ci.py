@@ -6,9 +6,10 @@ environment that :func:`cell_environment` builds (the GitHub workflow never list
 Inside PyTorch's manylinux_2_28 builder image the hooks call back into this module:
 
 * ``before-build``   installs the row's exact torch and the build/audit tools into the build
-                     Python, the row's CUDA toolkit from PyPI (``toolchain.ensure_cuda_toolkit``,
-                     as nox does) and fixed paths under ``/opt/hotloop`` that the static
-                     environment names (``CUDA_HOME``, ``CPATH``, compiler wrappers)
+                     Python, the row's CUDA toolkit (``toolchain.ensure_cuda_toolkit``, as nox
+                     does: PyPI's, or the image's for 12.x rows) and fixed paths under
+                     ``/opt/hotloop`` that the static environment names (``CUDA_HOME``,
+                     ``CPATH``, compiler wrappers)
 * ``repair``         ``audit.repair_and_audit``: auditwheel with torch/CUDA excluded, abi3audit
                      and the project's rules, exactly what ``nox -s wheels`` runs
 * ``test-command``   ``wheeltest.pytest_command`` with ``{project}`` as the repository
@@ -56,6 +57,10 @@ CONTAINER_ROOT = Path("/opt/hotloop")
 CONTAINER_CUDA_HOME = CONTAINER_ROOT / "cuda"
 CONTAINER_INCLUDE = CONTAINER_ROOT / "include"
 CONTAINER_BIN = CONTAINER_ROOT / "bin"
+
+# Where PyTorch's builder images install their CUDA toolkit. Used only for CUDA 12.x rows:
+# PyPI's 12.x nvcc wheels hold only ptxas (see toolchain.ensure_cuda_toolkit).
+IMAGE_TOOLKIT = "/usr/local/cuda-{cuda}"
 
 # The strings pyproject.toml's [tool.cibuildwheel] must carry (tests compare them).
 BEFORE_BUILD_COMMAND = (
@@ -151,6 +156,17 @@ def _write_wrapper(path: Path, target: str, ccache: str | None) -> None:
     path.chmod(0o755)
 
 
+def image_toolkit_override(
+    row: matrix.Row, environ: Mapping[str, str], image_toolkit: str = IMAGE_TOOLKIT
+) -> tuple[str, str] | None:
+    """``(HOTLOOP_CUDA_HOME_12_8, /usr/local/cuda-12.8)`` where the PyPI toolkit can't build."""
+    name = toolchain.override_env_var(row.cuda)
+    home = Path(image_toolkit.format(cuda=row.cuda))
+    if environ.get(name) or not row.cuda.startswith("12.") or not (home / "bin" / "nvcc").is_file():
+        return None
+    return name, str(home)
+
+
 def before_build(row: matrix.Row) -> None:
     """Prepare the build Python and ``/opt/hotloop`` for ``row`` (runs in the container)."""
     from scripts.build import BUILD_REQUIREMENTS
@@ -158,6 +174,9 @@ def before_build(row: matrix.Row) -> None:
     # PyPI's default Linux torch wheels are the CUDA builds the matrix table records, and the
     # ones `nox -s wheels` and users install: no extra index, the same bytes everywhere.
     pip_install(f"torch=={row.torch}", *BUILD_REQUIREMENTS, *REPAIR_TOOLS)
+    override = image_toolkit_override(row, os.environ)
+    if override:
+        os.environ[override[0]] = override[1]
     cuda_home = toolchain.ensure_cuda_toolkit(row.cuda, row.toolkit)
     site = Path(sysconfig.get_paths()["purelib"])
     CONTAINER_ROOT.mkdir(parents=True, exist_ok=True)

@@ -170,6 +170,24 @@ def test_container_environment_names_the_paths_before_build_prepares(cibw: dict)
         assert ccache[key] == nox_ccache[key]
 
 
+@pytest.mark.parametrize("row", ROWS, ids=[r.variant for r in ROWS])
+def test_image_toolkit_only_for_cuda_12_rows(row: matrix.Row, tmp_path: Path) -> None:
+    nvcc = tmp_path / f"cuda-{row.cuda}" / "bin" / "nvcc"
+    nvcc.parent.mkdir(parents=True)
+    nvcc.write_text("")
+    pattern = str(tmp_path / "cuda-{cuda}")
+    got = ci.image_toolkit_override(row, {}, pattern)
+    if row.cuda.startswith("12."):
+        assert got == (toolchain.override_env_var(row.cuda), str(nvcc.parents[1]))
+    else:
+        assert got is None  # 13.x: PyPI's toolkit, as nox -s wheels uses
+    # A toolkit the user named wins.
+    assert (
+        ci.image_toolkit_override(row, {toolchain.override_env_var(row.cuda): "/x"}, pattern)
+        is None
+    )
+
+
 # --------------------------------------------------------------------------- workflow hygiene
 
 
