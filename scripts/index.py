@@ -34,6 +34,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from email.parser import BytesHeaderParser
 from pathlib import Path
+from urllib.parse import quote
 
 from scripts.audit import wheel_name_parts
 
@@ -151,7 +152,9 @@ def _page(title: str, body_lines: Iterable[str], *, simple: bool = True) -> str:
 
 def file_link(wheel: IndexedWheel, href_prefix: str) -> str:
     """One anchor: ``#sha256=``, requires-python and the PEP 658/714 metadata hash."""
-    attrs = [f'href="{html.escape(href_prefix + wheel.filename)}#sha256={wheel.sha256}"']
+    # "+" percent-encoded as PyTorch's index does: some static hosts (S3) read a raw "+" as a space.
+    href = href_prefix + quote(wheel.filename)
+    attrs = [f'href="{html.escape(href)}#sha256={wheel.sha256}"']
     if wheel.requires_python:
         attrs.append(f'data-requires-python="{html.escape(wheel.requires_python)}"')
     attrs.append(f'data-dist-info-metadata="sha256={wheel.metadata_sha256}"')

@@ -9,7 +9,7 @@ import zipfile
 from collections.abc import Callable
 from html.parser import HTMLParser
 from pathlib import Path
-from urllib.parse import urldefrag
+from urllib.parse import unquote, urldefrag
 
 import pytest
 from index_helpers import (
@@ -100,7 +100,8 @@ def test_links_carry_file_hash_requires_python_and_metadata(site: Path, wheel_di
     assert len(links) == 2
     for link in links:
         url, fragment = urldefrag(link["href"] or "")
-        target = (page.parent / url).resolve()
+        assert "%2Bpt2" in url
+        target = (page.parent / unquote(url)).resolve()
         data = target.read_bytes()
         assert data == (wheel_dir / target.name).read_bytes()
         assert fragment == "sha256=" + hashlib.sha256(data).hexdigest()
@@ -121,11 +122,10 @@ def test_variant_trees_hold_only_their_variant(site: Path) -> None:
             site / variant / "simple" / "hotloop" / "index.html",
             site / variant / "index.html",
         ):
-            names = [Path(urldefrag(a["href"] or "")[0]).name for a in anchors(page)]
+            hrefs = [unquote(urldefrag(a["href"] or "")[0]) for a in anchors(page)]
+            names = [Path(h).name for h in hrefs]
             assert names == [f"hotloop-0.1.0+{variant}-cp39-abi3-manylinux_2_28_x86_64.whl"]
-            assert all(
-                (page.parent / urldefrag(a["href"] or "")[0]).is_file() for a in anchors(page)
-            )
+            assert all((page.parent / h).is_file() for h in hrefs)
 
 
 def test_landing_page_lists_variants_and_commands(tmp_path: Path, wheel_dir: Path) -> None:
