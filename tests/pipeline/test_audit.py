@@ -92,6 +92,14 @@ def test_build_info_mismatch(wheel_factory, newest_row, build_info_for, change):
     assert next(iter(change)) in report.violations[0]
 
 
+def test_build_info_arch_order_does_not_matter(wheel_factory, newest_row, build_info_for):
+    archs = list(reversed(newest_row.archs))
+    report = audit.check_wheel(
+        wheel_factory(build_info=build_info_for(newest_row, archs=archs)), newest_row
+    )
+    assert report.violations == []
+
+
 def test_build_info_missing(wheel_factory, newest_row):
     report = audit.check_wheel(wheel_factory(build_info="X = 1\n"), newest_row)
     assert rules(report) == {"build-info"}
