@@ -30,12 +30,12 @@ run through the interpreter so that the kernels can be tested on a machine witho
 This module imports on a machine without a GPU; kernels compile at their first call.
 """
 
-import os
 from typing import Optional
 
 import torch
 import triton
 import triton.language as tl
+from triton.runtime.jit import JITFunction
 
 __all__ = ["interpreting", "rms_norm", "rms_norm_backward"]
 
@@ -49,11 +49,6 @@ LOOPED_BLOCK = 4096
 _TILE_ELEMENTS = 4096
 
 _SUPPORTED_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
-
-
-def interpreting() -> bool:
-    """Whether the kernels run in Triton's interpreter (``TRITON_INTERPRET=1``)."""
-    return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
 
 
 # --------------------------------------------------------------------------- kernels
@@ -286,6 +281,15 @@ def _rms_norm_bwd_looped_kernel(
 # --------------------------------------------------------------------- launch settings
 
 
+def interpreting() -> bool:
+    """Whether the kernels run in Triton's interpreter (``TRITON_INTERPRET=1`` was set
+    when this module was imported: ``triton.jit`` reads it at decoration time)."""
+    return _INTERPRETING
+
+
+_INTERPRETING = not isinstance(_rms_norm_fwd_kernel, JITFunction)
+
+
 def _fwd_tile(n_cols: int) -> tuple[int, int, int]:
     """(BLOCK_M, BLOCK_N, num_warps) of the fused forward for rows of n_cols elements.
 
@@ -356,6 +360,37 @@ def _check_inputs(op: str, x: torch.Tensor, weight: Optional[torch.Tensor]) -> N
             )
 
 
+def _launch(kernel, grid: tuple, *args, **kwargs) -> None:  # type: ignore[no-untyped-def]
+    """Launch a kernel so that torch.compile sees it (``wrap_triton``).
+
+    Under the interpreter, ``wrap_triton`` hands the kernel back unwrapped, so the ops are
+    plain custom ops there (see _define_op) whose fake kernel is this same function body:
+    with fake tensors, nothing is launched.
+    """
+    if _INTERPRETING:
+        from torch._subclasses.fake_tensor import is_fake
+
+        if any(is_fake(a) for a in args if isinstance(a, torch.Tensor)):
+            return
+        kernel[grid](*args, **kwargs)
+    else:
+        torch.library.wrap_triton(kernel)[grid](*args, **kwargs)
+
+
+def _define_op(name: str):  # type: ignore[no-untyped-def]
+    """``torch.library.triton_op``, or under the interpreter a custom op with the same
+    body as its fake kernel (``wrap_triton`` can't trace interpreted kernels)."""
+
+    def register(fn):  # type: ignore[no-untyped-def]
+        if not _INTERPRETING:
+            return torch.library.triton_op(name, mutates_args=())(fn)
+        op = torch.library.custom_op(name, mutates_args=())(fn)
+        op.register_fake(fn)
+        return op
+
+    return register
+
+
 def _as_rows(t: torch.Tensor, n_cols: int) -> torch.Tensor:
     """t as a 2-d (rows, n_cols) tensor with unit column stride (a view where possible)."""
     rows = t.reshape(-1, n_cols)
@@ -367,7 +402,7 @@ def _as_rows(t: torch.Tensor, n_cols: int) -> torch.Tensor:
 # ------------------------------------------------------------------------------ ops
 
 
-@torch.library.triton_op("hotloop::rms_norm_triton", mutates_args=())
+@_define_op("hotloop::rms_norm_triton")
 def _rms_norm_triton(x: torch.Tensor, weight: Optional[torch.Tensor], eps: float) -> torch.Tensor:
     _check_inputs("rms_norm", x, weight)
     y = torch.empty(x.shape, dtype=x.dtype, device=x.device)
@@ -382,7 +417,9 @@ def _rms_norm_triton(x: torch.Tensor, weight: Optional[torch.Tensor], eps: float
     fp64 = x.dtype == torch.float64
     if triton.next_power_of_2(n_cols) <= MAX_FUSED_FWD_BLOCK:
         block_m, block_n, num_warps = _fwd_tile(n_cols)
-        torch.library.wrap_triton(_rms_norm_fwd_kernel)[(triton.cdiv(n_rows, block_m),)](
+        _launch(
+            _rms_norm_fwd_kernel,
+            (triton.cdiv(n_rows, block_m),),
             x2,
             w if has_weight else x2,  # never read when HAS_WEIGHT is False
             y2,
@@ -398,7 +435,9 @@ def _rms_norm_triton(x: torch.Tensor, weight: Optional[torch.Tensor], eps: float
             num_warps=num_warps,
         )
     else:
-        torch.library.wrap_triton(_rms_norm_fwd_looped_kernel)[(n_rows,)](
+        _launch(
+            _rms_norm_fwd_looped_kernel,
+            (n_rows,),
             x2,
             w if has_weight else x2,
             y2,
@@ -414,7 +453,7 @@ def _rms_norm_triton(x: torch.Tensor, weight: Optional[torch.Tensor], eps: float
     return y
 
 
-@torch.library.triton_op("hotloop::rms_norm_triton_backward", mutates_args=())
+@_define_op("hotloop::rms_norm_triton_backward")
 def _rms_norm_triton_backward(
     grad_out: torch.Tensor, x: torch.Tensor, weight: Optional[torch.Tensor], eps: float
 ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -453,7 +492,9 @@ def _rms_norm_triton_backward(
         dw_partial = torch.empty(
             (programs, n_cols) if has_weight else (0,), dtype=acc_dtype, device=x.device
         )
-        torch.library.wrap_triton(_rms_norm_bwd_kernel)[(programs,)](
+        _launch(
+            _rms_norm_bwd_kernel,
+            (programs,),
             dy2,
             x2,
             w if has_weight else x2,
@@ -475,7 +516,9 @@ def _rms_norm_triton_backward(
     else:
         rstd = torch.empty((n_rows,), dtype=acc_dtype, device=x.device)
         coef = torch.empty((n_rows,), dtype=acc_dtype, device=x.device)
-        torch.library.wrap_triton(_rms_norm_bwd_row_stats_kernel)[(n_rows,)](
+        _launch(
+            _rms_norm_bwd_row_stats_kernel,
+            (n_rows,),
             dy2,
             x2,
             w if has_weight else x2,
@@ -499,7 +542,9 @@ def _rms_norm_triton_backward(
         dw_partial = torch.empty(
             (programs, n_cols) if has_weight else (0,), dtype=acc_dtype, device=x.device
         )
-        torch.library.wrap_triton(_rms_norm_bwd_looped_kernel)[(programs, col_blocks)](
+        _launch(
+            _rms_norm_bwd_looped_kernel,
+            (programs, col_blocks),
             dy2,
             x2,
             w if has_weight else x2,
