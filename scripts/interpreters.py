@@ -77,9 +77,19 @@ def interpreter_version(path: Path | str) -> str | None:
     return out.stdout.strip() if out.returncode == 0 else None
 
 
+def is_virtualenv_python(path: Path | str) -> bool:
+    """A venv's ``bin/python``: fresh venvs should start from the base interpreter instead."""
+    return (Path(path).parent.parent / "pyvenv.cfg").is_file()
+
+
 def _from_path(version: str) -> Path | None:
     exe = shutil.which(f"python{version}")
-    if exe and "/shims/" not in exe and interpreter_version(exe) == version:
+    if (
+        exe
+        and "/shims/" not in exe
+        and not is_virtualenv_python(exe)
+        and interpreter_version(exe) == version
+    ):
         return Path(exe)
     return None
 

@@ -50,6 +50,16 @@ def test_refusing_shim_is_skipped(pyenv):
     assert interp.path == pyenv / "versions/3.12.10/bin/python3.12"
 
 
+def test_virtualenv_python_on_path_is_skipped(pyenv, tmp_path, monkeypatch):
+    venv = tmp_path / "venv"
+    fake_python(venv / "bin" / "python3.12", "3.12")
+    (venv / "pyvenv.cfg").write_text("home = /somewhere\n")
+    monkeypatch.setenv("PATH", str(venv / "bin"))
+    interp = interpreters.find_interpreter("3.12")
+    assert interp is not None
+    assert interp.source == "pyenv"
+
+
 def test_missing_version(pyenv):
     assert interpreters.find_interpreters(["3.11", "3.13"]) == {
         "3.11": interpreters.Interpreter("3.11", pyenv / "versions/3.11.7/bin/python3.11", "pyenv"),
