@@ -64,7 +64,7 @@ def run_op_tests_in_venv(
 ) -> PythonTestResult:
     start = time.monotonic()
     cell = workdir / f"py{interp.version}"
-    log_path = cell.with_suffix(".log")
+    log_path = workdir / f"py{interp.version}.log"  # not with_suffix: "py3.10"
     try:
         py = create_venv(
             cell / "venv", interp.path, [torch_spec, f"hotloop[test] @ {wheel.resolve().as_uri()}"]
