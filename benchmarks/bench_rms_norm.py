@@ -1,0 +1,720 @@
+"""Benchmark hotloop's RMSNorm, fused add + RMSNorm and muladd against PyTorch and Liger.
+
+Runs on the current CUDA GPU and writes ``rms_norm.json`` (device, versions, and for every
+implementation and shape: ms, GB/s, % of the measured copy bandwidth) and, where
+matplotlib is importable, ``rms_norm.png`` (else run ``benchmarks/plot.py`` on the JSON
+wherever matplotlib is). A markdown table of the headline shape goes to stdout and to
+``rms_norm.md``.
+
+Method:
+* The roofline is a device-to-device copy of a large buffer (bytes read + written / time).
+* Every implementation's result (and gradients, for forward+backward) is checked against a
+  float64 reference before it is timed; one that fails is reported and skipped.
+* Timing: CUDA events around each call, median of many calls after a warm-up. Inputs
+  rotate through enough buffers that the working set exceeds the L2 cache several times,
+  and a GPU-side sleep ahead of each batch keeps the CPU's launch cost out of the
+  numbers (the GPU never waits for the next launch).
+* Bytes moved, as in issue 6: forward reads x and w and writes y; forward+backward also
+  reads x, w and dy and writes dx and dw (5 tensors of x's size at the headline shape:
+  537 MB forward, 1.34 GB forward+backward for (8, 4096, 4096) bfloat16).
+
+Usage: python benchmarks/bench_rms_norm.py [--quick] [--out DIR]
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as _dt
+import json
+import math
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import time
+import traceback
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Optional
+
+import torch
+import torch.nn.functional as F
+
+HERE = Path(__file__).resolve().parent
+DEFAULT_OUT = HERE / "results"
+EPS = 1e-6
+# Where the tensors live; only a smoke test of this script on a CPU machine changes it.
+DEVICE = "cuda"
+
+HEADLINE = (8, 4096, 4096)
+SWEEP_HIDDEN = (512, 1000, 1024, 2048, 4095, 4096, 8192, 8193, 16384)
+HEADLINE_DTYPES = ("bfloat16", "float16", "float32")
+QUICK_SWEEP_HIDDEN = (1024, 4096, 8193)
+DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
+# Error allowed against the float64 reference, relative to the reference's largest value.
+TOLERANCE = {torch.bfloat16: 2e-2, torch.float16: 4e-3, torch.float32: 1e-4}
+
+
+# ------------------------------------------------------------------------------ timing
+
+
+@dataclass
+class Timing:
+    ms: float  # median
+    ms_min: float
+    ms_max: float
+    reps: int
+
+
+def _gpu_sleep(seconds: float) -> None:
+    # torch.cuda._sleep spins for a number of GPU clock cycles; ~2 GHz on H100/H200.
+    cycles = int(min(seconds, 0.5) * 2.0e9)
+    if cycles > 0:
+        torch.cuda._sleep(cycles)
+
+
+def time_cuda(
+    fn: Callable[..., Any],
+    inputs: Sequence[tuple[Any, ...]],
+    *,
+    warmup_ms: float = 30.0,
+    rep_ms: float = 150.0,
+    min_reps: int = 10,
+    max_reps: int = 500,
+) -> Timing:
+    """Median GPU time of fn(*inputs[i % len(inputs)]) over many calls."""
+    n_inputs = len(inputs)
+    fn(*inputs[0])
+    torch.cuda.synchronize()
+    # Estimate the GPU time and the CPU launch time of one call.
+    probe = max(3, n_inputs)
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    cpu_start = time.perf_counter()
+    start.record()
+    for i in range(probe):
+        fn(*inputs[i % n_inputs])
+    end.record()
+    cpu_per_call = (time.perf_counter() - cpu_start) / probe
+    torch.cuda.synchronize()
+    gpu_per_call_ms = max(start.elapsed_time(end) / probe, 1e-3)
+
+    for i in range(max(1, int(warmup_ms / gpu_per_call_ms))):
+        fn(*inputs[i % n_inputs])
+    reps = max(min_reps, min(max_reps, int(rep_ms / gpu_per_call_ms)))
+    starts = [torch.cuda.Event(enable_timing=True) for _ in range(reps)]
+    ends = [torch.cuda.Event(enable_timing=True) for _ in range(reps)]
+    times: list[float] = []
+    batch = 50
+    for b0 in range(0, reps, batch):
+        b1 = min(reps, b0 + batch)
+        torch.cuda.synchronize()
+        _gpu_sleep(1.5 * cpu_per_call * (b1 - b0) + 1e-4)
+        for i in range(b0, b1):
+            starts[i].record()
+            fn(*inputs[i % n_inputs])
+            ends[i].record()
+    torch.cuda.synchronize()
+    times = [s.elapsed_time(e) for s, e in zip(starts, ends)]
+    return Timing(statistics.median(times), min(times), max(times), reps)
+
+
+def copy_bandwidth(nbytes: int = 2 << 30) -> tuple[float, Timing]:
+    """GB/s of a device-to-device copy (bytes read + written), the roofline."""
+    n = nbytes // 4
+    srcs = [torch.empty(n, dtype=torch.float32, device=DEVICE).fill_(1.0) for _ in range(2)]
+    dst = torch.empty(n, dtype=torch.float32, device=DEVICE)
+    t = time_cuda(lambda s: dst.copy_(s), [(s,) for s in srcs], rep_ms=300.0, min_reps=20)
+    gbps = 2 * n * 4 / (t.ms * 1e-3) / 1e9
+    del srcs, dst
+    return gbps, t
+
+
+def n_buffers(bytes_per_call: int, l2_bytes: int) -> int:
+    """Input sets to rotate through so that their total is >= 4x the L2 cache."""
+    return max(2, min(32, math.ceil(4 * l2_bytes / max(bytes_per_call, 1))))
+
+
+# ---------------------------------------------------------------------- implementations
+
+
+def llama_rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """transformers' LlamaRMSNorm.forward, as plain PyTorch ops."""
+    input_dtype = x.dtype
+    hidden = x.to(torch.float32)
+    variance = hidden.pow(2).mean(-1, keepdim=True)
+    hidden = hidden * torch.rsqrt(variance + eps)
+    return weight * hidden.to(input_dtype)
+
+
+def f_rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    return F.rms_norm(x, (x.shape[-1],), weight, eps)
+
+
+def add_rms_norm(
+    x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Unfused residual add + Llama RMSNorm: returns (normed, new residual)."""
+    hidden = x + residual
+    return llama_rms_norm(hidden, weight, eps), hidden
+
+
+def eager_muladd(a: torch.Tensor, b: torch.Tensor, c: float) -> torch.Tensor:
+    return a * b + c
+
+
+def _load_hotloop() -> tuple[Any, Optional[str]]:
+    try:
+        import hotloop
+    except Exception as err:  # any import failure: report it, benchmark the rest
+        return None, f"import hotloop failed: {err!r}"
+    return hotloop, None
+
+
+def _load_liger() -> tuple[Any, Any, Optional[str]]:
+    try:
+        from liger_kernel.transformers.rms_norm import LigerRMSNorm
+    except Exception as err:
+        return None, None, f"liger_kernel not importable: {err!r}"
+    try:
+        from liger_kernel.transformers import LigerFusedAddRMSNorm
+    except Exception:
+        LigerFusedAddRMSNorm = None
+    return LigerRMSNorm, LigerFusedAddRMSNorm, None
+
+
+def liger_rms_norm_fn(LigerRMSNorm: Any) -> Callable[..., torch.Tensor]:
+    modules: dict[tuple[int, torch.dtype], Any] = {}
+
+    def run(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+        key = (x.shape[-1], x.dtype)
+        if key not in modules:
+            try:  # in_place=False: don't overwrite dy with dx (the buffers are reused)
+                mod = LigerRMSNorm(x.shape[-1], eps=eps, in_place=False)
+            except TypeError:
+                mod = LigerRMSNorm(x.shape[-1], eps=eps)
+            modules[key] = mod.to(device=x.device, dtype=x.dtype)
+        # The caller's weight in place of the module's (same values for every
+        # implementation, and autograd reaches it).
+        return torch.func.functional_call(modules[key], {"weight": weight}, (x,))
+
+    return run
+
+
+def _compile(fn: Callable[..., Any]) -> Callable[..., Any]:
+    return torch.compile(fn, dynamic=False)
+
+
+def rms_norm_impls(hotloop: Any, LigerRMSNorm: Any) -> dict[str, Callable[..., torch.Tensor]]:
+    impls: dict[str, Callable[..., torch.Tensor]] = {
+        "pytorch (Llama)": llama_rms_norm,
+        "F.rms_norm": f_rms_norm,
+        "torch.compile": _compile(llama_rms_norm),
+    }
+    if LigerRMSNorm is not None:
+        impls["Liger-Kernel"] = liger_rms_norm_fn(LigerRMSNorm)
+    if hotloop is not None:
+        impls["hotloop CUDA"] = lambda x, w, eps: hotloop.rms_norm(x, w, eps, backend="cuda")
+        impls["hotloop Triton"] = lambda x, w, eps: hotloop.rms_norm(x, w, eps, backend="triton")
+    return impls
+
+
+# ------------------------------------------------------------------------- results
+
+
+@dataclass
+class Result:
+    op: str
+    mode: str  # "fwd" or "fwd+bwd"
+    impl: str
+    shape: list[int]
+    hidden: int
+    dtype: str
+    bytes: int
+    status: str = "ok"  # "ok", "wrong" (failed the reference check), "error"
+    ms: Optional[float] = None
+    ms_min: Optional[float] = None
+    ms_max: Optional[float] = None
+    reps: Optional[int] = None
+    gbps: Optional[float] = None
+    pct_copy: Optional[float] = None
+    max_rel_err: Optional[float] = None
+    note: str = ""
+    tags: list[str] = field(default_factory=list)
+
+
+def rel_err(got: torch.Tensor, ref: torch.Tensor) -> float:
+    """max |got - ref| / max |ref| (the reference in float64)."""
+    scale = ref.abs().max().item() or 1.0
+    return (got.double() - ref).abs().max().item() / scale
+
+
+class Runner:
+    def __init__(self, copy_gbps: float, l2_bytes: int, quick: bool) -> None:
+        self.copy_gbps = copy_gbps
+        self.l2_bytes = l2_bytes
+        self.quick = quick
+        self.results: list[Result] = []
+
+    def measure(
+        self,
+        result: Result,
+        fn: Callable[..., Any],
+        inputs: Sequence[tuple[Any, ...]],
+        check: Callable[[], float],
+        tol: float,
+    ) -> Result:
+        """Check fn against the reference (check() returns the relative error), then time."""
+        try:
+            err = check()
+            result.max_rel_err = err
+            if not err <= tol:  # also catches NaN
+                result.status = "wrong"
+                result.note = f"max relative error {err:.3g} > {tol:g} vs float64; not timed"
+            else:
+                kw = {"rep_ms": 60.0, "warmup_ms": 15.0} if self.quick else {}
+                t = time_cuda(fn, inputs, **kw)
+                result.ms, result.ms_min, result.ms_max, result.reps = (
+                    t.ms,
+                    t.ms_min,
+                    t.ms_max,
+                    t.reps,
+                )
+                result.gbps = result.bytes / (t.ms * 1e-3) / 1e9
+                result.pct_copy = 100.0 * result.gbps / self.copy_gbps
+        except Exception as err:
+            result.status = "error"
+            result.note = f"{type(err).__name__}: {str(err).splitlines()[0][:300]}"
+            traceback.print_exc(limit=3)
+        self.results.append(result)
+        self._print(result)
+        return result
+
+    @staticmethod
+    def _print(r: Result) -> None:
+        where = f"{r.op:18s} {r.mode:7s} {r.dtype:8s} {str(tuple(r.shape)):20s} {r.impl:16s}"
+        if r.status == "ok":
+            print(
+                f"{where} {r.ms:8.3f} ms {r.gbps:7.0f} GB/s {r.pct_copy:5.1f}% of copy",
+                flush=True,
+            )
+        else:
+            print(f"{where} {r.status.upper()}: {r.note}", flush=True)
+
+
+# ----------------------------------------------------------------------------- cases
+
+
+def bench_rms_norm_case(
+    runner: Runner,
+    impls: dict[str, Callable[..., torch.Tensor]],
+    shape: tuple[int, ...],
+    dtype: torch.dtype,
+    tags: list[str],
+) -> None:
+    H = shape[-1]
+    n = math.prod(shape)
+    esize = torch.empty((), dtype=dtype).element_size()
+    gen = torch.Generator(device=DEVICE).manual_seed(0)
+    weight = (1.0 + 0.1 * torch.randn(H, device=DEVICE, generator=gen)).to(dtype)
+    tol = TOLERANCE[dtype]
+    dtype_name = str(dtype).removeprefix("torch.")
+
+    # ---- forward
+    fwd_bytes = 2 * n * esize + H * esize
+    k = n_buffers(fwd_bytes, runner.l2_bytes)
+    xs = [torch.randn(shape, device=DEVICE, dtype=dtype, generator=gen) for _ in range(k)]
+    with torch.no_grad():
+        ref_y = F.rms_norm(xs[0].double(), (H,), weight.double(), EPS)
+    for name, impl in impls.items():
+
+        def check(impl: Callable[..., torch.Tensor] = impl) -> float:
+            with torch.no_grad():
+                return rel_err(impl(xs[0], weight, EPS), ref_y)
+
+        def fwd(x: torch.Tensor, impl: Callable[..., torch.Tensor] = impl) -> torch.Tensor:
+            with torch.no_grad():
+                return impl(x, weight, EPS)
+
+        runner.measure(
+            Result("rms_norm", "fwd", name, list(shape), H, dtype_name, fwd_bytes, tags=tags),
+            fwd,
+            [(x,) for x in xs],
+            check,
+            tol,
+        )
+    del ref_y
+
+    # ---- forward + backward
+    bwd_bytes = fwd_bytes + 3 * n * esize + 2 * H * esize  # + read x, dy; write dx; w, dw
+    k = n_buffers(bwd_bytes - fwd_bytes, runner.l2_bytes)
+    xs = [x.requires_grad_() for x in xs[:k]]
+    while len(xs) < k:
+        xs.append(torch.randn(shape, device=DEVICE, dtype=dtype, generator=gen).requires_grad_())
+    dys = [torch.randn(shape, device=DEVICE, dtype=dtype, generator=gen) for _ in range(k)]
+    w = weight.clone().requires_grad_()
+    x64 = xs[0].detach().double().requires_grad_()
+    w64 = w.detach().double().requires_grad_()
+    y64 = F.rms_norm(x64, (H,), w64, EPS)
+    ref_dx, ref_dw = torch.autograd.grad(y64, (x64, w64), dys[0].double())
+    ref_y = y64.detach()
+    del x64, w64, y64
+    for name, impl in impls.items():
+
+        def check(impl: Callable[..., torch.Tensor] = impl) -> float:
+            y = impl(xs[0], w, EPS)
+            dx, dw = torch.autograd.grad(y, (xs[0], w), dys[0])
+            return max(rel_err(y.detach(), ref_y), rel_err(dx, ref_dx), rel_err(dw, ref_dw))
+
+        def fwd_bwd(
+            x: torch.Tensor, dy: torch.Tensor, impl: Callable[..., torch.Tensor] = impl
+        ) -> Any:
+            y = impl(x, w, EPS)
+            return torch.autograd.grad(y, (x, w), dy)
+
+        runner.measure(
+            Result("rms_norm", "fwd+bwd", name, list(shape), H, dtype_name, bwd_bytes, tags=tags),
+            fwd_bwd,
+            list(zip(xs, dys)),
+            check,
+            tol,
+        )
+    del xs, dys, ref_dx, ref_dw, ref_y
+    torch.cuda.empty_cache()
+
+
+def bench_fused_add_rms_norm(
+    runner: Runner, hotloop: Any, LigerFusedAdd: Any, shape: tuple[int, ...], dtype: torch.dtype
+) -> None:
+    H = shape[-1]
+    n = math.prod(shape)
+    esize = torch.empty((), dtype=dtype).element_size()
+    nbytes = 4 * n * esize + H * esize  # read x, residual, w; write residual, y
+    gen = torch.Generator(device=DEVICE).manual_seed(1)
+    weight = (1.0 + 0.1 * torch.randn(H, device=DEVICE, generator=gen)).to(dtype)
+    k = n_buffers(nbytes, runner.l2_bytes)
+    xs = [torch.randn(shape, device=DEVICE, dtype=dtype, generator=gen) for _ in range(k)]
+    rs = [torch.randn(shape, device=DEVICE, dtype=dtype, generator=gen) for _ in range(k)]
+    # Reference: the residual rounded to dtype, then normalised (the op's documented order).
+    ref_r = (xs[0].double() + rs[0].double()).to(dtype).double()
+    ref_y = F.rms_norm(ref_r, (H,), weight.double(), EPS)
+    dtype_name = str(dtype).removeprefix("torch.")
+
+    impls: dict[str, Callable[..., Any]] = {
+        "pytorch (Llama)": add_rms_norm,
+        "torch.compile": _compile(add_rms_norm),
+    }
+    if LigerFusedAdd is not None:
+        liger_mod = LigerFusedAdd(H, eps=EPS).to(device=DEVICE, dtype=dtype)
+
+        def liger(x: torch.Tensor, r: torch.Tensor, w: torch.Tensor, eps: float) -> Any:
+            return torch.func.functional_call(liger_mod, {"weight": w}, (x, r))  # (y, x + r)
+
+        impls["Liger-Kernel"] = liger
+    if hotloop is not None:
+
+        def hotloop_fused(x: torch.Tensor, r: torch.Tensor, w: torch.Tensor, eps: float) -> Any:
+            hotloop.fused_add_rms_norm(x, r, w, eps)  # in place: x = normed, r = x + r
+            return x, r
+
+        impls["hotloop CUDA"] = hotloop_fused
+
+    for name, impl in impls.items():
+
+        def check(impl: Callable[..., Any] = impl) -> float:
+            with torch.no_grad():
+                y, r = impl(xs[0].clone(), rs[0].clone(), weight, EPS)
+            return max(rel_err(y, ref_y), rel_err(r, ref_r))
+
+        def run(x: torch.Tensor, r: torch.Tensor, impl: Callable[..., Any] = impl) -> Any:
+            # The in-place ops change x and r at every call; the values stay finite
+            # (x is normalised, r grows by it), which is all timing needs.
+            with torch.no_grad():
+                return impl(x, r, weight, EPS)
+
+        runner.measure(
+            Result("fused_add_rms_norm", "fwd", name, list(shape), H, dtype_name, nbytes),
+            run,
+            list(zip(xs, rs)),
+            check,
+            TOLERANCE[dtype],
+        )
+    del xs, rs, ref_r, ref_y
+    torch.cuda.empty_cache()
+
+
+def bench_muladd(runner: Runner, hotloop: Any, shape: tuple[int, ...], dtype: torch.dtype) -> None:
+    n = math.prod(shape)
+    esize = torch.empty((), dtype=dtype).element_size()
+    nbytes = 3 * n * esize  # read a, b; write out
+    c = 0.5
+    gen = torch.Generator(device=DEVICE).manual_seed(2)
+    k = n_buffers(nbytes, runner.l2_bytes)
+    abs_ = [
+        (
+            torch.randn(shape, device=DEVICE, dtype=dtype, generator=gen),
+            torch.randn(shape, device=DEVICE, dtype=dtype, generator=gen),
+        )
+        for _ in range(k)
+    ]
+    ref = abs_[0][0].double() * abs_[0][1].double() + c
+    dtype_name = str(dtype).removeprefix("torch.")
+    impls: dict[str, Callable[..., Any]] = {
+        "pytorch (a*b+c)": eager_muladd,
+        "torch.compile": _compile(eager_muladd),
+    }
+    if hotloop is not None:
+        impls["hotloop CUDA"] = lambda a, b, c: hotloop.muladd(a, b, c)
+    for name, impl in impls.items():
+
+        def check(impl: Callable[..., Any] = impl) -> float:
+            with torch.no_grad():
+                return rel_err(impl(abs_[0][0], abs_[0][1], c), ref)
+
+        def run(a: torch.Tensor, b: torch.Tensor, impl: Callable[..., Any] = impl) -> Any:
+            with torch.no_grad():
+                return impl(a, b, c)
+
+        runner.measure(
+            Result("muladd", "fwd", name, list(shape), shape[-1], dtype_name, nbytes),
+            run,
+            abs_,
+            check,
+            TOLERANCE[dtype],
+        )
+    del abs_, ref
+    torch.cuda.empty_cache()
+
+
+# ------------------------------------------------------------------------------ main
+
+
+def sweep_shape(hidden: int, total: int) -> tuple[int, int]:
+    """(rows, hidden) with rows * hidden about `total` elements."""
+    return (max(1, round(total / hidden)), hidden)
+
+
+def _driver_version() -> Optional[str]:
+    try:
+        out = subprocess.run(
+            ["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
+            capture_output=True,
+            text=True,
+            timeout=20,
+            check=True,
+        ).stdout
+        return out.strip().splitlines()[0]
+    except Exception:
+        return None
+
+
+def metadata(hotloop: Any, liger_note: Optional[str], quick: bool) -> dict[str, Any]:
+    props = torch.cuda.get_device_properties(0)
+    meta: dict[str, Any] = {
+        "date": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+        "device": torch.cuda.get_device_name(0),
+        "sm_count": props.multi_processor_count,
+        "memory_gib": round(props.total_memory / 2**30, 1),
+        "l2_cache_mb": round(getattr(props, "L2_cache_size", 0) / 1e6, 1),
+        "compute_capability": f"{props.major}.{props.minor}",
+        "driver": _driver_version(),
+        "torch": torch.__version__,
+        "cuda": torch.version.cuda,
+        "python": platform.python_version(),
+        "quick": quick,
+        "eps": EPS,
+    }
+    try:
+        import triton
+
+        meta["triton"] = triton.__version__
+    except ImportError:
+        meta["triton"] = None
+    if hotloop is not None:
+        meta["hotloop"] = getattr(hotloop, "__version__", None)
+        build = getattr(hotloop, "BUILD_INFO", None)
+        if build:
+            meta["hotloop_build"] = dict(build)
+    try:
+        from importlib.metadata import version
+
+        meta["liger_kernel"] = version("liger-kernel") if liger_note is None else None
+    except Exception:
+        meta["liger_kernel"] = None
+    return meta
+
+
+def headline_table(results: list[Result], shape: Sequence[int], copy_gbps: float) -> str:
+    """Markdown table of the headline shape, bfloat16: fwd and fwd+bwd per implementation."""
+    rows = [r for r in results if r.op == "rms_norm" and list(r.shape) == list(shape)]
+    rows = [r for r in rows if r.dtype == "bfloat16"]
+    by_impl: dict[str, dict[str, Result]] = {}
+    for r in rows:
+        by_impl.setdefault(r.impl, {})[r.mode] = r
+    plain = by_impl.get("pytorch (Llama)", {})
+    lines = [
+        f"RMSNorm, (B, S, H) = {tuple(shape)}, bfloat16; copy bandwidth {copy_gbps:.0f} GB/s",
+        "",
+        "| implementation | fwd ms | fwd GB/s | fwd % copy | fwd+bwd ms | fwd+bwd GB/s "
+        "| fwd+bwd % copy | fwd+bwd speed-up vs plain |",
+        "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
+    ]
+
+    def cells(r: Optional[Result]) -> list[str]:
+        if r is None:
+            return ["–", "–", "–"]
+        if r.status != "ok":
+            return [r.status, "", ""]
+        return [f"{r.ms:.3f}", f"{r.gbps:.0f}", f"{r.pct_copy:.1f}"]
+
+    for impl, modes in by_impl.items():
+        fb = modes.get("fwd+bwd")
+        base = plain.get("fwd+bwd")
+        speedup = (
+            f"{base.ms / fb.ms:.1f}×"
+            if fb and base and fb.status == "ok" and base.status == "ok"
+            else "–"
+        )
+        lines.append(
+            f"| {impl} | " + " | ".join(cells(modes.get("fwd")) + cells(fb)) + f" | {speedup} |"
+        )
+    others = [r for r in results if r.op != "rms_norm"]
+    if others:
+        lines += [
+            "",
+            "| op | implementation | shape | dtype | ms | GB/s | % copy |",
+            "| --- | --- | --- | --- | ---: | ---: | ---: |",
+        ]
+        for r in others:
+            c = cells(r)
+            lines.append(f"| {r.op} | {r.impl} | {tuple(r.shape)} | {r.dtype} | " + " | ".join(c))
+            lines[-1] += " |"
+    return "\n".join(lines)
+
+
+def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    p.add_argument("--out", type=Path, default=DEFAULT_OUT, help="output folder (%(default)s)")
+    p.add_argument(
+        "--quick",
+        action="store_true",
+        help="short run: headline shape in bfloat16, 3 sweep sizes, fewer repetitions",
+    )
+    p.add_argument(
+        "--scale",
+        type=float,
+        default=1.0,
+        help="multiply the headline's row count (B*S) by this, e.g. 0.25 on a small GPU",
+    )
+    p.add_argument(
+        "--only",
+        default=None,
+        help="comma-separated substrings: only the RMSNorm implementations whose name "
+        "matches (e.g. 'triton,compile')",
+    )
+    p.add_argument(
+        "--rms-norm-only", action="store_true", help="skip fused_add_rms_norm and muladd"
+    )
+    p.add_argument("--no-plot", action="store_true", help="write the JSON only")
+    return p.parse_args(argv)
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    args = parse_args(argv)
+    if not torch.cuda.is_available():
+        print(
+            "bench_rms_norm: no CUDA device (torch.cuda.is_available() is False); this "
+            "benchmark needs a GPU. benchmarks/plot.py makes the plot from an existing JSON.",
+            file=sys.stderr,
+        )
+        return 2
+    t0 = time.perf_counter()
+    # Every shape and dtype is its own compiled graph here (dynamic=False, like a model
+    # with a fixed hidden size): allow enough of them.
+    for knob in ("cache_size_limit", "recompile_limit", "accumulated_cache_size_limit"):
+        if hasattr(torch._dynamo.config, knob):
+            setattr(torch._dynamo.config, knob, 256)
+
+    hotloop, hotloop_note = _load_hotloop()
+    LigerRMSNorm, LigerFusedAdd, liger_note = _load_liger()
+    for note in (hotloop_note, liger_note):
+        if note:
+            print(f"note: {note}", file=sys.stderr)
+
+    props = torch.cuda.get_device_properties(0)
+    l2_bytes = int(getattr(props, "L2_cache_size", 50 << 20) or (50 << 20))
+    copy_gbps, copy_t = copy_bandwidth()
+    print(
+        f"{torch.cuda.get_device_name(0)}: device-to-device copy {copy_gbps:.0f} GB/s "
+        f"({copy_t.ms:.3f} ms for 2 GiB read + 2 GiB written)",
+        flush=True,
+    )
+    runner = Runner(copy_gbps, l2_bytes, args.quick)
+
+    impls = rms_norm_impls(hotloop, LigerRMSNorm)
+    if args.only:
+        keys = [s.strip().lower() for s in args.only.split(",") if s.strip()]
+        impls = {k: v for k, v in impls.items() if any(s in k.lower() for s in keys)}
+    B, S, H = HEADLINE
+    headline = HEADLINE if args.scale == 1.0 else (1, max(1, round(B * S * args.scale)), H)
+    total = math.prod(headline)
+
+    # 1. The headline shape in every dtype.
+    for dname in ("bfloat16",) if args.quick else HEADLINE_DTYPES:
+        bench_rms_norm_case(runner, impls, headline, DTYPES[dname], ["headline"])
+    # 2. The hidden-size sweep in bfloat16, tensors of about the headline's size.
+    for hidden in QUICK_SWEEP_HIDDEN if args.quick else SWEEP_HIDDEN:
+        if hidden == H:
+            continue  # the headline shape is this point of the sweep
+        bench_rms_norm_case(runner, impls, sweep_shape(hidden, total), torch.bfloat16, ["sweep"])
+    # 3. fused_add_rms_norm and muladd at the headline shape.
+    if not args.rms_norm_only:
+        bench_fused_add_rms_norm(runner, hotloop, LigerFusedAdd, headline, torch.bfloat16)
+        bench_muladd(runner, hotloop, headline, torch.bfloat16)
+
+    out: Path = args.out
+    out.mkdir(parents=True, exist_ok=True)
+    doc = {
+        "meta": metadata(hotloop, liger_note, args.quick),
+        "notes": [n for n in (hotloop_note, liger_note) if n],
+        "copy_bandwidth": {
+            "gbps": copy_gbps,
+            "ms": copy_t.ms,
+            "bytes": 2 * (2 << 30),
+            "how": "torch copy_ of a 2 GiB float32 buffer; bytes read + written",
+        },
+        "headline_shape": list(headline),
+        "bytes_accounting": {
+            "fwd": "read x, w; write y",
+            "fwd+bwd": "fwd + read x, w, dy; write dx, dw",
+            "fused_add_rms_norm": "read x, residual, w; write residual, y",
+            "muladd": "read a, b; write out",
+        },
+        "timing": "median of CUDA-event times per call after warm-up; inputs rotated through "
+        ">= 4x L2 of buffers; a GPU sleep ahead of each batch hides CPU launch time",
+        "results": [asdict(r) for r in runner.results],
+        "elapsed_s": round(time.perf_counter() - t0, 1),
+    }
+    json_path = out / "rms_norm.json"
+    json_path.write_text(json.dumps(doc, indent=1) + "\n")
+    table = headline_table(runner.results, headline, copy_gbps)
+    (out / "rms_norm.md").write_text(table + "\n")
+    print()
+    print(table)
+    print(f"\nwrote {json_path} and {out / 'rms_norm.md'} in {doc['elapsed_s']} s")
+
+    if not args.no_plot:
+        sys.path.insert(0, str(HERE))
+        try:
+            import plot
+        except ImportError as err:  # plot.py imports matplotlib
+            print(f"no plot ({err}); run: python benchmarks/plot.py {json_path}")
+        else:
+            png = plot.plot(json_path, out / "rms_norm.png")
+            print(f"wrote {png}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
