@@ -27,7 +27,6 @@ import argparse
 import datetime as _dt
 import json
 import math
-import os
 import platform
 import statistics
 import subprocess
@@ -37,7 +36,7 @@ import traceback
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -127,7 +126,6 @@ def copy_bandwidth(nbytes: int = 2 << 30) -> tuple[float, Timing]:
     dst = torch.empty(n, dtype=torch.float32, device=DEVICE)
     t = time_cuda(lambda s: dst.copy_(s), [(s,) for s in srcs], rep_ms=300.0, min_reps=20)
     gbps = 2 * n * 4 / (t.ms * 1e-3) / 1e9
-    del srcs, dst
     return gbps, t
 
 
@@ -164,7 +162,7 @@ def eager_muladd(a: torch.Tensor, b: torch.Tensor, c: float) -> torch.Tensor:
     return a * b + c
 
 
-def _load_hotloop() -> tuple[Any, Optional[str]]:
+def _load_hotloop() -> tuple[Any, str | None]:
     try:
         import hotloop
     except Exception as err:  # any import failure: report it, benchmark the rest
@@ -172,7 +170,7 @@ def _load_hotloop() -> tuple[Any, Optional[str]]:
     return hotloop, None
 
 
-def _load_liger() -> tuple[Any, Any, Optional[str]]:
+def _load_liger() -> tuple[Any, Any, str | None]:
     try:
         from liger_kernel.transformers.rms_norm import LigerRMSNorm
     except Exception as err:
@@ -233,13 +231,13 @@ class Result:
     dtype: str
     bytes: int
     status: str = "ok"  # "ok", "wrong" (failed the reference check), "error"
-    ms: Optional[float] = None
-    ms_min: Optional[float] = None
-    ms_max: Optional[float] = None
-    reps: Optional[int] = None
-    gbps: Optional[float] = None
-    pct_copy: Optional[float] = None
-    max_rel_err: Optional[float] = None
+    ms: float | None = None
+    ms_min: float | None = None
+    ms_max: float | None = None
+    reps: int | None = None
+    gbps: float | None = None
+    pct_copy: float | None = None
+    max_rel_err: float | None = None
     note: str = ""
     tags: list[str] = field(default_factory=list)
 
@@ -293,7 +291,7 @@ class Runner:
 
     @staticmethod
     def _print(r: Result) -> None:
-        where = f"{r.op:18s} {r.mode:7s} {r.dtype:8s} {str(tuple(r.shape)):20s} {r.impl:16s}"
+        where = f"{r.op:18s} {r.mode:7s} {r.dtype:8s} {tuple(r.shape)!s:20s} {r.impl:16s}"
         if r.status == "ok":
             print(
                 f"{where} {r.ms:8.3f} ms {r.gbps:7.0f} GB/s {r.pct_copy:5.1f}% of copy",
@@ -344,7 +342,6 @@ def bench_rms_norm_case(
             check,
             tol,
         )
-    del ref_y
 
     # ---- forward + backward
     bwd_bytes = fwd_bytes + 3 * n * esize + 2 * H * esize  # + read x, dy; write dx; w, dw
@@ -359,7 +356,6 @@ def bench_rms_norm_case(
     y64 = F.rms_norm(x64, (H,), w64, EPS)
     ref_dx, ref_dw = torch.autograd.grad(y64, (x64, w64), dys[0].double())
     ref_y = y64.detach()
-    del x64, w64, y64
     for name, impl in impls.items():
 
         def check(impl: Callable[..., torch.Tensor] = impl) -> float:
@@ -380,8 +376,6 @@ def bench_rms_norm_case(
             check,
             tol,
         )
-    del xs, dys, ref_dx, ref_dw, ref_y
-    torch.cuda.empty_cache()
 
 
 def bench_fused_add_rms_norm(
@@ -440,8 +434,6 @@ def bench_fused_add_rms_norm(
             check,
             TOLERANCE[dtype],
         )
-    del xs, rs, ref_r, ref_y
-    torch.cuda.empty_cache()
 
 
 def bench_muladd(runner: Runner, hotloop: Any, shape: tuple[int, ...], dtype: torch.dtype) -> None:
@@ -483,8 +475,6 @@ def bench_muladd(runner: Runner, hotloop: Any, shape: tuple[int, ...], dtype: to
             check,
             TOLERANCE[dtype],
         )
-    del abs_, ref
-    torch.cuda.empty_cache()
 
 
 # ------------------------------------------------------------------------------ main
@@ -495,7 +485,7 @@ def sweep_shape(hidden: int, total: int) -> tuple[int, int]:
     return (max(1, round(total / hidden)), hidden)
 
 
-def _driver_version() -> Optional[str]:
+def _driver_version() -> str | None:
     try:
         out = subprocess.run(
             ["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
@@ -509,7 +499,7 @@ def _driver_version() -> Optional[str]:
         return None
 
 
-def metadata(hotloop: Any, liger_note: Optional[str], quick: bool) -> dict[str, Any]:
+def metadata(hotloop: Any, liger_note: str | None, quick: bool) -> dict[str, Any]:
     props = torch.cuda.get_device_properties(0)
     meta: dict[str, Any] = {
         "date": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
@@ -561,9 +551,9 @@ def headline_table(results: list[Result], shape: Sequence[int], copy_gbps: float
         "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
     ]
 
-    def cells(r: Optional[Result]) -> list[str]:
+    def cells(r: Result | None) -> list[str]:
         if r is None:
-            return ["–", "–", "–"]
+            return ["-", "-", "-"]
         if r.status != "ok":
             return [r.status, "", ""]
         return [f"{r.ms:.3f}", f"{r.gbps:.0f}", f"{r.pct_copy:.1f}"]
@@ -572,9 +562,9 @@ def headline_table(results: list[Result], shape: Sequence[int], copy_gbps: float
         fb = modes.get("fwd+bwd")
         base = plain.get("fwd+bwd")
         speedup = (
-            f"{base.ms / fb.ms:.1f}×"
+            f"{base.ms / fb.ms:.1f}x"
             if fb and base and fb.status == "ok" and base.status == "ok"
-            else "–"
+            else "-"
         )
         lines.append(
             f"| {impl} | " + " | ".join(cells(modes.get("fwd")) + cells(fb)) + f" | {speedup} |"
@@ -593,7 +583,7 @@ def headline_table(results: list[Result], shape: Sequence[int], copy_gbps: float
     return "\n".join(lines)
 
 
-def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
+def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     p.add_argument("--out", type=Path, default=DEFAULT_OUT, help="output folder (%(default)s)")
     p.add_argument(
@@ -620,7 +610,7 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     return p.parse_args(argv)
 
 
-def main(argv: Optional[Sequence[str]] = None) -> int:
+def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
     if not torch.cuda.is_available():
         print(
@@ -663,11 +653,13 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     # 1. The headline shape in every dtype.
     for dname in ("bfloat16",) if args.quick else HEADLINE_DTYPES:
         bench_rms_norm_case(runner, impls, headline, DTYPES[dname], ["headline"])
+        torch.cuda.empty_cache()
     # 2. The hidden-size sweep in bfloat16, tensors of about the headline's size.
     for hidden in QUICK_SWEEP_HIDDEN if args.quick else SWEEP_HIDDEN:
         if hidden == H:
             continue  # the headline shape is this point of the sweep
         bench_rms_norm_case(runner, impls, sweep_shape(hidden, total), torch.bfloat16, ["sweep"])
+        torch.cuda.empty_cache()
     # 3. fused_add_rms_norm and muladd at the headline shape.
     if not args.rms_norm_only:
         bench_fused_add_rms_norm(runner, hotloop, LigerFusedAdd, headline, torch.bfloat16)

@@ -13,12 +13,12 @@ import argparse
 import json
 import sys
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any
 
 import matplotlib
 
 matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
+import matplotlib.pyplot as plt
 
 HERE = Path(__file__).resolve().parent
 DEFAULT_JSON = HERE / "results" / "rms_norm.json"
@@ -46,7 +46,7 @@ def sweep_points(results: list[dict[str, Any]], mode: str) -> dict[str, list[tup
     return {impl: sorted(pts) for impl, pts in lines.items()}
 
 
-def plot(json_path: Path, png_path: Optional[Path] = None) -> Path:
+def plot(json_path: Path, png_path: Path | None = None) -> Path:
     doc = json.loads(Path(json_path).read_text())
     png_path = Path(png_path) if png_path else Path(json_path).with_suffix(".png")
     meta = doc.get("meta", {})
@@ -87,9 +87,13 @@ def plot(json_path: Path, png_path: Optional[Path] = None) -> Path:
     axes[1].legend(loc="lower right", fontsize=8)
     shape = doc.get("headline_shape")
     total = f"{shape[0] * shape[1] * shape[2]:,} elements" if shape and len(shape) == 3 else ""
+    versions = (
+        f"torch {meta.get('torch', '?')}, CUDA {meta.get('cuda', '?')}, "
+        f"Triton {meta.get('triton', '?')}, driver {meta.get('driver', '?')}"
+    )
     fig.suptitle(
-        f"{meta.get('device', '?')} · bfloat16, {total} per tensor · torch {meta.get('torch', '?')}"
-        f", CUDA {meta.get('cuda', '?')}, Triton {meta.get('triton', '?')} · {meta.get('date', '')}",
+        f"{meta.get('device', '?')} · bfloat16, {total} per tensor · {versions} · "
+        f"{meta.get('date', '')}",
         fontsize=9,
     )
     fig.tight_layout()
@@ -98,7 +102,7 @@ def plot(json_path: Path, png_path: Optional[Path] = None) -> Path:
     return png_path
 
 
-def main(argv: Optional[list[str]] = None) -> int:
+def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     p.add_argument("json", nargs="?", type=Path, default=DEFAULT_JSON)
     p.add_argument("-o", "--out", type=Path, default=None, help="PNG path (beside the JSON)")

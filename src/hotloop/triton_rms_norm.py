@@ -180,7 +180,7 @@ def _rms_norm_bwd_kernel(
         dy = _to_acc(dy, FP64)
         rstd = _rsqrt(tl.sum(x * x, axis=1) / n_cols + eps, FP64)
         x_hat = x * rstd[:, None]
-        if HAS_WEIGHT:
+        if HAS_WEIGHT:  # noqa: SIM108 (w exists only when HAS_WEIGHT)
             g = dy * w[None, :]
         else:
             g = dy
@@ -266,7 +266,7 @@ def _rms_norm_bwd_looped_kernel(
         dy = _to_acc(tl.load(DY + row * stride_dy_row + cols, mask=col_mask, other=0.0), FP64)
         rstd = tl.load(RSTD + row)
         coef = tl.load(COEF + row)
-        if HAS_WEIGHT:
+        if HAS_WEIGHT:  # noqa: SIM108 (w exists only when HAS_WEIGHT)
             g = dy * w
         else:
             g = dy
@@ -576,9 +576,7 @@ def _setup_context(ctx, inputs, output):  # type: ignore[no-untyped-def]
 
 def _backward(ctx, grad_out):  # type: ignore[no-untyped-def]
     x, weight = ctx.saved_tensors
-    grad_x, grad_weight = torch.ops.hotloop.rms_norm_triton_backward(
-        grad_out, x, weight, ctx.eps
-    )
+    grad_x, grad_weight = torch.ops.hotloop.rms_norm_triton_backward(grad_out, x, weight, ctx.eps)
     return grad_x, (grad_weight if weight is not None else None), None
 
 
