@@ -29,63 +29,51 @@ inline bool is_vector_aligned(const void* ptr) {
   return reinterpret_cast<std::uintptr_t>(ptr) % kVectorBytes == 0;
 }
 
-template <typename T>
-__device__ __forceinline__ T warp_sum(T v) {
+// Sums each of v[0..N) over the threads of a row, returned to every one of them.
+//
+// A row is the threadIdx.x dimension of the block. blockDim.x is either a power
+// of two <= 32 -- several rows share a warp, and the xor shuffles below never
+// cross the aligned group of blockDim.x lanes -- or a multiple of 32, and then
+// blockDim.y == 1 and the per-warp sums meet in shared memory. Every thread of
+// the block must call this (the caller masks rows past the end instead of
+// skipping them), since the shuffles name the full warp and there is a barrier.
+template <typename T, int N>
+__device__ __forceinline__ void row_sum(T (&v)[N]) {
+  const int lanes = blockDim.x < kWarpSize ? blockDim.x : kWarpSize;
+  for (int offset = lanes / 2; offset > 0; offset /= 2) {
 #pragma unroll
-  for (int offset = kWarpSize / 2; offset > 0; offset /= 2) {
-    v += __shfl_xor_sync(0xffffffffu, v, offset);
+    for (int n = 0; n < N; ++n) {
+      v[n] += __shfl_xor_sync(0xffffffffu, v[n], offset);
+    }
   }
-  return v;
-}
-
-// Sums of a and b over the threadIdx.x dimension of the block (the threads that
-// share one row), returned to every thread. blockDim.x is a multiple of 32; when
-// it is 32 the row is one warp and no shared memory or barrier is involved, which
-// lets several independent rows share a block along threadIdx.y.
-// Must be reached by all threads of the block when blockDim.x > 32.
-template <typename T>
-__device__ __forceinline__ void row_sum2(T& a, T& b) {
-  a = warp_sum(a);
-  b = warp_sum(b);
-  if (blockDim.x == kWarpSize) {
+  if (blockDim.x <= kWarpSize) {
     return;
   }
-  __shared__ T partial[2][kMaxThreadsPerBlock / kWarpSize];
+  __shared__ T partial[N][kMaxThreadsPerBlock / kWarpSize];
   const int warp = threadIdx.x / kWarpSize;
   const int lane = threadIdx.x % kWarpSize;
   const int num_warps = blockDim.x / kWarpSize;
   if (lane == 0) {
-    partial[0][warp] = a;
-    partial[1][warp] = b;
+#pragma unroll
+    for (int n = 0; n < N; ++n) {
+      partial[n][warp] = v[n];
+    }
   }
   __syncthreads();
   // Every warp reduces the per-warp sums itself: no second barrier to broadcast.
-  a = lane < num_warps ? partial[0][lane] : T(0);
-  b = lane < num_warps ? partial[1][lane] : T(0);
-  a = warp_sum(a);
-  b = warp_sum(b);
+#pragma unroll
+  for (int n = 0; n < N; ++n) {
+    v[n] = lane < num_warps ? partial[n][lane] : T(0);
+  }
+#pragma unroll
+  for (int offset = kWarpSize / 2; offset > 0; offset /= 2) {
+#pragma unroll
+    for (int n = 0; n < N; ++n) {
+      v[n] += __shfl_xor_sync(0xffffffffu, v[n], offset);
+    }
+  }
   // The next call may overwrite `partial` only after everyone has read it.
   __syncthreads();
-}
-
-template <typename T>
-__device__ __forceinline__ T row_sum(T a) {
-  a = warp_sum(a);
-  if (blockDim.x == kWarpSize) {
-    return a;
-  }
-  __shared__ T partial[kMaxThreadsPerBlock / kWarpSize];
-  const int warp = threadIdx.x / kWarpSize;
-  const int lane = threadIdx.x % kWarpSize;
-  const int num_warps = blockDim.x / kWarpSize;
-  if (lane == 0) {
-    partial[warp] = a;
-  }
-  __syncthreads();
-  a = lane < num_warps ? partial[lane] : T(0);
-  a = warp_sum(a);
-  __syncthreads();
-  return a;
 }
 
 template <typename T>

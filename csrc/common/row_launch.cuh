@@ -12,53 +12,66 @@
 
 namespace hotloop {
 
-// The compiled register-resident variants hold 1, 2, 4 or 8 16-byte vectors of a
-// row per thread; kMaxVectorsPerThread bounds the row length they cover
-// (8 vectors * 1024 threads * 8 elements = 65536 float16/bfloat16 elements).
-constexpr int kMaxVectorsPerThread = 8;
+// Threads in a block whose rows are short enough to share it.
+constexpr int kThreadsForShortRows = 128;
 
-// Threads per row the planner aims for: enough 16-byte loads in flight per row
-// without leaving many threads idle at the end of a row.
-constexpr int kTargetThreadsPerRow = 256;
-
-// Rows per block when one warp handles a row: 4 warps = 128 threads per block.
-constexpr int kRowsPerBlockForWarpRows = 4;
+// Threads per row of the generic (scalar) kernels.
+constexpr int kGenericThreadsPerRow = 512;
 
 struct RowLaunch {
   // 0 selects the generic kernel (scalar loads, any hidden size, any alignment);
   // otherwise each thread keeps this many 16-byte vectors of its row in registers.
   int vectors_per_thread = 0;
-  int threads_per_row = kWarpSize;  // blockDim.x, a multiple of 32
-  int rows_per_block = 1;           // blockDim.y, > 1 only when threads_per_row == 32
+  // blockDim.x: a power of two <= 32, or a multiple of 32.
+  int threads_per_row = kWarpSize;
+  // blockDim.y: > 1 only when threads_per_row <= 32.
+  int rows_per_block = 1;
 
   dim3 block() const { return dim3(threads_per_row, rows_per_block); }
 };
 
-inline int round_up_to_warp(int64_t n) {
-  return static_cast<int>(ceil_div(n, kWarpSize) * kWarpSize);
+// What a kernel family supports: its compiled vectors-per-thread variants go up
+// to max_vectors_per_thread, and the planner picks the fewest vectors per thread
+// that keep a row within target_threads threads (more threads, fewer registers).
+struct RowKernelLimits {
+  int max_vectors_per_thread;
+  int target_threads;
+  int max_threads;
+};
+
+inline int threads_for_row(int64_t work_items) {
+  if (work_items <= kWarpSize) {
+    int lanes = 1;
+    while (lanes < work_items) {
+      lanes *= 2;
+    }
+    return lanes;
+  }
+  return static_cast<int>(ceil_div(work_items, kWarpSize) * kWarpSize);
 }
 
 // `vector_ok`: every pointer the kernel touches is 16-byte aligned, so rows of
 // `hidden` elements, a multiple of the vector width, start on a vector boundary.
-inline RowLaunch plan_row_launch(int64_t hidden, int vector_width, bool vector_ok) {
+inline RowLaunch plan_row_launch(int64_t hidden, int vector_width, bool vector_ok,
+                                 const RowKernelLimits& limits) {
   RowLaunch plan;
   if (vector_ok && hidden % vector_width == 0) {
     const int64_t num_vectors = hidden / vector_width;
-    for (int vpt : {1, 2, 4, 8}) {
+    for (int vpt = 1; vpt <= limits.max_vectors_per_thread; vpt *= 2) {
       const int64_t threads = ceil_div(num_vectors, vpt);
-      if (threads <= kTargetThreadsPerRow ||
-          (vpt == kMaxVectorsPerThread && threads <= kMaxThreadsPerBlock)) {
+      if (threads <= limits.target_threads ||
+          (vpt == limits.max_vectors_per_thread && threads <= limits.max_threads)) {
         plan.vectors_per_thread = vpt;
-        plan.threads_per_row = round_up_to_warp(threads);
+        plan.threads_per_row = threads_for_row(threads);
         break;
       }
     }
   }
   if (plan.vectors_per_thread == 0) {
-    plan.threads_per_row = round_up_to_warp(std::min<int64_t>(hidden, 512));
+    plan.threads_per_row = threads_for_row(std::min<int64_t>(hidden, kGenericThreadsPerRow));
   }
-  if (plan.threads_per_row == kWarpSize) {
-    plan.rows_per_block = kRowsPerBlockForWarpRows;
+  if (plan.threads_per_row <= kWarpSize) {
+    plan.rows_per_block = kThreadsForShortRows / plan.threads_per_row;
   }
   return plan;
 }

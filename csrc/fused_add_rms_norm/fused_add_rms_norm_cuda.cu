@@ -21,8 +21,11 @@
 namespace hotloop {
 namespace {
 
+constexpr RowKernelLimits kFusedLimits{/*max_vectors_per_thread=*/8, /*target_threads=*/256,
+                                       /*max_threads=*/kMaxThreadsPerBlock};
+
 template <typename scalar_t, int kVectorsPerThread>
-__global__ void fused_add_rms_norm_vector_kernel(scalar_t* __restrict__ x,
+__global__ void __launch_bounds__(kMaxThreadsPerBlock) fused_add_rms_norm_vector_kernel(scalar_t* __restrict__ x,
                                                  scalar_t* __restrict__ residual,
                                                  const scalar_t* __restrict__ weight,
                                                  int64_t rows, int64_t hidden,
@@ -34,16 +37,19 @@ __global__ void fused_add_rms_norm_vector_kernel(scalar_t* __restrict__ x,
   const acc_t inv_hidden = acc_t(1) / static_cast<acc_t>(hidden);
   const Vec* weight_vec = reinterpret_cast<const Vec*>(weight);
 
-  for (int64_t row = static_cast<int64_t>(blockIdx.x) * blockDim.y + threadIdx.y; row < rows;
-       row += static_cast<int64_t>(gridDim.x) * blockDim.y) {
+  // The loop bound is the same for the whole block; rows past the end are masked.
+  for (int64_t block_row = static_cast<int64_t>(blockIdx.x) * blockDim.y; block_row < rows;
+       block_row += static_cast<int64_t>(gridDim.x) * blockDim.y) {
+    const int64_t row = block_row + threadIdx.y;
+    const bool row_valid = row < rows;
     Vec* x_row = reinterpret_cast<Vec*>(x + row * hidden);
     Vec* res_row = reinterpret_cast<Vec*>(residual + row * hidden);
     Vec sum[kVectorsPerThread];  // the rounded residual, kept for the second step
-    acc_t sum_sq = 0;
+    acc_t sum_sq[1] = {0};
 #pragma unroll
     for (int i = 0; i < kVectorsPerThread; ++i) {
       const int idx = threadIdx.x + i * blockDim.x;
-      if (idx < num_vectors) {
+      if (row_valid && idx < num_vectors) {
         const Vec xv = x_row[idx];
         const Vec rv = res_row[idx];
 #pragma unroll
@@ -51,17 +57,17 @@ __global__ void fused_add_rms_norm_vector_kernel(scalar_t* __restrict__ x,
           sum[i].val[k] = static_cast<scalar_t>(static_cast<acc_t>(xv.val[k]) +
                                                 static_cast<acc_t>(rv.val[k]));
           const acc_t v = static_cast<acc_t>(sum[i].val[k]);
-          sum_sq += v * v;
+          sum_sq[0] += v * v;
         }
         res_row[idx] = sum[i];
       }
     }
-    sum_sq = row_sum(sum_sq);
-    const acc_t rstd = rsqrt_acc(sum_sq * inv_hidden + eps);
+    row_sum(sum_sq);
+    const acc_t rstd = rsqrt_acc(sum_sq[0] * inv_hidden + eps);
 #pragma unroll
     for (int i = 0; i < kVectorsPerThread; ++i) {
       const int idx = threadIdx.x + i * blockDim.x;
-      if (idx < num_vectors) {
+      if (row_valid && idx < num_vectors) {
         const Vec wv = weight_vec[idx];
         Vec out;
 #pragma unroll
@@ -78,28 +84,30 @@ __global__ void fused_add_rms_norm_vector_kernel(scalar_t* __restrict__ x,
 // Any hidden size and alignment. The second loop re-reads the residual elements
 // this same thread stored in the first, so no barrier is needed between them.
 template <typename scalar_t>
-__global__ void fused_add_rms_norm_generic_kernel(scalar_t* __restrict__ x,
+__global__ void __launch_bounds__(kMaxThreadsPerBlock) fused_add_rms_norm_generic_kernel(scalar_t* __restrict__ x,
                                                   scalar_t* __restrict__ residual,
                                                   const scalar_t* __restrict__ weight,
                                                   int64_t rows, int64_t hidden,
                                                   at::opmath_type<scalar_t> eps) {
   using acc_t = at::opmath_type<scalar_t>;
   const acc_t inv_hidden = acc_t(1) / static_cast<acc_t>(hidden);
-  for (int64_t row = static_cast<int64_t>(blockIdx.x) * blockDim.y + threadIdx.y; row < rows;
-       row += static_cast<int64_t>(gridDim.x) * blockDim.y) {
+  for (int64_t block_row = static_cast<int64_t>(blockIdx.x) * blockDim.y; block_row < rows;
+       block_row += static_cast<int64_t>(gridDim.x) * blockDim.y) {
+    const int64_t row = block_row + threadIdx.y;
+    const int64_t row_hidden = row < rows ? hidden : 0;  // masks rows past the end
     scalar_t* x_row = x + row * hidden;
     scalar_t* res_row = residual + row * hidden;
-    acc_t sum_sq = 0;
-    for (int64_t j = threadIdx.x; j < hidden; j += blockDim.x) {
+    acc_t sum_sq[1] = {0};
+    for (int64_t j = threadIdx.x; j < row_hidden; j += blockDim.x) {
       const scalar_t s =
           static_cast<scalar_t>(static_cast<acc_t>(x_row[j]) + static_cast<acc_t>(res_row[j]));
       res_row[j] = s;
       const acc_t v = static_cast<acc_t>(s);
-      sum_sq += v * v;
+      sum_sq[0] += v * v;
     }
-    sum_sq = row_sum(sum_sq);
-    const acc_t rstd = rsqrt_acc(sum_sq * inv_hidden + eps);
-    for (int64_t j = threadIdx.x; j < hidden; j += blockDim.x) {
+    row_sum(sum_sq);
+    const acc_t rstd = rsqrt_acc(sum_sq[0] * inv_hidden + eps);
+    for (int64_t j = threadIdx.x; j < row_hidden; j += blockDim.x) {
       x_row[j] = static_cast<scalar_t>(static_cast<acc_t>(res_row[j]) * rstd *
                                        static_cast<acc_t>(weight[j]));
     }
@@ -112,7 +120,7 @@ void launch_fused_add_rms_norm(scalar_t* x, scalar_t* residual, const scalar_t* 
   using acc_t = at::opmath_type<scalar_t>;
   const bool aligned =
       is_vector_aligned(x) && is_vector_aligned(residual) && is_vector_aligned(weight);
-  const RowLaunch plan = plan_row_launch(hidden, vector_size<scalar_t>(), aligned);
+  const RowLaunch plan = plan_row_launch(hidden, vector_size<scalar_t>(), aligned, kFusedLimits);
   const dim3 grid(static_cast<unsigned>(row_blocks(rows, plan)));
   const cudaStream_t stream = at::cuda::getCurrentCUDAStream();
   const acc_t eps_acc = static_cast<acc_t>(eps);

@@ -29,11 +29,14 @@ namespace {
 // Forward
 // ---------------------------------------------------------------------------
 
+constexpr RowKernelLimits kForwardLimits{/*max_vectors_per_thread=*/8, /*target_threads=*/256,
+                                         /*max_threads=*/kMaxThreadsPerBlock};
+
 template <typename scalar_t, int kVectorsPerThread>
-__global__ void rms_norm_vector_kernel(const scalar_t* __restrict__ x,
-                                       const scalar_t* __restrict__ weight,
-                                       scalar_t* __restrict__ y, int64_t rows, int64_t hidden,
-                                       at::opmath_type<scalar_t> eps) {
+__global__ void __launch_bounds__(kMaxThreadsPerBlock)
+    rms_norm_vector_kernel(const scalar_t* __restrict__ x, const scalar_t* __restrict__ weight,
+                           scalar_t* __restrict__ y, int64_t rows, int64_t hidden,
+                           at::opmath_type<scalar_t> eps) {
   using acc_t = at::opmath_type<scalar_t>;
   constexpr int kVec = vector_size<scalar_t>();
   using Vec = AlignedVector<scalar_t, kVec>;
@@ -41,31 +44,34 @@ __global__ void rms_norm_vector_kernel(const scalar_t* __restrict__ x,
   const acc_t inv_hidden = acc_t(1) / static_cast<acc_t>(hidden);
   const Vec* weight_vec = reinterpret_cast<const Vec*>(weight);
 
-  for (int64_t row = static_cast<int64_t>(blockIdx.x) * blockDim.y + threadIdx.y; row < rows;
-       row += static_cast<int64_t>(gridDim.x) * blockDim.y) {
+  // The loop bound is the same for the whole block; rows past the end are masked.
+  for (int64_t block_row = static_cast<int64_t>(blockIdx.x) * blockDim.y; block_row < rows;
+       block_row += static_cast<int64_t>(gridDim.x) * blockDim.y) {
+    const int64_t row = block_row + threadIdx.y;
+    const bool row_valid = row < rows;
     const Vec* x_row = reinterpret_cast<const Vec*>(x + row * hidden);
     Vec xv[kVectorsPerThread];
-    acc_t sum_sq = 0;
+    acc_t sum_sq[1] = {0};
 #pragma unroll
     for (int i = 0; i < kVectorsPerThread; ++i) {
       const int idx = threadIdx.x + i * blockDim.x;
-      if (idx < num_vectors) {
+      if (row_valid && idx < num_vectors) {
         xv[i] = x_row[idx];
 #pragma unroll
         for (int k = 0; k < kVec; ++k) {
           const acc_t v = static_cast<acc_t>(xv[i].val[k]);
-          sum_sq += v * v;
+          sum_sq[0] += v * v;
         }
       }
     }
-    sum_sq = row_sum(sum_sq);
-    const acc_t rstd = rsqrt_acc(sum_sq * inv_hidden + eps);
+    row_sum(sum_sq);
+    const acc_t rstd = rsqrt_acc(sum_sq[0] * inv_hidden + eps);
 
     Vec* y_row = reinterpret_cast<Vec*>(y + row * hidden);
 #pragma unroll
     for (int i = 0; i < kVectorsPerThread; ++i) {
       const int idx = threadIdx.x + i * blockDim.x;
-      if (idx < num_vectors) {
+      if (row_valid && idx < num_vectors) {
         Vec out;
         if (weight_vec != nullptr) {
           const Vec wv = weight_vec[idx];
@@ -87,24 +93,26 @@ __global__ void rms_norm_vector_kernel(const scalar_t* __restrict__ x,
 }
 
 template <typename scalar_t>
-__global__ void rms_norm_generic_kernel(const scalar_t* __restrict__ x,
-                                        const scalar_t* __restrict__ weight,
-                                        scalar_t* __restrict__ y, int64_t rows, int64_t hidden,
-                                        at::opmath_type<scalar_t> eps) {
+__global__ void __launch_bounds__(kMaxThreadsPerBlock)
+    rms_norm_generic_kernel(const scalar_t* __restrict__ x, const scalar_t* __restrict__ weight,
+                            scalar_t* __restrict__ y, int64_t rows, int64_t hidden,
+                            at::opmath_type<scalar_t> eps) {
   using acc_t = at::opmath_type<scalar_t>;
   const acc_t inv_hidden = acc_t(1) / static_cast<acc_t>(hidden);
-  for (int64_t row = static_cast<int64_t>(blockIdx.x) * blockDim.y + threadIdx.y; row < rows;
-       row += static_cast<int64_t>(gridDim.x) * blockDim.y) {
+  for (int64_t block_row = static_cast<int64_t>(blockIdx.x) * blockDim.y; block_row < rows;
+       block_row += static_cast<int64_t>(gridDim.x) * blockDim.y) {
+    const int64_t row = block_row + threadIdx.y;
+    const int64_t row_hidden = row < rows ? hidden : 0;  // masks rows past the end
     const scalar_t* x_row = x + row * hidden;
-    acc_t sum_sq = 0;
-    for (int64_t j = threadIdx.x; j < hidden; j += blockDim.x) {
+    acc_t sum_sq[1] = {0};
+    for (int64_t j = threadIdx.x; j < row_hidden; j += blockDim.x) {
       const acc_t v = static_cast<acc_t>(x_row[j]);
-      sum_sq += v * v;
+      sum_sq[0] += v * v;
     }
-    sum_sq = row_sum(sum_sq);
-    const acc_t rstd = rsqrt_acc(sum_sq * inv_hidden + eps);
+    row_sum(sum_sq);
+    const acc_t rstd = rsqrt_acc(sum_sq[0] * inv_hidden + eps);
     scalar_t* y_row = y + row * hidden;
-    for (int64_t j = threadIdx.x; j < hidden; j += blockDim.x) {
+    for (int64_t j = threadIdx.x; j < row_hidden; j += blockDim.x) {
       acc_t v = static_cast<acc_t>(x_row[j]) * rstd;
       if (weight != nullptr) {
         v *= static_cast<acc_t>(weight[j]);
@@ -120,7 +128,8 @@ void launch_rms_norm(const scalar_t* x, const scalar_t* weight, scalar_t* y, int
   using acc_t = at::opmath_type<scalar_t>;
   const bool aligned = is_vector_aligned(x) && is_vector_aligned(y) &&
                        (weight == nullptr || is_vector_aligned(weight));
-  const RowLaunch plan = plan_row_launch(hidden, vector_size<scalar_t>(), aligned);
+  const RowLaunch plan =
+      plan_row_launch(hidden, vector_size<scalar_t>(), aligned, kForwardLimits);
   const dim3 grid(static_cast<unsigned>(row_blocks(rows, plan)));
   const cudaStream_t stream = at::cuda::getCurrentCUDAStream();
   const acc_t eps_acc = static_cast<acc_t>(eps);
@@ -149,112 +158,196 @@ void launch_rms_norm(const scalar_t* x, const scalar_t* weight, scalar_t* y, int
 // grad_x = rstd * (g - xhat * mean(g * xhat)) = rstd * g - x * rstd^3 * sum(g * x) / H,
 // with g = grad_out * weight and xhat = x * rstd.
 // grad_weight = sum over rows of grad_out * xhat, reduced in two steps without a
-// second pass over x: each row slot (blockIdx.x, threadIdx.y) of the grid-strided
-// kernel sums its rows into a float32 (float64) partial row of weight_partials
-// ([gridDim.x * blockDim.y, hidden]); sum_partials_kernel then adds up the partial
-// rows column by column. The grid is sized to fill the GPU once, so the partial
-// buffer has a few rows per SM, not one per row of x.
+// second pass over x: each block of the grid-strided kernel sums its rows into a
+// float32 (float64) partial row of weight_partials ([gridDim.x, hidden]);
+// sum_partials_kernel then adds up the partial rows column by column. The grid is
+// sized to fill the GPU once (occupancy x SMs), so the partial buffer has a few
+// rows per SM, not one per row of x.
 // ---------------------------------------------------------------------------
 
+// Up to 1024 threads per row with one 16-byte vector each (two rows at a time, see
+// below), or two vectors each for longer rows; longer rows take the generic kernel.
+constexpr RowKernelLimits kBackwardLimits{/*max_vectors_per_thread=*/2,
+                                          /*target_threads=*/kMaxThreadsPerBlock,
+                                          /*max_threads=*/kMaxThreadsPerBlock};
+
+// Rows a thread works on at once. The grid only fills the GPU once (every row
+// slot holds a grad_weight accumulator in registers), so with one row at a time
+// an SM has few rows in flight, each waiting on its reduction; two rows per step
+// double the loads in flight while sharing one accumulator.
+template <int kVectorsPerThread>
+constexpr int backward_rows_per_step() {
+  return kVectorsPerThread == 1 ? 2 : 1;
+}
+
 template <typename scalar_t, int kVectorsPerThread>
-__global__ void rms_norm_backward_vector_kernel(
+__global__ void __launch_bounds__(kMaxThreadsPerBlock) rms_norm_backward_vector_kernel(
     const scalar_t* __restrict__ grad_out, const scalar_t* __restrict__ x,
     const scalar_t* __restrict__ weight, scalar_t* __restrict__ grad_x,
     at::opmath_type<scalar_t>* __restrict__ weight_partials, int64_t rows, int64_t hidden,
     at::opmath_type<scalar_t> eps) {
   using acc_t = at::opmath_type<scalar_t>;
   constexpr int kVec = vector_size<scalar_t>();
+  constexpr int kRows = backward_rows_per_step<kVectorsPerThread>();
   using Vec = AlignedVector<scalar_t, kVec>;
   using AccVec = AlignedVector<acc_t, kVec>;
   const int num_vectors = static_cast<int>(hidden / kVec);
   const acc_t inv_hidden = acc_t(1) / static_cast<acc_t>(hidden);
-  const bool has_weight = weight != nullptr;
+  const Vec* weight_vec = reinterpret_cast<const Vec*>(weight);
+  const int64_t row_slots = static_cast<int64_t>(gridDim.x) * blockDim.y;
 
-  // The weight slice of this thread is the same for every row: load it once.
-  acc_t w[kVectorsPerThread][kVec];
   acc_t dw[kVectorsPerThread][kVec];
 #pragma unroll
   for (int i = 0; i < kVectorsPerThread; ++i) {
-    const int idx = threadIdx.x + i * blockDim.x;
-    Vec wv;
-    if (has_weight && idx < num_vectors) {
-      wv = reinterpret_cast<const Vec*>(weight)[idx];
-    }
 #pragma unroll
     for (int k = 0; k < kVec; ++k) {
-      w[i][k] = has_weight && idx < num_vectors ? static_cast<acc_t>(wv.val[k]) : acc_t(1);
       dw[i][k] = 0;
     }
   }
 
-  for (int64_t row = static_cast<int64_t>(blockIdx.x) * blockDim.y + threadIdx.y; row < rows;
-       row += static_cast<int64_t>(gridDim.x) * blockDim.y) {
-    const Vec* x_row = reinterpret_cast<const Vec*>(x + row * hidden);
-    const Vec* go_row = reinterpret_cast<const Vec*>(grad_out + row * hidden);
-    Vec xv[kVectorsPerThread];
-    Vec gov[kVectorsPerThread];
-    acc_t sum_sq = 0;
-    acc_t sum_gx = 0;
+  // Step s handles rows block_row + r * row_slots + threadIdx.y, r < kRows. The
+  // loop bound is the same for the whole block; rows past the end are masked.
+  for (int64_t block_row = static_cast<int64_t>(blockIdx.x) * blockDim.y; block_row < rows;
+       block_row += kRows * row_slots) {
+    int64_t row[kRows];
+    bool row_valid[kRows];
+    Vec xv[kRows][kVectorsPerThread];
+    Vec gov[kRows][kVectorsPerThread];
+    acc_t sums[2 * kRows];  // sum(x^2) and sum(g * x) of each row
 #pragma unroll
-    for (int i = 0; i < kVectorsPerThread; ++i) {
-      const int idx = threadIdx.x + i * blockDim.x;
-      if (idx < num_vectors) {
-        xv[i] = x_row[idx];
-        gov[i] = go_row[idx];
+    for (int r = 0; r < kRows; ++r) {
+      row[r] = block_row + r * row_slots + threadIdx.y;
+      row_valid[r] = row[r] < rows;
+      sums[2 * r] = 0;
+      sums[2 * r + 1] = 0;
+    }
 #pragma unroll
-        for (int k = 0; k < kVec; ++k) {
-          const acc_t xk = static_cast<acc_t>(xv[i].val[k]);
-          const acc_t gk = static_cast<acc_t>(gov[i].val[k]) * w[i][k];
-          sum_sq += xk * xk;
-          sum_gx += gk * xk;
+    for (int r = 0; r < kRows; ++r) {
+      const Vec* x_row = reinterpret_cast<const Vec*>(x + row[r] * hidden);
+      const Vec* go_row = reinterpret_cast<const Vec*>(grad_out + row[r] * hidden);
+#pragma unroll
+      for (int i = 0; i < kVectorsPerThread; ++i) {
+        const int idx = threadIdx.x + i * blockDim.x;
+        if (row_valid[r] && idx < num_vectors) {
+          xv[r][i] = x_row[idx];
+          gov[r][i] = go_row[idx];
         }
       }
     }
-    row_sum2(sum_sq, sum_gx);
-    const acc_t rstd = rsqrt_acc(sum_sq * inv_hidden + eps);
-    const acc_t x_coeff = rstd * rstd * rstd * sum_gx * inv_hidden;
-
-    Vec* gx_row = reinterpret_cast<Vec*>(grad_x + row * hidden);
 #pragma unroll
     for (int i = 0; i < kVectorsPerThread; ++i) {
       const int idx = threadIdx.x + i * blockDim.x;
       if (idx < num_vectors) {
-        Vec out;
-#pragma unroll
-        for (int k = 0; k < kVec; ++k) {
-          const acc_t xk = static_cast<acc_t>(xv[i].val[k]);
-          const acc_t gok = static_cast<acc_t>(gov[i].val[k]);
-          out.val[k] = static_cast<scalar_t>(rstd * gok * w[i][k] - xk * x_coeff);
-          dw[i][k] += gok * xk * rstd;
+        Vec wv;
+        if (weight_vec != nullptr) {
+          wv = weight_vec[idx];
         }
-        gx_row[idx] = out;
+#pragma unroll
+        for (int r = 0; r < kRows; ++r) {
+          if (row_valid[r]) {
+#pragma unroll
+            for (int k = 0; k < kVec; ++k) {
+              const acc_t xk = static_cast<acc_t>(xv[r][i].val[k]);
+              acc_t gk = static_cast<acc_t>(gov[r][i].val[k]);
+              if (weight_vec != nullptr) {
+                gk *= static_cast<acc_t>(wv.val[k]);
+              }
+              sums[2 * r] += xk * xk;
+              sums[2 * r + 1] += gk * xk;
+            }
+          }
+        }
+      }
+    }
+    row_sum(sums);
+
+#pragma unroll
+    for (int i = 0; i < kVectorsPerThread; ++i) {
+      const int idx = threadIdx.x + i * blockDim.x;
+      if (idx < num_vectors) {
+        Vec wv;
+        if (weight_vec != nullptr) {
+          wv = weight_vec[idx];
+        }
+#pragma unroll
+        for (int r = 0; r < kRows; ++r) {
+          if (row_valid[r]) {
+            const acc_t rstd = rsqrt_acc(sums[2 * r] * inv_hidden + eps);
+            const acc_t x_coeff = rstd * rstd * rstd * sums[2 * r + 1] * inv_hidden;
+            Vec out;
+#pragma unroll
+            for (int k = 0; k < kVec; ++k) {
+              const acc_t xk = static_cast<acc_t>(xv[r][i].val[k]);
+              const acc_t gok = static_cast<acc_t>(gov[r][i].val[k]);
+              const acc_t wk = weight_vec != nullptr ? static_cast<acc_t>(wv.val[k]) : acc_t(1);
+              out.val[k] = static_cast<scalar_t>(rstd * gok * wk - xk * x_coeff);
+              dw[i][k] += gok * xk * rstd;
+            }
+            reinterpret_cast<Vec*>(grad_x + row[r] * hidden)[idx] = out;
+          }
+        }
       }
     }
   }
 
-  if (weight_partials != nullptr) {
-    const int64_t slot = static_cast<int64_t>(blockIdx.x) * blockDim.y + threadIdx.y;
-    AccVec* partial_row = reinterpret_cast<AccVec*>(weight_partials + slot * hidden);
+  if (weight_partials == nullptr) {
+    return;
+  }
+  // One partial row per block. Short rows share a block along threadIdx.y: add
+  // their accumulators in shared memory first, in a fixed order (deterministic).
+  __shared__ acc_t block_dw[kWarpSize * kVectorsPerThread * kVec];
+  if (blockDim.y > 1) {
+    for (int y = 0; y < static_cast<int>(blockDim.y); ++y) {
+      if (threadIdx.y == y) {
+#pragma unroll
+        for (int i = 0; i < kVectorsPerThread; ++i) {
+          const int idx = threadIdx.x + i * blockDim.x;
+          if (idx < num_vectors) {
+#pragma unroll
+            for (int k = 0; k < kVec; ++k) {
+              acc_t& slot = block_dw[idx * kVec + k];
+              slot = (y == 0 ? acc_t(0) : slot) + dw[i][k];
+            }
+          }
+        }
+      }
+      __syncthreads();
+    }
+    if (threadIdx.y != 0) {
+      return;
+    }
 #pragma unroll
     for (int i = 0; i < kVectorsPerThread; ++i) {
       const int idx = threadIdx.x + i * blockDim.x;
       if (idx < num_vectors) {
-        AccVec out;
 #pragma unroll
         for (int k = 0; k < kVec; ++k) {
-          out.val[k] = dw[i][k];
+          dw[i][k] = block_dw[idx * kVec + k];
         }
-        partial_row[idx] = out;
       }
+    }
+  }
+  AccVec* partial_row = reinterpret_cast<AccVec*>(weight_partials + blockIdx.x * hidden);
+#pragma unroll
+  for (int i = 0; i < kVectorsPerThread; ++i) {
+    const int idx = threadIdx.x + i * blockDim.x;
+    if (idx < num_vectors) {
+      AccVec out;
+#pragma unroll
+      for (int k = 0; k < kVec; ++k) {
+        out.val[k] = dw[i][k];
+      }
+      partial_row[idx] = out;
     }
   }
 }
 
 // Any hidden size and alignment. Each thread owns the columns j = threadIdx.x +
-// n * blockDim.x of its row slot's partial row, so it accumulates there directly
-// (the buffer starts zeroed) without any other thread touching those elements.
+// n * blockDim.x of its row slot's partial row (slot = blockIdx.x * blockDim.y +
+// threadIdx.y), so it accumulates there directly (the buffer starts zeroed)
+// without any other thread touching those elements.
 template <typename scalar_t>
-__global__ void rms_norm_backward_generic_kernel(
+__global__ void __launch_bounds__(kMaxThreadsPerBlock) rms_norm_backward_generic_kernel(
     const scalar_t* __restrict__ grad_out, const scalar_t* __restrict__ x,
     const scalar_t* __restrict__ weight, scalar_t* __restrict__ grad_x,
     at::opmath_type<scalar_t>* __restrict__ weight_partials, int64_t rows, int64_t hidden,
@@ -263,25 +356,27 @@ __global__ void rms_norm_backward_generic_kernel(
   const acc_t inv_hidden = acc_t(1) / static_cast<acc_t>(hidden);
   const int64_t slot = static_cast<int64_t>(blockIdx.x) * blockDim.y + threadIdx.y;
   acc_t* partial_row = weight_partials != nullptr ? weight_partials + slot * hidden : nullptr;
-  for (int64_t row = slot; row < rows; row += static_cast<int64_t>(gridDim.x) * blockDim.y) {
+  for (int64_t block_row = static_cast<int64_t>(blockIdx.x) * blockDim.y; block_row < rows;
+       block_row += static_cast<int64_t>(gridDim.x) * blockDim.y) {
+    const int64_t row = block_row + threadIdx.y;
+    const int64_t row_hidden = row < rows ? hidden : 0;  // masks rows past the end
     const scalar_t* x_row = x + row * hidden;
     const scalar_t* go_row = grad_out + row * hidden;
-    acc_t sum_sq = 0;
-    acc_t sum_gx = 0;
-    for (int64_t j = threadIdx.x; j < hidden; j += blockDim.x) {
+    acc_t sums[2] = {0, 0};  // sum(x^2), sum(g * x)
+    for (int64_t j = threadIdx.x; j < row_hidden; j += blockDim.x) {
       const acc_t xj = static_cast<acc_t>(x_row[j]);
       acc_t gj = static_cast<acc_t>(go_row[j]);
       if (weight != nullptr) {
         gj *= static_cast<acc_t>(weight[j]);
       }
-      sum_sq += xj * xj;
-      sum_gx += gj * xj;
+      sums[0] += xj * xj;
+      sums[1] += gj * xj;
     }
-    row_sum2(sum_sq, sum_gx);
-    const acc_t rstd = rsqrt_acc(sum_sq * inv_hidden + eps);
-    const acc_t x_coeff = rstd * rstd * rstd * sum_gx * inv_hidden;
+    row_sum(sums);
+    const acc_t rstd = rsqrt_acc(sums[0] * inv_hidden + eps);
+    const acc_t x_coeff = rstd * rstd * rstd * sums[1] * inv_hidden;
     scalar_t* gx_row = grad_x + row * hidden;
-    for (int64_t j = threadIdx.x; j < hidden; j += blockDim.x) {
+    for (int64_t j = threadIdx.x; j < row_hidden; j += blockDim.x) {
       const acc_t xj = static_cast<acc_t>(x_row[j]);
       const acc_t goj = static_cast<acc_t>(go_row[j]);
       const acc_t wj = weight != nullptr ? static_cast<acc_t>(weight[j]) : acc_t(1);
@@ -294,10 +389,10 @@ __global__ void rms_norm_backward_generic_kernel(
 }
 
 // grad_weight[j] = sum over p of partials[p][j], rounded to the weight's dtype.
-// Block (32, 32): threadIdx.x picks a column (coalesced reads along a partial
+// Block (32, 8): threadIdx.x picks a column (coalesced reads along a partial
 // row), threadIdx.y strides over the partial rows; shared memory finishes the sum.
 constexpr int kSumColumns = 32;
-constexpr int kSumRowGroups = 32;
+constexpr int kSumRowGroups = 8;
 
 template <typename scalar_t>
 __global__ void sum_partials_kernel(const at::opmath_type<scalar_t>* __restrict__ partials,
@@ -341,21 +436,23 @@ void launch_rms_norm_backward(const scalar_t* grad_out, const scalar_t* x, const
   const bool aligned = is_vector_aligned(grad_out) && is_vector_aligned(x) &&
                        is_vector_aligned(grad_x) &&
                        (weight == nullptr || is_vector_aligned(weight));
-  const RowLaunch plan = plan_row_launch(hidden, vector_size<scalar_t>(), aligned);
+  const RowLaunch plan =
+      plan_row_launch(hidden, vector_size<scalar_t>(), aligned, kBackwardLimits);
   const cudaStream_t stream = at::cuda::getCurrentCUDAStream();
   const acc_t eps_acc = static_cast<acc_t>(eps);
+  const auto acc_dtype = c10::CppTypeToScalarType<acc_t>::value;
 
   auto launch = [&](auto kernel) {
     const int64_t blocks = persistent_blocks(kernel, plan, rows);
     at::Tensor partials;
     acc_t* partials_ptr = nullptr;
-    const int64_t num_partials = blocks * plan.rows_per_block;
+    // The vector kernels write one partial row per block, overwriting it; the
+    // generic kernel accumulates into one per row slot, which must start at zero.
+    const bool generic = plan.vectors_per_thread == 0;
+    const int64_t num_partials = generic ? blocks * plan.rows_per_block : blocks;
     if (weight != nullptr) {
-      // Only the generic kernel accumulates into the buffer; the vector kernels
-      // overwrite every element of the partial rows (slots without rows write 0).
-      partials = plan.vectors_per_thread == 0
-                     ? at::zeros({num_partials, hidden}, options.dtype(c10::CppTypeToScalarType<acc_t>::value))
-                     : at::empty({num_partials, hidden}, options.dtype(c10::CppTypeToScalarType<acc_t>::value));
+      partials = generic ? at::zeros({num_partials, hidden}, options.dtype(acc_dtype))
+                         : at::empty({num_partials, hidden}, options.dtype(acc_dtype));
       partials_ptr = partials.mutable_data_ptr<acc_t>();
     }
     kernel<<<dim3(static_cast<unsigned>(blocks)), plan.block(), 0, stream>>>(
@@ -375,12 +472,6 @@ void launch_rms_norm_backward(const scalar_t* grad_out, const scalar_t* x, const
       break;
     case 2:
       launch(rms_norm_backward_vector_kernel<scalar_t, 2>);
-      break;
-    case 4:
-      launch(rms_norm_backward_vector_kernel<scalar_t, 4>);
-      break;
-    case 8:
-      launch(rms_norm_backward_vector_kernel<scalar_t, 8>);
       break;
     default:
       TORCH_INTERNAL_ASSERT(plan.vectors_per_thread == 0);
