@@ -5,7 +5,8 @@
 // came in -- never with a crash or an out-of-bounds access.
 #pragma once
 
-#include <ATen/ATen.h>
+#include <ATen/Dispatch.h>
+#include <ATen/core/Tensor.h>
 #include <c10/util/Exception.h>
 
 // The four floating dtypes every hotloop op accepts.

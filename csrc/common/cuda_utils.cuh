@@ -2,8 +2,9 @@
 // across a warp or a block. Only .cu files include this.
 #pragma once
 
-#include <ATen/cuda/CUDAContext.h>
-#include <c10/macros/Macros.h>
+#include <c10/cuda/CUDAException.h>
+#include <c10/cuda/CUDAFunctions.h>
+#include <cuda_runtime.h>
 
 #include <cstdint>
 
@@ -87,7 +88,14 @@ __device__ __forceinline__ double rsqrt_acc<double>(double v) {
   return rsqrt(v);
 }
 
-inline int num_sms() { return at::cuda::getCurrentDeviceProperties()->multiProcessorCount; }
+// SM count of the current device. (Read directly rather than through
+// at::cuda::getCurrentDeviceProperties(), whose header pulls in cuBLAS/cuSPARSE.)
+inline int num_sms() {
+  int count = 0;
+  C10_CUDA_CHECK(
+      cudaDeviceGetAttribute(&count, cudaDevAttrMultiProcessorCount, c10::cuda::current_device()));
+  return count;
+}
 
 inline int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 

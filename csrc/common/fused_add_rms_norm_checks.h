@@ -1,7 +1,7 @@
 // Input checks of fused_add_rms_norm, shared by its CPU and CUDA implementations.
 #pragma once
 
-#include <ATen/ATen.h>
+#include <ATen/core/Tensor.h>
 
 #include "checks.h"
 

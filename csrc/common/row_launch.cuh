@@ -2,8 +2,6 @@
 // map rows of a [rows, hidden] tensor onto blocks.
 #pragma once
 
-#include <ATen/ATen.h>
-
 #include <algorithm>
 #include <cstdint>
 #include <initializer_list>

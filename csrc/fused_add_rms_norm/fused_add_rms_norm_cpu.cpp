@@ -4,16 +4,17 @@
 // stored into residual; the norm is then computed from that rounded value, exactly
 // as the CUDA kernel does, so the op equals the unfused
 // `residual.add_(x); x.copy_(rms_norm(residual, weight, eps))` on both devices.
-#include <ATen/ATen.h>
+#include <ATen/core/Tensor.h>
 #include <ATen/OpMathType.h>
 #include <ATen/Parallel.h>
+#include <ATen/ops/empty.h>
 #include <torch/library.h>
 
 #include <algorithm>
 #include <cmath>
 
 #include "../common/checks.h"
-#include "../common/cpu_sum.h"
+#include "../common/cpu_loops.h"
 #include "../common/fused_add_rms_norm_checks.h"
 
 namespace hotloop {
@@ -24,7 +25,7 @@ void fused_add_rms_norm_cpu_kernel(scalar_t* x, scalar_t* residual, const scalar
                                    int64_t rows, int64_t hidden, double eps) {
   using acc_t = at::opmath_type<scalar_t>;
   const acc_t eps_acc = static_cast<acc_t>(eps);
-  const int64_t grain = std::max<int64_t>(1, at::internal::GRAIN_SIZE / hidden);
+  const int64_t grain = std::max<int64_t>(1, kGrainSize / hidden);
   at::parallel_for(0, rows, grain, [&](int64_t begin, int64_t end) {
     for (int64_t row = begin; row < end; ++row) {
       scalar_t* x_row = x + row * hidden;

@@ -6,11 +6,12 @@
 // `residual.add_(x); x.copy_(rms_norm(residual, weight, eps))`. Rows map onto
 // blocks as in rms_norm (common/row_launch.cuh): register-resident 16-byte
 // vectors when aligned, a generic scalar kernel otherwise.
-#include <ATen/ATen.h>
+#include <ATen/core/Tensor.h>
 #include <ATen/OpMathType.h>
-#include <ATen/cuda/CUDAContext.h>
+#include <ATen/ops/empty.h>
 #include <c10/cuda/CUDAException.h>
 #include <c10/cuda/CUDAGuard.h>
+#include <c10/cuda/CUDAStream.h>
 #include <torch/library.h>
 
 #include "../common/checks.h"
@@ -122,7 +123,7 @@ void launch_fused_add_rms_norm(scalar_t* x, scalar_t* residual, const scalar_t* 
       is_vector_aligned(x) && is_vector_aligned(residual) && is_vector_aligned(weight);
   const RowLaunch plan = plan_row_launch(hidden, vector_size<scalar_t>(), aligned, kFusedLimits);
   const dim3 grid(static_cast<unsigned>(row_blocks(rows, plan)));
-  const cudaStream_t stream = at::cuda::getCurrentCUDAStream();
+  const cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
   const acc_t eps_acc = static_cast<acc_t>(eps);
   switch (plan.vectors_per_thread) {
 #define HOTLOOP_LAUNCH(VPT)                                                                 \

@@ -1,10 +1,12 @@
 // CPU kernels of muladd (a * b + c) and mul (a * b).
-#include <ATen/ATen.h>
+#include <ATen/core/Tensor.h>
 #include <ATen/OpMathType.h>
 #include <ATen/Parallel.h>
+#include <ATen/ops/empty.h>
 #include <torch/library.h>
 
 #include "../common/checks.h"
+#include "../common/cpu_loops.h"
 
 namespace hotloop {
 namespace {
@@ -26,7 +28,7 @@ at::Tensor muladd_cpu_impl(const char* op, const at::Tensor& a, const at::Tensor
     const scalar_t* b_ptr = b_contig.const_data_ptr<scalar_t>();
     scalar_t* out_ptr = out.mutable_data_ptr<scalar_t>();
     const acc_t c_acc = static_cast<acc_t>(c);
-    at::parallel_for(0, n, at::internal::GRAIN_SIZE, [&](int64_t begin, int64_t end) {
+    at::parallel_for(0, n, kGrainSize, [&](int64_t begin, int64_t end) {
       for (int64_t i = begin; i < end; ++i) {
         acc_t v = static_cast<acc_t>(a_ptr[i]) * static_cast<acc_t>(b_ptr[i]);
         if constexpr (kAddC) {

@@ -4,11 +4,12 @@
 // several loads are in flight, computed in float32 (float64 for float64). The
 // vector loop runs only when a, b and out are 16-byte aligned; the scalar loop
 // covers the tail (or everything, for unaligned inputs).
-#include <ATen/ATen.h>
+#include <ATen/core/Tensor.h>
 #include <ATen/OpMathType.h>
-#include <ATen/cuda/CUDAContext.h>
+#include <ATen/ops/empty.h>
 #include <c10/cuda/CUDAException.h>
 #include <c10/cuda/CUDAGuard.h>
+#include <c10/cuda/CUDAStream.h>
 #include <torch/library.h>
 
 #include "../common/checks.h"
@@ -91,7 +92,7 @@ at::Tensor muladd_cuda_impl(const char* op, const at::Tensor& a, const at::Tenso
   const c10::cuda::CUDAGuard guard(a.device());
   const at::Tensor a_contig = a.contiguous();
   const at::Tensor b_contig = b.contiguous();
-  const cudaStream_t stream = at::cuda::getCurrentCUDAStream();
+  const cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
   HOTLOOP_DISPATCH_FLOATING(a.scalar_type(), "muladd_cuda", [&] {
     using acc_t = at::opmath_type<scalar_t>;
     const scalar_t* a_ptr = a_contig.const_data_ptr<scalar_t>();

@@ -3,9 +3,11 @@
 // y = x * rstd [* weight], rstd = 1 / sqrt(mean(x^2 over the last dim) + eps),
 // accumulated in float32 (float64 for float64 inputs). The normalised value stays
 // in float32 until it has been multiplied by the weight; only then is it rounded.
-#include <ATen/ATen.h>
+#include <ATen/core/Tensor.h>
 #include <ATen/OpMathType.h>
 #include <ATen/Parallel.h>
+#include <ATen/ops/empty.h>
+#include <ATen/ops/zeros.h>
 #include <torch/library.h>
 
 #include <algorithm>
@@ -14,14 +16,14 @@
 #include <tuple>
 
 #include "../common/checks.h"
-#include "../common/cpu_sum.h"
+#include "../common/cpu_loops.h"
 
 namespace hotloop {
 namespace {
 
 // Rows per parallel task: about GRAIN_SIZE elements of work each.
 int64_t rows_per_task(int64_t hidden) {
-  return std::max<int64_t>(1, at::internal::GRAIN_SIZE / std::max<int64_t>(hidden, 1));
+  return std::max<int64_t>(1, kGrainSize / std::max<int64_t>(hidden, 1));
 }
 
 template <typename scalar_t, typename acc_t>

@@ -8,11 +8,13 @@
 // global memory once; otherwise a generic kernel with scalar loads handles any
 // hidden size, re-reading the row (mostly from L1/L2) for the second pass.
 // Sums are float32 (float64 for float64).
-#include <ATen/ATen.h>
+#include <ATen/core/Tensor.h>
 #include <ATen/OpMathType.h>
-#include <ATen/cuda/CUDAContext.h>
+#include <ATen/ops/empty.h>
+#include <ATen/ops/zeros.h>
 #include <c10/cuda/CUDAException.h>
 #include <c10/cuda/CUDAGuard.h>
+#include <c10/cuda/CUDAStream.h>
 #include <torch/library.h>
 
 #include <optional>
@@ -131,7 +133,7 @@ void launch_rms_norm(const scalar_t* x, const scalar_t* weight, scalar_t* y, int
   const RowLaunch plan =
       plan_row_launch(hidden, vector_size<scalar_t>(), aligned, kForwardLimits);
   const dim3 grid(static_cast<unsigned>(row_blocks(rows, plan)));
-  const cudaStream_t stream = at::cuda::getCurrentCUDAStream();
+  const cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
   const acc_t eps_acc = static_cast<acc_t>(eps);
   switch (plan.vectors_per_thread) {
 #define HOTLOOP_LAUNCH(VPT)                                                            \
@@ -438,7 +440,7 @@ void launch_rms_norm_backward(const scalar_t* grad_out, const scalar_t* x, const
                        (weight == nullptr || is_vector_aligned(weight));
   const RowLaunch plan =
       plan_row_launch(hidden, vector_size<scalar_t>(), aligned, kBackwardLimits);
-  const cudaStream_t stream = at::cuda::getCurrentCUDAStream();
+  const cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
   const acc_t eps_acc = static_cast<acc_t>(eps);
   const auto acc_dtype = c10::CppTypeToScalarType<acc_t>::value;
 

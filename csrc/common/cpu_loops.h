@@ -1,10 +1,14 @@
-// Summation helper for the CPU kernels.
+// Loop helpers for the CPU kernels: the parallel grain and an accurate row sum.
 #pragma once
 
 #include <algorithm>
 #include <cstdint>
 
 namespace hotloop {
+
+// Elements of work per at::parallel_for task (ATen's own GRAIN_SIZE, which lives
+// in the heavy TensorIterator.h).
+constexpr int64_t kGrainSize = 32768;
 
 // Sum of term(j) for j in [0, n), accumulated in acc_t.
 //
