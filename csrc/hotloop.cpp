@@ -32,9 +32,8 @@ TORCH_LIBRARY(hotloop, m) {
   // just stored. The op therefore equals the unfused
   //   residual.add_(x); x.copy_(rms_norm(residual, weight, eps))
   // up to float32 rounding, on CPU and CUDA alike.
-  m.def(
-      "fused_add_rms_norm(Tensor(a!) x, Tensor(b!) residual, Tensor weight, float eps) -> ()",
-      tags);
+  m.def("fused_add_rms_norm(Tensor(a!) x, Tensor(b!) residual, Tensor weight, float eps) -> ()",
+        tags);
 }
 
 // Importing `hotloop._C` only needs to load this library (which runs the

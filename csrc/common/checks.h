@@ -17,11 +17,10 @@ namespace hotloop {
 
 inline void check_floating(const char* op, const char* name, const at::Tensor& t) {
   const auto dtype = t.scalar_type();
-  TORCH_CHECK(dtype == at::kHalf || dtype == at::kBFloat16 || dtype == at::kFloat ||
-                  dtype == at::kDouble,
-              op,
-              ": expected a floating-point tensor (float16, bfloat16, float32, float64) but got ",
-              dtype, " for ", name);
+  TORCH_CHECK(
+      dtype == at::kHalf || dtype == at::kBFloat16 || dtype == at::kFloat || dtype == at::kDouble,
+      op, ": expected a floating-point tensor (float16, bfloat16, float32, float64) but got ",
+      dtype, " for ", name);
 }
 
 inline void check_same_device(const char* op, const char* name_a, const at::Tensor& a,

@@ -4,9 +4,9 @@
 // stored into residual; the norm is then computed from that rounded value, exactly
 // as the CUDA kernel does, so the op equals the unfused
 // `residual.add_(x); x.copy_(rms_norm(residual, weight, eps))` on both devices.
-#include <ATen/core/Tensor.h>
 #include <ATen/OpMathType.h>
 #include <ATen/Parallel.h>
+#include <ATen/core/Tensor.h>
 #include <ATen/ops/empty.h>
 #include <torch/library.h>
 
@@ -31,8 +31,8 @@ void fused_add_rms_norm_cpu_kernel(scalar_t* x, scalar_t* residual, const scalar
       scalar_t* x_row = x + row * hidden;
       scalar_t* res_row = residual + row * hidden;
       for (int64_t j = 0; j < hidden; ++j) {
-        res_row[j] = static_cast<scalar_t>(static_cast<acc_t>(x_row[j]) +
-                                           static_cast<acc_t>(res_row[j]));
+        res_row[j] =
+            static_cast<scalar_t>(static_cast<acc_t>(x_row[j]) + static_cast<acc_t>(res_row[j]));
       }
       const acc_t sum_sq = blocked_sum<acc_t>(hidden, [&](int64_t j) {
         const acc_t v = static_cast<acc_t>(res_row[j]);
@@ -59,15 +59,12 @@ void fused_add_rms_norm_cpu(at::Tensor& x, at::Tensor& residual, const at::Tenso
   HOTLOOP_DISPATCH_FLOATING(x.scalar_type(), "fused_add_rms_norm", [&] {
     fused_add_rms_norm_cpu_kernel<scalar_t>(x.mutable_data_ptr<scalar_t>(),
                                             residual.mutable_data_ptr<scalar_t>(),
-                                            w_contig.const_data_ptr<scalar_t>(), rows, hidden,
-                                            eps);
+                                            w_contig.const_data_ptr<scalar_t>(), rows, hidden, eps);
   });
 }
 
 }  // namespace
 
-TORCH_LIBRARY_IMPL(hotloop, CPU, m) {
-  m.impl("fused_add_rms_norm", &fused_add_rms_norm_cpu);
-}
+TORCH_LIBRARY_IMPL(hotloop, CPU, m) { m.impl("fused_add_rms_norm", &fused_add_rms_norm_cpu); }
 
 }  // namespace hotloop

@@ -6,8 +6,8 @@
 // `residual.add_(x); x.copy_(rms_norm(residual, weight, eps))`. Rows map onto
 // blocks as in rms_norm (common/row_launch.cuh): register-resident 16-byte
 // vectors when aligned, a generic scalar kernel otherwise.
-#include <ATen/core/Tensor.h>
 #include <ATen/OpMathType.h>
+#include <ATen/core/Tensor.h>
 #include <ATen/ops/empty.h>
 #include <c10/cuda/CUDAException.h>
 #include <c10/cuda/CUDAGuard.h>
@@ -26,11 +26,10 @@ constexpr RowKernelLimits kFusedLimits{/*max_vectors_per_thread=*/8, /*target_th
                                        /*max_threads=*/kMaxThreadsPerBlock};
 
 template <typename scalar_t, int kVectorsPerThread>
-__global__ void __launch_bounds__(kMaxThreadsPerBlock) fused_add_rms_norm_vector_kernel(scalar_t* __restrict__ x,
-                                                 scalar_t* __restrict__ residual,
-                                                 const scalar_t* __restrict__ weight,
-                                                 int64_t rows, int64_t hidden,
-                                                 at::opmath_type<scalar_t> eps) {
+__global__ void __launch_bounds__(kMaxThreadsPerBlock)
+    fused_add_rms_norm_vector_kernel(scalar_t* __restrict__ x, scalar_t* __restrict__ residual,
+                                     const scalar_t* __restrict__ weight, int64_t rows,
+                                     int64_t hidden, at::opmath_type<scalar_t> eps) {
   using acc_t = at::opmath_type<scalar_t>;
   constexpr int kVec = vector_size<scalar_t>();
   using Vec = AlignedVector<scalar_t, kVec>;
@@ -55,8 +54,8 @@ __global__ void __launch_bounds__(kMaxThreadsPerBlock) fused_add_rms_norm_vector
         const Vec rv = res_row[idx];
 #pragma unroll
         for (int k = 0; k < kVec; ++k) {
-          sum[i].val[k] = static_cast<scalar_t>(static_cast<acc_t>(xv.val[k]) +
-                                                static_cast<acc_t>(rv.val[k]));
+          sum[i].val[k] =
+              static_cast<scalar_t>(static_cast<acc_t>(xv.val[k]) + static_cast<acc_t>(rv.val[k]));
           const acc_t v = static_cast<acc_t>(sum[i].val[k]);
           sum_sq[0] += v * v;
         }
@@ -85,11 +84,10 @@ __global__ void __launch_bounds__(kMaxThreadsPerBlock) fused_add_rms_norm_vector
 // Any hidden size and alignment. The second loop re-reads the residual elements
 // this same thread stored in the first, so no barrier is needed between them.
 template <typename scalar_t>
-__global__ void __launch_bounds__(kMaxThreadsPerBlock) fused_add_rms_norm_generic_kernel(scalar_t* __restrict__ x,
-                                                  scalar_t* __restrict__ residual,
-                                                  const scalar_t* __restrict__ weight,
-                                                  int64_t rows, int64_t hidden,
-                                                  at::opmath_type<scalar_t> eps) {
+__global__ void __launch_bounds__(kMaxThreadsPerBlock)
+    fused_add_rms_norm_generic_kernel(scalar_t* __restrict__ x, scalar_t* __restrict__ residual,
+                                      const scalar_t* __restrict__ weight, int64_t rows,
+                                      int64_t hidden, at::opmath_type<scalar_t> eps) {
   using acc_t = at::opmath_type<scalar_t>;
   const acc_t inv_hidden = acc_t(1) / static_cast<acc_t>(hidden);
   for (int64_t block_row = static_cast<int64_t>(blockIdx.x) * blockDim.y; block_row < rows;
@@ -126,10 +124,10 @@ void launch_fused_add_rms_norm(scalar_t* x, scalar_t* residual, const scalar_t* 
   const cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
   const acc_t eps_acc = static_cast<acc_t>(eps);
   switch (plan.vectors_per_thread) {
-#define HOTLOOP_LAUNCH(VPT)                                                                 \
-  case VPT:                                                                                 \
-    fused_add_rms_norm_vector_kernel<scalar_t, VPT>                                         \
-        <<<grid, plan.block(), 0, stream>>>(x, residual, weight, rows, hidden, eps_acc);    \
+#define HOTLOOP_LAUNCH(VPT)                                                              \
+  case VPT:                                                                              \
+    fused_add_rms_norm_vector_kernel<scalar_t, VPT>                                      \
+        <<<grid, plan.block(), 0, stream>>>(x, residual, weight, rows, hidden, eps_acc); \
     break;
     HOTLOOP_LAUNCH(1)
     HOTLOOP_LAUNCH(2)
@@ -163,8 +161,6 @@ void fused_add_rms_norm_cuda(at::Tensor& x, at::Tensor& residual, const at::Tens
 
 }  // namespace
 
-TORCH_LIBRARY_IMPL(hotloop, CUDA, m) {
-  m.impl("fused_add_rms_norm", &fused_add_rms_norm_cuda);
-}
+TORCH_LIBRARY_IMPL(hotloop, CUDA, m) { m.impl("fused_add_rms_norm", &fused_add_rms_norm_cuda); }
 
 }  // namespace hotloop

@@ -1,7 +1,7 @@
 // CPU kernels of muladd (a * b + c) and mul (a * b).
-#include <ATen/core/Tensor.h>
 #include <ATen/OpMathType.h>
 #include <ATen/Parallel.h>
+#include <ATen/core/Tensor.h>
 #include <ATen/ops/empty.h>
 #include <torch/library.h>
 

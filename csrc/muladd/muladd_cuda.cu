@@ -4,8 +4,8 @@
 // several loads are in flight, computed in float32 (float64 for float64). The
 // vector loop runs only when a, b and out are 16-byte aligned; the scalar loop
 // covers the tail (or everything, for unaligned inputs).
-#include <ATen/core/Tensor.h>
 #include <ATen/OpMathType.h>
+#include <ATen/core/Tensor.h>
 #include <ATen/ops/empty.h>
 #include <c10/cuda/CUDAException.h>
 #include <c10/cuda/CUDAGuard.h>
@@ -32,8 +32,8 @@ __device__ __forceinline__ acc_t mul_add(acc_t a, acc_t b, acc_t c) {
 
 template <typename scalar_t, bool kAddC>
 __global__ void muladd_kernel(const scalar_t* __restrict__ a, const scalar_t* __restrict__ b,
-                              scalar_t* __restrict__ out, int64_t n,
-                              at::opmath_type<scalar_t> c, bool vectorized) {
+                              scalar_t* __restrict__ out, int64_t n, at::opmath_type<scalar_t> c,
+                              bool vectorized) {
   using acc_t = at::opmath_type<scalar_t>;
   constexpr int kVec = vector_size<scalar_t>();
   using Vec = AlignedVector<scalar_t, kVec>;

@@ -3,9 +3,9 @@
 // y = x * rstd [* weight], rstd = 1 / sqrt(mean(x^2 over the last dim) + eps),
 // accumulated in float32 (float64 for float64 inputs). The normalised value stays
 // in float32 until it has been multiplied by the weight; only then is it rounded.
-#include <ATen/core/Tensor.h>
 #include <ATen/OpMathType.h>
 #include <ATen/Parallel.h>
+#include <ATen/core/Tensor.h>
 #include <ATen/ops/empty.h>
 #include <ATen/ops/zeros.h>
 #include <torch/library.h>
@@ -87,9 +87,7 @@ void rms_norm_backward_cpu_kernel(const scalar_t* grad_out, const scalar_t* x,
         };
         const acc_t mean_g_xhat =
             blocked_sum<acc_t>(hidden,
-                               [&](int64_t j) {
-                                 return g_at(j) * static_cast<acc_t>(x_row[j]);
-                               }) *
+                               [&](int64_t j) { return g_at(j) * static_cast<acc_t>(x_row[j]); }) *
             rstd * inv_hidden;
         for (int64_t j = 0; j < hidden; ++j) {
           const acc_t xhat = static_cast<acc_t>(x_row[j]) * rstd;
@@ -148,10 +146,10 @@ std::tuple<at::Tensor, at::Tensor> rms_norm_backward_cpu(const at::Tensor& grad_
       const int64_t hidden = x.size(-1);
       const int64_t rows = x.numel() / hidden;
       HOTLOOP_DISPATCH_FLOATING(x.scalar_type(), "rms_norm_backward", [&] {
-        rms_norm_backward_cpu_kernel<scalar_t>(
-            go_contig.const_data_ptr<scalar_t>(), x_contig.const_data_ptr<scalar_t>(), nullptr,
-            grad_x.mutable_data_ptr<scalar_t>(), nullptr, std::min<int64_t>(rows, 64), rows,
-            hidden, eps);
+        rms_norm_backward_cpu_kernel<scalar_t>(go_contig.const_data_ptr<scalar_t>(),
+                                               x_contig.const_data_ptr<scalar_t>(), nullptr,
+                                               grad_x.mutable_data_ptr<scalar_t>(), nullptr,
+                                               std::min<int64_t>(rows, 64), rows, hidden, eps);
       });
     }
     return {grad_x, at::empty({0}, x.options())};

@@ -8,8 +8,8 @@
 // global memory once; otherwise a generic kernel with scalar loads handles any
 // hidden size, re-reading the row (mostly from L1/L2) for the second pass.
 // Sums are float32 (float64 for float64).
-#include <ATen/core/Tensor.h>
 #include <ATen/OpMathType.h>
+#include <ATen/core/Tensor.h>
 #include <ATen/ops/empty.h>
 #include <ATen/ops/zeros.h>
 #include <c10/cuda/CUDAException.h>
@@ -130,16 +130,15 @@ void launch_rms_norm(const scalar_t* x, const scalar_t* weight, scalar_t* y, int
   using acc_t = at::opmath_type<scalar_t>;
   const bool aligned = is_vector_aligned(x) && is_vector_aligned(y) &&
                        (weight == nullptr || is_vector_aligned(weight));
-  const RowLaunch plan =
-      plan_row_launch(hidden, vector_size<scalar_t>(), aligned, kForwardLimits);
+  const RowLaunch plan = plan_row_launch(hidden, vector_size<scalar_t>(), aligned, kForwardLimits);
   const dim3 grid(static_cast<unsigned>(row_blocks(rows, plan)));
   const cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
   const acc_t eps_acc = static_cast<acc_t>(eps);
   switch (plan.vectors_per_thread) {
-#define HOTLOOP_LAUNCH(VPT)                                                            \
-  case VPT:                                                                            \
-    rms_norm_vector_kernel<scalar_t, VPT>                                              \
-        <<<grid, plan.block(), 0, stream>>>(x, weight, y, rows, hidden, eps_acc);      \
+#define HOTLOOP_LAUNCH(VPT)                                                       \
+  case VPT:                                                                       \
+    rms_norm_vector_kernel<scalar_t, VPT>                                         \
+        <<<grid, plan.block(), 0, stream>>>(x, weight, y, rows, hidden, eps_acc); \
     break;
     HOTLOOP_LAUNCH(1)
     HOTLOOP_LAUNCH(2)
@@ -183,11 +182,13 @@ constexpr int backward_rows_per_step() {
 }
 
 template <typename scalar_t, int kVectorsPerThread>
-__global__ void __launch_bounds__(kMaxThreadsPerBlock) rms_norm_backward_vector_kernel(
-    const scalar_t* __restrict__ grad_out, const scalar_t* __restrict__ x,
-    const scalar_t* __restrict__ weight, scalar_t* __restrict__ grad_x,
-    at::opmath_type<scalar_t>* __restrict__ weight_partials, int64_t rows, int64_t hidden,
-    at::opmath_type<scalar_t> eps) {
+__global__ void __launch_bounds__(kMaxThreadsPerBlock)
+    rms_norm_backward_vector_kernel(const scalar_t* __restrict__ grad_out,
+                                    const scalar_t* __restrict__ x,
+                                    const scalar_t* __restrict__ weight,
+                                    scalar_t* __restrict__ grad_x,
+                                    at::opmath_type<scalar_t>* __restrict__ weight_partials,
+                                    int64_t rows, int64_t hidden, at::opmath_type<scalar_t> eps) {
   using acc_t = at::opmath_type<scalar_t>;
   constexpr int kVec = vector_size<scalar_t>();
   constexpr int kRows = backward_rows_per_step<kVectorsPerThread>();
@@ -349,11 +350,13 @@ __global__ void __launch_bounds__(kMaxThreadsPerBlock) rms_norm_backward_vector_
 // threadIdx.y), so it accumulates there directly (the buffer starts zeroed)
 // without any other thread touching those elements.
 template <typename scalar_t>
-__global__ void __launch_bounds__(kMaxThreadsPerBlock) rms_norm_backward_generic_kernel(
-    const scalar_t* __restrict__ grad_out, const scalar_t* __restrict__ x,
-    const scalar_t* __restrict__ weight, scalar_t* __restrict__ grad_x,
-    at::opmath_type<scalar_t>* __restrict__ weight_partials, int64_t rows, int64_t hidden,
-    at::opmath_type<scalar_t> eps) {
+__global__ void __launch_bounds__(kMaxThreadsPerBlock)
+    rms_norm_backward_generic_kernel(const scalar_t* __restrict__ grad_out,
+                                     const scalar_t* __restrict__ x,
+                                     const scalar_t* __restrict__ weight,
+                                     scalar_t* __restrict__ grad_x,
+                                     at::opmath_type<scalar_t>* __restrict__ weight_partials,
+                                     int64_t rows, int64_t hidden, at::opmath_type<scalar_t> eps) {
   using acc_t = at::opmath_type<scalar_t>;
   const acc_t inv_hidden = acc_t(1) / static_cast<acc_t>(hidden);
   const int64_t slot = static_cast<int64_t>(blockIdx.x) * blockDim.y + threadIdx.y;
@@ -432,14 +435,13 @@ int64_t persistent_blocks(Kernel kernel, const RowLaunch& plan, int64_t rows) {
 
 template <typename scalar_t>
 void launch_rms_norm_backward(const scalar_t* grad_out, const scalar_t* x, const scalar_t* weight,
-                              scalar_t* grad_x, scalar_t* grad_weight, int64_t rows,
-                              int64_t hidden, double eps, const at::TensorOptions& options) {
+                              scalar_t* grad_x, scalar_t* grad_weight, int64_t rows, int64_t hidden,
+                              double eps, const at::TensorOptions& options) {
   using acc_t = at::opmath_type<scalar_t>;
   const bool aligned = is_vector_aligned(grad_out) && is_vector_aligned(x) &&
                        is_vector_aligned(grad_x) &&
                        (weight == nullptr || is_vector_aligned(weight));
-  const RowLaunch plan =
-      plan_row_launch(hidden, vector_size<scalar_t>(), aligned, kBackwardLimits);
+  const RowLaunch plan = plan_row_launch(hidden, vector_size<scalar_t>(), aligned, kBackwardLimits);
   const cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
   const acc_t eps_acc = static_cast<acc_t>(eps);
   const auto acc_dtype = c10::CppTypeToScalarType<acc_t>::value;
@@ -493,8 +495,7 @@ void check_rms_norm_inputs(const char* op, const at::Tensor& x,
   }
 }
 
-at::Tensor rms_norm_cuda(const at::Tensor& x, const std::optional<at::Tensor>& weight,
-                         double eps) {
+at::Tensor rms_norm_cuda(const at::Tensor& x, const std::optional<at::Tensor>& weight, double eps) {
   check_rms_norm_inputs("rms_norm", x, weight);
   at::Tensor y = at::empty(x.sizes(), x.options());
   if (x.numel() == 0) {
