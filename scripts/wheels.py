@@ -49,6 +49,11 @@ def run_cell(
     try:
         cell.stage = "toolchain"
         wanted = [p for p in row.pythons if not pythons or p in pythons]
+        if not wanted and not skip_tests:
+            raise RuntimeError(
+                f"torch {row.torch} supports Python {', '.join(row.pythons)}; "
+                f"none of --python {' '.join(pythons or [])}"
+            )
         found = find_interpreters(row.pythons)
         interp = build.pick_build_python(row, found)
         cell.build_python = f"{interp.version} ({interp.path})"

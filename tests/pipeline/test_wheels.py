@@ -1,0 +1,92 @@
+"""The cell runner of `nox -s wheels`, with build/repair/test replaced by fakes."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from scripts import audit, build, wheels, wheeltest
+from scripts.interpreters import Interpreter
+
+
+@pytest.fixture
+def fake_pipeline(monkeypatch, tmp_path, wheel_factory, newest_row):
+    """Replace the expensive steps; returns a dict the test edits to make one step fail."""
+    failures: dict[str, str] = {}
+    monkeypatch.setenv("HOTLOOP_CACHE_DIR", str(tmp_path / "cache"))
+    interp = Interpreter("3.12", Path("/usr/bin/python3.12"), "PATH")
+    monkeypatch.setattr(
+        wheels, "find_interpreters", lambda versions: dict.fromkeys(versions, interp)
+    )
+    monkeypatch.setattr(wheels.toolchain, "ensure_cuda_toolkit", lambda cuda, pkgs: tmp_path)
+    monkeypatch.setattr(wheels.toolchain, "ensure_sysroot", lambda: tmp_path)
+    monkeypatch.setattr(build, "site_packages", lambda python: tmp_path)
+
+    def fake_build(row, workdir, interp):
+        if "build" in failures:
+            raise build.BuildError(failures["build"])
+        return build.BuildResult(wheel_factory(tag="cp39-abi3-linux_x86_64"), 1.0, tmp_path / "log")
+
+    def fake_repair(wheel, out_dir, row, site):
+        if "audit" in failures:
+            raise audit.AuditError(failures["audit"])
+        return wheel_factory(), audit.AuditReport(wheel.name, max_versions={"GLIBC": "GLIBC_2.14"})
+
+    def fake_tests(torch, wheel, interpreters, workdir):
+        status = "failed" if "test" in failures else "passed"
+        return [wheeltest.PythonTestResult(v, status, summary="1 failed") for v in interpreters]
+
+    monkeypatch.setattr(build, "build_wheel", fake_build)
+    monkeypatch.setattr(audit, "repair_and_audit", fake_repair)
+    monkeypatch.setattr(wheels, "run_op_tests", fake_tests)
+    return failures
+
+
+def test_passing_cell_puts_wheel_and_json_in_out(fake_pipeline, tmp_path, newest_row):
+    out = tmp_path / "out"
+    assert wheels.main(["--out", str(out)]) == 0
+    assert [p.name for p in out.glob("*.whl")] == [
+        f"hotloop-{newest_row.version}-cp39-abi3-manylinux_2_28_x86_64.whl"
+    ]
+    cell = json.loads((out / f"{newest_row.variant}.json").read_text())
+    assert cell["status"] == "passed"
+    assert [t["python"] for t in cell["tests"]] == list(newest_row.pythons)
+    assert (
+        json.loads((out / "report.json").read_text())["cells"][0]["variant"] == newest_row.variant
+    )
+
+
+@pytest.mark.parametrize("stage", ["build", "audit", "test"])
+def test_failed_cell_leaves_no_wheel(fake_pipeline, tmp_path, newest_row, stage):
+    out = tmp_path / "out"
+    assert wheels.main(["--out", str(out)]) == 0  # an earlier good wheel of this variant ...
+    fake_pipeline[stage] = f"{stage} broke"
+    assert wheels.main(["--out", str(out)]) == 1
+    assert list(out.glob("*.whl")) == []  # ... is gone after a failed rerun
+    cell = json.loads((out / f"{newest_row.variant}.json").read_text())
+    assert cell["status"] == "failed"
+    assert stage in cell["stage"]
+
+
+def test_python_option_restricts_tested_pythons(fake_pipeline, tmp_path, newest_row):
+    out = tmp_path / "out"
+    assert wheels.main(["--out", str(out), "--python", "3.12"]) == 0
+    cell = json.loads((out / f"{newest_row.variant}.json").read_text())
+    assert [t["python"] for t in cell["tests"]] == ["3.12"]
+
+
+def test_python_option_outside_the_row_is_an_error(fake_pipeline, tmp_path, newest_row):
+    out = tmp_path / "out"
+    assert wheels.main(["--out", str(out), "--python", "3.9"]) == 1
+    assert (
+        "none of --python 3.9"
+        in json.loads((out / f"{newest_row.variant}.json").read_text())["error"]
+    )
+
+
+def test_skip_tests(fake_pipeline, tmp_path, newest_row):
+    out = tmp_path / "out"
+    assert wheels.main(["--out", str(out), "--skip-tests"]) == 0
+    assert json.loads((out / f"{newest_row.variant}.json").read_text())["tests"] == []
