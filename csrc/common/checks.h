@@ -56,10 +56,12 @@ inline void check_norm_input(const char* op, const char* name, const at::Tensor&
   check_floating(op, name, x);
 }
 
-// The optional weight of a norm: H elements, same dtype and device as x.
+// The optional weight of a norm: 1-D with H elements, same dtype and device as x.
 inline void check_norm_weight(const char* op, const at::Tensor& weight, const at::Tensor& x) {
   check_same_device(op, "x", x, "weight", weight);
   check_same_dtype(op, "x", x, "weight", weight);
+  TORCH_CHECK(weight.dim() == 1, op, ": weight must be 1-D (x's last dim, ", x.size(-1),
+              " elements) but has shape ", weight.sizes());
   TORCH_CHECK(weight.numel() == x.size(-1), op, ": weight has ", weight.numel(),
               " elements but x's last dim is ", x.size(-1));
 }
