@@ -14,8 +14,8 @@ the weight happen in float32 (float64 for float64 inputs) and the result is roun
 once. The backward recomputes ``rstd`` from ``x``.
 
 The weight gradient is reduced without a second pass over ``x``: the backward runs a
-fixed number of persistent programs, each owning a contiguous chunk of rows, and each
-accumulates its share of ``sum_rows(grad_out * x_hat)`` in float32 registers while it
+fixed number of persistent programs (a few per SM), which stride over the row tiles, and
+each accumulates its share of ``sum_rows(grad_out * x_hat)`` in float32 registers while it
 computes ``grad_x``. The ``[num_programs, H]`` partials are summed afterwards (the
 scheme of Liger-Kernel and Unsloth). Rows wider than one program holds in registers
 (``MAX_FUSED_FWD_BLOCK``, ``MAX_FUSED_BWD_BLOCK``) take a looped path
@@ -30,7 +30,7 @@ run through the interpreter so that the kernels can be tested on a machine witho
 This module imports on a machine without a GPU; kernels compile at their first call.
 """
 
-from typing import Optional
+from typing import Any, Optional
 
 import torch
 import triton
@@ -149,7 +149,6 @@ def _rms_norm_bwd_kernel(
     DW_PARTIAL,
     n_rows,
     n_cols,
-    rows_per_program,
     stride_dy_row,
     stride_x_row,
     stride_dx_row,
@@ -159,8 +158,8 @@ def _rms_norm_bwd_kernel(
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
 ):
-    # Persistent backward: this program owns rows [row_begin, row_end) and walks them
-    # BLOCK_M at a time. With x_hat = x * rstd and g = dy * w,
+    # Persistent backward: program p of P takes row tiles p, p + P, p + 2P, ...
+    # With x_hat = x * rstd and g = dy * w,
     #   dx = rstd * (g - x_hat * mean(g * x_hat)),  dw += sum_rows(dy * x_hat),
     # the dw share staying in registers until the end (one partial row per program).
     pid = tl.program_id(0)
@@ -169,11 +168,10 @@ def _rms_norm_bwd_kernel(
     if HAS_WEIGHT:
         w = _to_acc(tl.load(W + cols, mask=col_mask, other=0.0), FP64)
     dw_acc = _to_acc(tl.zeros([BLOCK_N], dtype=tl.float32), FP64)
-    row_begin = pid.to(tl.int64) * rows_per_program
-    row_end = tl.minimum(row_begin + rows_per_program, n_rows)
-    for start in range(row_begin, row_end, BLOCK_M):
+    for start in range(pid * BLOCK_M, n_rows, tl.num_programs(0) * BLOCK_M):
         rows = start + tl.arange(0, BLOCK_M)
-        mask = (rows < row_end)[:, None] & col_mask[None, :]
+        mask = (rows < n_rows)[:, None] & col_mask[None, :]
+        rows = rows.to(tl.int64)
         x = tl.load(X + rows[:, None] * stride_x_row + cols[None, :], mask=mask, other=0.0)
         x = _to_acc(x, FP64)
         dy = tl.load(DY + rows[:, None] * stride_dy_row + cols[None, :], mask=mask, other=0.0)
@@ -243,7 +241,6 @@ def _rms_norm_bwd_looped_kernel(
     DW_PARTIAL,
     n_rows,
     n_cols,
-    rows_per_program,
     stride_dy_row,
     stride_x_row,
     stride_dx_row,
@@ -251,17 +248,15 @@ def _rms_norm_bwd_looped_kernel(
     FP64: tl.constexpr,
     BLOCK_N: tl.constexpr,
 ):
-    # Looped backward, step 2: program (m, n) owns a chunk of rows and the column
-    # block n; it writes dx there and keeps its dw share in registers.
+    # Looped backward, step 2: program (m, n) takes rows m, m + M, m + 2M, ... of the
+    # column block n; it writes dx there and keeps its dw share in registers.
     pid_m = tl.program_id(0)
     cols = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
     col_mask = cols < n_cols
     if HAS_WEIGHT:
         w = _to_acc(tl.load(W + cols, mask=col_mask, other=0.0), FP64)
     dw_acc = _to_acc(tl.zeros([BLOCK_N], dtype=tl.float32), FP64)
-    row_begin = pid_m.to(tl.int64) * rows_per_program
-    row_end = tl.minimum(row_begin + rows_per_program, n_rows)
-    for row in range(row_begin, row_end):
+    for row in range(pid_m.to(tl.int64), n_rows, tl.num_programs(0)):
         x = _to_acc(tl.load(X + row * stride_x_row + cols, mask=col_mask, other=0.0), FP64)
         dy = _to_acc(tl.load(DY + row * stride_dy_row + cols, mask=col_mask, other=0.0), FP64)
         rstd = tl.load(RSTD + row)
@@ -317,13 +312,26 @@ def _bwd_tile(n_cols: int) -> tuple[int, int, int]:
     return block_m, block_n, num_warps
 
 
-def _num_persistent_programs(device: torch.device, num_warps: int) -> int:
-    """Programs of the persistent backward: as many as fit on the GPU at once."""
-    if device.type == "cuda":
-        sm_count = torch.cuda.get_device_properties(device).multi_processor_count
-        # 64 registers a thread (see _bwd_tile): an SM's 65536 registers hold 32 warps.
-        return sm_count * max(1, 32 // num_warps)
-    return 4  # the interpreter: a few programs, to exercise the partial reduction
+def _num_persistent_programs(
+    device: torch.device, num_warps: int, work_items: Any = None, programs: Optional[int] = None
+) -> int:
+    """Programs of the persistent backward: as many as fit on the GPU at once, fewer when
+    there are fewer work items (row tiles) than that.
+
+    The count is a plain int even when torch.compile traces with a symbolic row count
+    (then it is not capped): the [programs, H] partials and their reduction get a static
+    shape instead of a nest of symbolic ceil-divisions.
+    """
+    if programs is None:
+        if device.type == "cuda":
+            sm_count = torch.cuda.get_device_properties(device).multi_processor_count
+            # 64 registers a thread (see _bwd_tile): an SM's 65536 registers hold 32 warps.
+            programs = sm_count * max(1, 32 // num_warps)
+        else:
+            programs = 4  # the interpreter: a few programs, to exercise the reduction
+    if isinstance(work_items, int):
+        programs = max(1, min(programs, work_items))
+    return programs
 
 
 def _check_inputs(op: str, x: torch.Tensor, weight: Optional[torch.Tensor]) -> None:
@@ -391,6 +399,13 @@ def _define_op(name: str):  # type: ignore[no-untyped-def]
     return register
 
 
+def _static(size: Any) -> int:
+    """A size as a plain int. The hidden size picks the kernels' block shapes (constexprs),
+    so under torch.compile with dynamic shapes it is specialised (guarded) rather than
+    carried symbolically; leading dims stay dynamic."""
+    return int(size)
+
+
 def _as_rows(t: torch.Tensor, n_cols: int) -> torch.Tensor:
     """t as a 2-d (rows, n_cols) tensor with unit column stride (a view where possible)."""
     rows = t.reshape(-1, n_cols)
@@ -415,8 +430,8 @@ def _rms_norm_triton(x: torch.Tensor, weight: Optional[torch.Tensor], eps: float
     w = weight.reshape(-1).contiguous() if weight is not None else None
     has_weight = w is not None
     fp64 = x.dtype == torch.float64
-    if triton.next_power_of_2(n_cols) <= MAX_FUSED_FWD_BLOCK:
-        block_m, block_n, num_warps = _fwd_tile(n_cols)
+    if triton.next_power_of_2(_static(n_cols)) <= MAX_FUSED_FWD_BLOCK:
+        block_m, block_n, num_warps = _fwd_tile(_static(n_cols))
         _launch(
             _rms_norm_fwd_kernel,
             (triton.cdiv(n_rows, block_m),),
@@ -482,13 +497,9 @@ def _rms_norm_triton_backward(
     fp64 = x.dtype == torch.float64
     acc_dtype = torch.float64 if fp64 else torch.float32
 
-    if triton.next_power_of_2(n_cols) <= MAX_FUSED_BWD_BLOCK:
-        block_m, block_n, num_warps = _bwd_tile(n_cols)
-        programs = _num_persistent_programs(x.device, num_warps)
-        # Whole tiles per program, and no program without rows.
-        tiles = triton.cdiv(n_rows, block_m)
-        rows_per_program = triton.cdiv(tiles, min(programs, tiles)) * block_m
-        programs = triton.cdiv(n_rows, rows_per_program)
+    if triton.next_power_of_2(_static(n_cols)) <= MAX_FUSED_BWD_BLOCK:
+        block_m, block_n, num_warps = _bwd_tile(_static(n_cols))
+        programs = _num_persistent_programs(x.device, num_warps, triton.cdiv(n_rows, block_m))
         dw_partial = torch.empty(
             (programs, n_cols) if has_weight else (0,), dtype=acc_dtype, device=x.device
         )
@@ -502,7 +513,6 @@ def _rms_norm_triton_backward(
             dw_partial if has_weight else dx2,  # never written when HAS_WEIGHT is False
             n_rows,
             n_cols,
-            rows_per_program,
             dy2.stride(0),
             x2.stride(0),
             dx2.stride(0),
@@ -534,11 +544,9 @@ def _rms_norm_triton_backward(
             num_warps=16,
         )
         col_blocks = triton.cdiv(n_cols, LOOPED_BLOCK)
-        # About two programs an SM in all, each (row chunk, column block) one of them.
-        programs = _num_persistent_programs(x.device, 32)
-        programs = min(n_rows, max(1, triton.cdiv(2 * programs, col_blocks)))
-        rows_per_program = triton.cdiv(n_rows, programs)
-        programs = triton.cdiv(n_rows, rows_per_program)
+        # About two programs an SM in all, each (row set, column block) one of them.
+        programs = max(1, triton.cdiv(2 * _num_persistent_programs(x.device, 32), col_blocks))
+        programs = _num_persistent_programs(x.device, 32, n_rows, programs)
         dw_partial = torch.empty(
             (programs, n_cols) if has_weight else (0,), dtype=acc_dtype, device=x.device
         )
@@ -554,7 +562,6 @@ def _rms_norm_triton_backward(
             dw_partial if has_weight else dx2,
             n_rows,
             n_cols,
-            rows_per_program,
             dy2.stride(0),
             x2.stride(0),
             dx2.stride(0),

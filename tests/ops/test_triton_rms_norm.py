@@ -1,0 +1,301 @@
+"""The Triton RMSNorm (hotloop.triton_rms_norm): correctness, opcheck, gradcheck, compile.
+
+GPU tests carry the `gpu` marker and skip without CUDA. Without a GPU the kernels still
+run, in Triton's interpreter: `test_kernels_in_triton_interpreter` starts a Python with
+TRITON_INTERPRET=1 (Triton reads it when the kernels are defined, so it can't be
+switched on inside this process) and runs the same checks there on CPU tensors.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+pytest.importorskip("triton", reason="Triton ships with CUDA builds of torch only")
+
+import hotloop
+from hotloop import triton_rms_norm
+
+requires_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+
+DTYPES = [torch.float16, torch.bfloat16, torch.float32, torch.float64]
+# Error allowed against a float64 reference, relative to the reference's largest value
+# (or to 1 where that is smaller: gradients that cancel to ~0, as for H = 1, keep the
+# absolute error of the float32 arithmetic): one rounding of the output dtype, with margin.
+TOLERANCE = {torch.float16: 2e-3, torch.bfloat16: 1.6e-2, torch.float32: 2e-5, torch.float64: 1e-10}
+# Every kernel path: one element, odd sizes, narrow rows packed several to a program,
+# one under and one over a power of two, the widest register-resident forward and
+# backward rows (8192, 16384) and rows wider than both (looped kernels).
+HIDDEN_SIZES = [1, 7, 64, 1000, 4095, 8192, 8193, 16384, 20000]
+
+
+def sample_inputs(
+    device: str, dtype: torch.dtype, requires_grad: bool = False
+) -> list[tuple[torch.Tensor, torch.Tensor | None, float]]:
+    def make(*shape: int) -> torch.Tensor:
+        return torch.randn(*shape, device=device, dtype=torch.float64).to(dtype)
+
+    samples = [(make(5, h), make(h) * 0.5 + 1, 1e-6) for h in HIDDEN_SIZES]
+    samples += [
+        (make(2, 3, 5, 40), make(40), 1e-5),  # several leading dims
+        (make(300, 24), make(24), 1e-6),  # many programs of several rows each
+        (make(10), None, 1e-6),  # one dimension, no weight
+        (make(4, 9000), None, 1e-6),  # looped kernels without weight
+        (make(40, 6).t(), make(40), 1e-3),  # non-contiguous rows (a transpose)
+        (make(4, 96)[:, ::2], None, 1e-6),  # strided last dim
+        (make(6, 100)[1:5, :33], make(33), 1e-6),  # a row stride other than H
+    ]
+    return [
+        (x.requires_grad_(requires_grad), w if w is None else w.requires_grad_(requires_grad), e)
+        for x, w, e in samples
+    ]
+
+
+def reference(x: torch.Tensor, weight: torch.Tensor | None, eps: float) -> torch.Tensor:
+    """RMSNorm in float64 (differentiable)."""
+    x64 = x.double()
+    y = x64 * torch.rsqrt(x64.pow(2).mean(-1, keepdim=True) + eps)
+    return y if weight is None else y * weight.double()
+
+
+def assert_near(got: torch.Tensor, ref: torch.Tensor, dtype: torch.dtype, what: str) -> None:
+    assert got.shape == ref.shape, what
+    assert torch.isfinite(got).all(), f"{what}: non-finite values"
+    if ref.numel() == 0:
+        return
+    scale = max(ref.abs().max().item(), 1.0)
+    err = (got.double() - ref).abs().max().item() / scale
+    assert err <= TOLERANCE[dtype], f"{what}: max error {err:.3g} of max |ref| ({dtype})"
+
+
+# ------------------------------------------------------------------------------ GPU
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.gpu
+@requires_cuda
+def test_forward_matches_reference(dtype: torch.dtype) -> None:
+    for x, weight, eps in sample_inputs("cuda", dtype):
+        out = triton_rms_norm.rms_norm(x, weight, eps)
+        assert out.dtype == x.dtype
+        assert_near(out, reference(x, weight, eps), dtype, f"y of {tuple(x.shape)}")
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.gpu
+@requires_cuda
+def test_backward_matches_reference(dtype: torch.dtype) -> None:
+    for x, weight, eps in sample_inputs("cuda", dtype, requires_grad=True):
+        inputs = (x,) if weight is None else (x, weight)
+        out = triton_rms_norm.rms_norm(x, weight, eps)
+        grad_out = torch.randn_like(out)
+        got = torch.autograd.grad(out, inputs, grad_out)
+        expected = torch.autograd.grad(reference(x, weight, eps), inputs, grad_out.double())
+        for name, g, e in zip(("grad_x", "grad_weight"), got, expected):
+            assert g.dtype == dtype
+            assert_near(g, e, dtype, f"{name} of {tuple(x.shape)}")
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+@pytest.mark.gpu
+@requires_cuda
+def test_matches_torch_and_the_cuda_backend(dtype: torch.dtype) -> None:
+    x = torch.randn(8, 128, 4096, device="cuda", dtype=dtype)
+    weight = torch.rand(4096, device="cuda", dtype=dtype)
+    out = hotloop.rms_norm(x, weight, backend="triton")  # eps=None: finfo(dtype).eps
+    tol = {"atol": 2e-2, "rtol": 2e-2} if dtype == torch.bfloat16 else {"atol": 1e-5, "rtol": 1e-5}
+    torch.testing.assert_close(out, F.rms_norm(x, (4096,), weight), **tol)
+    torch.testing.assert_close(out, hotloop.rms_norm(x, weight, backend="cuda"), **tol)
+
+
+@pytest.mark.gpu
+@requires_cuda
+def test_weight_gradient_over_many_rows() -> None:
+    # Many more rows than persistent programs: every program reduces a long chunk.
+    x = torch.randn(65536, 512, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+    weight = torch.randn(512, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+    grad_out = torch.randn_like(x)
+    got = torch.autograd.grad(triton_rms_norm.rms_norm(x, weight, 1e-6), weight, grad_out)[0]
+    expected = torch.autograd.grad(reference(x, weight, 1e-6), weight, grad_out.double())[0]
+    assert_near(got, expected, torch.bfloat16, "grad_weight")
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+@pytest.mark.gpu
+@requires_cuda
+def test_opcheck(dtype: torch.dtype) -> None:
+    for x, weight, eps in sample_inputs("cuda", dtype, requires_grad=True):
+        torch.library.opcheck(torch.ops.hotloop.rms_norm_triton.default, (x, weight, eps))
+        grad_out = torch.randn_like(x.detach())
+        args = (grad_out, x.detach(), None if weight is None else weight.detach(), eps)
+        torch.library.opcheck(torch.ops.hotloop.rms_norm_triton_backward.default, args)
+
+
+@pytest.mark.gpu
+@requires_cuda
+def test_gradcheck() -> None:
+    for h in (1, 7, 33, 20000):
+        rows = 2 if h > 1000 else 4
+        x = torch.randn(rows, h, device="cuda", dtype=torch.float64, requires_grad=True)
+        weight = torch.randn(h, device="cuda", dtype=torch.float64, requires_grad=True)
+        torch.autograd.gradcheck(
+            lambda a, b: triton_rms_norm.rms_norm(a, b, 1e-6), (x, weight), fast_mode=h > 1000
+        )
+        torch.autograd.gradcheck(lambda a: triton_rms_norm.rms_norm(a, None, 1e-6), (x,))
+
+
+@pytest.mark.gpu
+@requires_cuda
+def test_compile_traces_into_the_kernels() -> None:
+    from torch._inductor.utils import run_and_get_code
+
+    torch._dynamo.reset()
+
+    def block(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+        return triton_rms_norm.rms_norm(x * 2, weight, 1e-6) + 1
+
+    x = torch.randn(4, 16, 256, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+    weight = torch.randn(256, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+    explained = torch._dynamo.explain(block)(x, weight)
+    assert explained.graph_break_count == 0, explained.break_reasons
+
+    compiled = torch.compile(block, fullgraph=True, dynamic=True)
+    out, codes = run_and_get_code(compiled, x, weight)
+    # Inductor launched the user kernel itself: the op was decomposed, not called opaquely.
+    assert any("_rms_norm_fwd_kernel" in code for code in codes)
+    torch.testing.assert_close(out, block(x, weight), atol=2e-2, rtol=2e-2)
+
+    grad_out = torch.randn_like(out)
+    got = torch.autograd.grad(out, (x, weight), grad_out)
+    expected = torch.autograd.grad(block(x, weight), (x, weight), grad_out)
+    for g, e in zip(got, expected):
+        torch.testing.assert_close(g, e, atol=5e-2, rtol=2e-2)
+
+    # Other leading sizes reuse the dynamic graph.
+    for shape in [(3, 7, 256), (1, 1, 256)]:
+        x2 = torch.randn(shape, device="cuda", dtype=torch.bfloat16)
+        torch.testing.assert_close(compiled(x2, weight), block(x2, weight), atol=2e-2, rtol=2e-2)
+
+
+@pytest.mark.gpu
+@requires_cuda
+def test_empty_inputs() -> None:
+    x = torch.randn(0, 16, device="cuda", requires_grad=True)
+    weight = torch.randn(16, device="cuda", requires_grad=True)
+    out = triton_rms_norm.rms_norm(x, weight, 1e-6)
+    assert out.shape == (0, 16)
+    grad_x, grad_w = torch.autograd.grad(out, (x, weight), torch.randn_like(out))
+    assert grad_x.shape == (0, 16)
+    assert torch.equal(grad_w, torch.zeros_like(weight))
+
+
+@pytest.mark.gpu
+@requires_cuda
+def test_bad_inputs() -> None:
+    x = torch.randn(4, 16, device="cuda")
+    with pytest.raises(ValueError, match="weight has 15 elements but x's last dim is 16"):
+        triton_rms_norm.rms_norm(x, torch.randn(15, device="cuda"), 1e-6)
+    with pytest.raises(ValueError, match=r"x is torch.float32 but weight is torch.float16"):
+        triton_rms_norm.rms_norm(x, torch.randn(16, device="cuda", dtype=torch.float16), 1e-6)
+    with pytest.raises(ValueError, match="but weight is on cpu"):
+        triton_rms_norm.rms_norm(x, torch.randn(16), 1e-6)
+    with pytest.raises(ValueError, match="expected a floating-point tensor"):
+        triton_rms_norm.rms_norm(torch.ones(4, 16, device="cuda", dtype=torch.int32), None, 1e-6)
+    with pytest.raises(ValueError, match="0-dim"):
+        triton_rms_norm.rms_norm(torch.tensor(1.0, device="cuda"), None, 1e-6)
+
+
+# ------------------------------------------------------------------------------ CPU
+
+
+@pytest.mark.skipif(triton_rms_norm.interpreting(), reason="TRITON_INTERPRET runs CPU tensors")
+def test_cpu_tensor_is_refused() -> None:
+    with pytest.raises(ValueError, match=r"x is on cpu; the Triton kernels need a CUDA tensor"):
+        triton_rms_norm.rms_norm(torch.randn(2, 8), None, 1e-6)
+
+
+# Runs in a fresh Python with TRITON_INTERPRET=1, on CPU tensors. Kept to small shapes
+# (the interpreter runs each program in NumPy), but every kernel path is exercised.
+INTERPRETER_SCRIPT = textwrap.dedent(
+    """
+    import torch
+    import hotloop
+    from hotloop import triton_rms_norm as trn
+
+    assert trn.interpreting()
+    torch.manual_seed(0)
+    TOL = {torch.bfloat16: 1.6e-2, torch.float32: 2e-5, torch.float64: 1e-10}
+
+    def reference(x, w, eps):
+        x64 = x.double()
+        y = x64 * torch.rsqrt(x64.pow(2).mean(-1, keepdim=True) + eps)
+        return y if w is None else y * w.double()
+
+    def near(got, ref, dtype, what):
+        err = (got.double() - ref).abs().max().item() / max(ref.abs().max().item(), 1.0)
+        assert err <= TOL[dtype], f"{what}: error {err:.3g}"
+
+    cases = [((3, 1), True), ((2, 3, 7), True), ((40, 24), True), ((3, 4095), False),
+             ((2, 8193), True), ((2, 20000), True), ((2, 20000), False)]
+    for dtype in (torch.bfloat16, torch.float32, torch.float64):
+        for shape, with_weight in cases:
+            x = torch.randn(shape, dtype=dtype, requires_grad=True)
+            w = torch.randn(shape[-1], dtype=dtype, requires_grad=True) if with_weight else None
+            y = trn.rms_norm(x, w, 1e-6)
+            near(y, reference(x, w, 1e-6), dtype, f"y {dtype} {shape}")
+            dy = torch.randn_like(y)
+            inputs = (x,) if w is None else (x, w)
+            got = torch.autograd.grad(y, inputs, dy)
+            ref = torch.autograd.grad(reference(x, w, 1e-6), inputs, dy.double())
+            for g, r in zip(got, ref):
+                near(g, r, dtype, f"grad {dtype} {shape}")
+
+    # Non-contiguous input, and the Python API's backend switch.
+    x = torch.randn(24, 10, dtype=torch.float32).t()
+    near(hotloop.rms_norm(x, None, 1e-6, backend="triton"), reference(x, None, 1e-6),
+         torch.float32, "transposed")
+
+    x = torch.randn(3, 5, 7, requires_grad=True)
+    w = torch.randn(7, requires_grad=True)
+    torch.library.opcheck(torch.ops.hotloop.rms_norm_triton.default, (x, w, 1e-6))
+    torch.library.opcheck(torch.ops.hotloop.rms_norm_triton.default, (x, None, 1e-6))
+    torch.library.opcheck(torch.ops.hotloop.rms_norm_triton_backward.default,
+                          (torch.randn(3, 5, 7), x.detach(), w.detach(), 1e-6))
+
+    xd = torch.randn(3, 9, dtype=torch.float64, requires_grad=True)
+    wd = torch.randn(9, dtype=torch.float64, requires_grad=True)
+    assert torch.autograd.gradcheck(lambda a, b: trn.rms_norm(a, b, 1e-6), (xd, wd))
+
+    explained = torch._dynamo.explain(lambda a, b: trn.rms_norm(a, b, 1e-6) * 2)(x, w)
+    assert explained.graph_break_count == 0, explained.break_reasons
+    print("interpreter checks passed")
+    """
+)
+
+
+def test_kernels_in_triton_interpreter(tmp_path: Path) -> None:
+    script = tmp_path / "interpret_rms_norm.py"
+    script.write_text(INTERPRETER_SCRIPT)
+    # The child imports hotloop from wherever this process did (source tree or wheel).
+    hotloop_root = str(Path(hotloop.__file__).resolve().parent.parent)
+    env = dict(os.environ, TRITON_INTERPRET="1", CUDA_VISIBLE_DEVICES="")
+    env["PYTHONPATH"] = os.pathsep.join([hotloop_root, env.get("PYTHONPATH", "")]).rstrip(
+        os.pathsep
+    )
+    proc = subprocess.run(
+        [sys.executable, str(script)],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
+    assert proc.returncode == 0, f"stdout:\n{proc.stdout}\nstderr:\n{proc.stderr[-6000:]}"
+    assert "interpreter checks passed" in proc.stdout
