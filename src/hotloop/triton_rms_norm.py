@@ -30,7 +30,7 @@ run through the interpreter so that the kernels can be tested on a machine witho
 This module imports on a machine without a GPU; kernels compile at their first call.
 """
 
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 import torch
 import triton
@@ -368,7 +368,7 @@ def _check_inputs(op: str, x: torch.Tensor, weight: Optional[torch.Tensor]) -> N
             )
 
 
-def _launch(kernel, grid: tuple, *args, **kwargs) -> None:  # type: ignore[no-untyped-def]
+def _launch(kernel: Any, grid: tuple[Any, ...], *args: Any, **kwargs: Any) -> None:
     """Launch a kernel so that torch.compile sees it (``wrap_triton``).
 
     Under the interpreter, ``wrap_triton`` hands the kernel back unwrapped, so the ops are
@@ -385,11 +385,11 @@ def _launch(kernel, grid: tuple, *args, **kwargs) -> None:  # type: ignore[no-un
         torch.library.wrap_triton(kernel)[grid](*args, **kwargs)
 
 
-def _define_op(name: str):  # type: ignore[no-untyped-def]
+def _define_op(name: str) -> Callable[[Callable[..., Any]], Any]:
     """``torch.library.triton_op``, or under the interpreter a custom op with the same
     body as its fake kernel (``wrap_triton`` can't trace interpreted kernels)."""
 
-    def register(fn):  # type: ignore[no-untyped-def]
+    def register(fn: Callable[..., Any]) -> Any:
         if not _INTERPRETING:
             return torch.library.triton_op(name, mutates_args=())(fn)
         op = torch.library.custom_op(name, mutates_args=())(fn)
@@ -575,13 +575,13 @@ def _rms_norm_triton_backward(
     return grad_x, grad_weight
 
 
-def _setup_context(ctx, inputs, output):  # type: ignore[no-untyped-def]
+def _setup_context(ctx, inputs, output):
     x, weight, eps = inputs
     ctx.save_for_backward(x, weight)
     ctx.eps = eps
 
 
-def _backward(ctx, grad_out):  # type: ignore[no-untyped-def]
+def _backward(ctx, grad_out):
     x, weight = ctx.saved_tensors
     grad_x, grad_weight = torch.ops.hotloop.rms_norm_triton_backward(grad_out, x, weight, ctx.eps)
     return grad_x, (grad_weight if weight is not None else None), None
