@@ -1,0 +1,57 @@
+"""The build step's pure parts: the environment handed to setup.py, ninja timings, source copy."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from scripts import build
+
+
+def test_build_env_follows_the_setup_py_contract(tmp_path, monkeypatch, newest_row):
+    monkeypatch.setenv("HOTLOOP_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.setenv("CPATH", "/usr/local/cuda/include")  # never the system CUDA
+    site = tmp_path / "site"
+    (site / "nvidia/cu13/include").mkdir(parents=True)
+    env = build.build_env(
+        newest_row, tmp_path / "cuda", tmp_path / "sysroot", tmp_path / "ccache", site
+    )
+    assert env["HOTLOOP_CUDA"] == "1"
+    assert env["CUDA_HOME"] == str(tmp_path / "cuda")
+    assert env["TORCH_CUDA_ARCH_LIST"] == "8.0;8.6;8.9;9.0;10.0;12.0+PTX"
+    assert env["HOTLOOP_SYSROOT"] == str(tmp_path / "sysroot")
+    assert env["CPATH"] == str(site / "nvidia/cu13/include")
+    assert env["TORCH_NO_COMPILER_WRAPPER"] == "1"
+    assert env["SOURCE_DATE_EPOCH"].isdigit()
+    for name, tool in (("CC", "gcc"), ("CXX", "g++"), ("PYTORCH_NVCC", "nvcc")):
+        assert Path(env[name]).name == tool
+        assert "ccache" in Path(env[name]).read_text()
+    assert env["CCACHE_DIR"] == str(tmp_path / "cache" / "ccache")
+
+
+def test_compile_times_from_ninja_log(tmp_path):
+    log = tmp_path / "temp.linux" / ".ninja_log"
+    log.parent.mkdir()
+    log.write_text(
+        "# ninja log v7\n"
+        "0\t1500\t1\t/x/build/temp.linux/csrc/a/a_cuda.o\tabc\n"
+        "0\t900\t1\t/x/build/temp.linux/csrc/a/a_cuda.o\tabc\n"  # a rerun: the last entry wins
+        "10\t30\t1\t/x/build/temp.linux/csrc/hotloop.o\tdef\n"
+    )
+    assert build.compile_times(tmp_path) == {"csrc/a/a_cuda.o": 0.9, "csrc/hotloop.o": 0.02}
+
+
+def test_copy_sources_leaves_build_outputs_behind(tmp_path, monkeypatch):
+    repo = tmp_path / "repo"
+    (repo / "src/hotloop/__pycache__").mkdir(parents=True)
+    (repo / "src/hotloop/__init__.py").write_text("")
+    (repo / "src/hotloop/_build_info.py").write_text("stale")
+    (repo / "src/hotloop/_C.abi3.so").write_text("stale")
+    (repo / "csrc").mkdir()
+    (repo / "csrc/x.cpp").write_text("")
+    (repo / "setup.py").write_text("")
+    (repo / "README.md").write_text("# r\n")
+    monkeypatch.setattr(build, "REPO", repo)
+    dest = tmp_path / "copy"
+    build.copy_sources(dest)
+    files = sorted(str(p.relative_to(dest)) for p in dest.rglob("*") if p.is_file())
+    assert files == ["README.md", "csrc/x.cpp", "setup.py", "src/hotloop/__init__.py"]
