@@ -65,7 +65,10 @@ def _to_acc(v, FP64: tl.constexpr):
 
 @triton.jit
 def _rsqrt(v, FP64: tl.constexpr):
-    # tl.rsqrt is float32-only; float64 takes an IEEE sqrt and a division.
+    # tl.rsqrt is float32-only; float64 takes an IEEE sqrt and a division. The cast first:
+    # under torch.compile, Inductor may pass eps as a float64 scalar, which would promote
+    # everything downstream (and break loop-carried accumulators) in a float32 kernel.
+    v = _to_acc(v, FP64)
     if FP64:
         return 1.0 / tl.sqrt(v)
     else:
@@ -190,7 +193,7 @@ def _rms_norm_bwd_kernel(
             mask=mask,
         )
         if HAS_WEIGHT:
-            dw_acc += tl.sum(dy * x_hat, axis=0)
+            dw_acc += _to_acc(tl.sum(dy * x_hat, axis=0), FP64)
     if HAS_WEIGHT:
         tl.store(DW_PARTIAL + pid.to(tl.int64) * n_cols + cols, dw_acc, mask=col_mask)
 
@@ -268,7 +271,7 @@ def _rms_norm_bwd_looped_kernel(
         dx = rstd * g - coef * x
         tl.store(DX + row * stride_dx_row + cols, dx.to(DX.dtype.element_ty), mask=col_mask)
         if HAS_WEIGHT:
-            dw_acc += dy * x * rstd
+            dw_acc += _to_acc(dy * x * rstd, FP64)
     if HAS_WEIGHT:
         tl.store(DW_PARTIAL + pid_m.to(tl.int64) * n_cols + cols, dw_acc, mask=col_mask)
 

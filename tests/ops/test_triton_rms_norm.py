@@ -148,7 +148,9 @@ def test_gradcheck() -> None:
         torch.autograd.gradcheck(
             lambda a, b: triton_rms_norm.rms_norm(a, b, 1e-6), (x, weight), fast_mode=h > 1000
         )
-        torch.autograd.gradcheck(lambda a: triton_rms_norm.rms_norm(a, None, 1e-6), (x,))
+        torch.autograd.gradcheck(
+            lambda a: triton_rms_norm.rms_norm(a, None, 1e-6), (x,), fast_mode=h > 1000
+        )
 
 
 @pytest.mark.gpu
@@ -280,6 +282,9 @@ INTERPRETER_SCRIPT = textwrap.dedent(
 )
 
 
+@pytest.mark.skipif(
+    torch.cuda.is_available(), reason="stands in for a GPU; the real kernels run on this one"
+)
 def test_kernels_in_triton_interpreter(tmp_path: Path) -> None:
     script = tmp_path / "interpret_rms_norm.py"
     script.write_text(INTERPRETER_SCRIPT)
