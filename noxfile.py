@@ -56,7 +56,9 @@ def tests(session: nox.Session) -> None:
     """
     row = matrix.select_rows(matrix.load_rows(), os.environ.get("HOTLOOP_TORCH") or None)[0]
     session.install(f"torch=={row.torch}", *BUILD_TOOLS, *TEST_TOOLS)
-    session.install("--no-build-isolation", "-e", ".[test]", env={"HOTLOOP_CUDA": "0", "MAX_JOBS": "2"})
+    session.install(
+        "--no-build-isolation", "-e", ".[test]", env={"HOTLOOP_CUDA": "0", "MAX_JOBS": "2"}
+    )
     session.run("pytest", "tests", *session.posargs)
 
 
