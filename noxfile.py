@@ -113,3 +113,14 @@ def publish(session: nox.Session) -> None:
 
     session.install(*publishing.TOOLS)
     session.run("python", "-m", "scripts.publish", *session.posargs)
+
+
+@nox.session(name="matrix", python=SESSION_PYTHON)
+def matrix_session(session: nox.Session) -> None:
+    """Compatibility matrix: every row's wheel x every Python, plus wrong-torch cells.
+
+    Writes docs/compatibility.md and .json. Options after ``--``: ``--torch 2.11`` (repeatable),
+    ``--python 3.12``, ``--jobs 2``, ``--deadline HH:MM`` (see ``python -m scripts.compat -h``).
+    """
+    session.install(*PIPELINE_TOOLS)
+    session.run("python", "-m", "scripts.compat", *session.posargs)
