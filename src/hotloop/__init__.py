@@ -14,4 +14,12 @@ from hotloop.modules import RMSNorm  # noqa: E402
 from hotloop.ops import fused_add_rms_norm, mul, muladd, rms_norm  # noqa: E402
 
 __version__: str = BUILD_INFO["version"]
-__all__ = ["BUILD_INFO", "RMSNorm", "__version__", "fused_add_rms_norm", "mul", "muladd", "rms_norm"]
+__all__ = [
+    "BUILD_INFO",
+    "RMSNorm",
+    "__version__",
+    "fused_add_rms_norm",
+    "mul",
+    "muladd",
+    "rms_norm",
+]

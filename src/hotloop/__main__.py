@@ -3,10 +3,9 @@
 from __future__ import annotations
 
 import sys
-from typing import Optional
 
 
-def kernel_for_capability(archs: list[str], capability: tuple[int, int]) -> Optional[str]:
+def kernel_for_capability(archs: list[str], capability: tuple[int, int]) -> str | None:
     """The compiled arch that runs on a GPU of this compute capability, or None.
 
     A cubin (sm_XY) runs on the same major with an equal or higher minor; PTX
@@ -36,7 +35,8 @@ def report() -> int:
     print(f"hotloop      {info['version']} from {hotloop.__file__}")
     print(f"built for    torch {info['torch_version']}, CUDA {info['cuda_version'] or 'none'}")
     print(f"archs        {' '.join(info['archs']) or 'none (CPU kernels only)'}")
-    print(f"C++11 ABI    {info['cxx11_abi']}   commit {info['git_commit'][:12]}   built {info['build_time']}")
+    print(f"C++11 ABI    {info['cxx11_abi']}")
+    print(f"commit       {info['git_commit'][:12]}, built {info['build_time']}")
 
     problems = []
     x = torch.randn(4, 8)

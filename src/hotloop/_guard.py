@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import importlib
 from types import ModuleType
-from typing import Any, Optional
+from typing import Any
 
 
 def torch_minor(version: str) -> str:
@@ -18,17 +18,17 @@ def torch_minor(version: str) -> str:
     return ".".join(version.split("+")[0].split(".")[:2])
 
 
-def cuda_major(version: Optional[str]) -> Optional[str]:
+def cuda_major(version: str | None) -> str | None:
     return version.split(".")[0] if version else None
 
 
-def variant_label(torch_version: str, cuda_version: Optional[str]) -> str:
+def variant_label(torch_version: str, cuda_version: str | None) -> str:
     """The wheel's local version label for a torch: 'pt211cu130' or 'pt211cpu'."""
     minor = torch_minor(torch_version).replace(".", "")
     return f"pt{minor}cu{cuda_version.replace('.', '')}" if cuda_version else f"pt{minor}cpu"
 
 
-def install_hint(build_info: dict[str, Any], torch_version: str, torch_cuda: Optional[str]) -> str:
+def install_hint(build_info: dict[str, Any], torch_version: str, torch_cuda: str | None) -> str:
     base = build_info["version"].split("+")[0]
     wanted = f"hotloop=={base}+{variant_label(torch_version, torch_cuda)}"
     built_for = f"torch=={build_info['torch_minor']}.*"
@@ -40,8 +40,8 @@ def install_hint(build_info: dict[str, Any], torch_version: str, torch_cuda: Opt
 
 
 def find_mismatch(
-    build_info: dict[str, Any], torch_version: str, torch_cuda: Optional[str]
-) -> Optional[str]:
+    build_info: dict[str, Any], torch_version: str, torch_cuda: str | None
+) -> str | None:
     """Why this build can't load into the given torch, or None when it can."""
     built = f"hotloop {build_info['version']} was built for torch {build_info['torch_version']}"
     running = f"this environment has torch {torch_version}"

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from typing import Optional, Union
-
 import torch
 from torch import Tensor, nn
 
@@ -19,15 +17,17 @@ class RMSNorm(nn.Module):
 
     def __init__(
         self,
-        normalized_shape: Union[int, tuple[int, ...], list[int], torch.Size],
-        eps: Optional[float] = None,
+        normalized_shape: int | tuple[int, ...] | list[int] | torch.Size,
+        eps: float | None = None,
         elementwise_affine: bool = True,
-        device: Optional[torch.device] = None,
-        dtype: Optional[torch.dtype] = None,
-        backend: Optional[str] = None,
+        device: torch.device | None = None,
+        dtype: torch.dtype | None = None,
+        backend: str | None = None,
     ) -> None:
         super().__init__()
-        shape = (normalized_shape,) if isinstance(normalized_shape, int) else tuple(normalized_shape)
+        shape = (
+            (normalized_shape,) if isinstance(normalized_shape, int) else tuple(normalized_shape)
+        )
         if len(shape) != 1:
             raise ValueError(
                 f"hotloop.RMSNorm normalises over the last dimension only: normalized_shape must "
@@ -43,7 +43,7 @@ class RMSNorm(nn.Module):
             self.register_parameter("weight", None)
 
     @classmethod
-    def from_module(cls, module: nn.Module, backend: Optional[str] = None) -> RMSNorm:
+    def from_module(cls, module: nn.Module, backend: str | None = None) -> RMSNorm:
         """A hotloop.RMSNorm with the weight and eps of ``module`` (shared, not copied)."""
         weight = getattr(module, "weight", None)
         eps = getattr(module, "eps", getattr(module, "variance_epsilon", None))

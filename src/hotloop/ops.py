@@ -7,7 +7,7 @@ torch.export trace the ops without running them, and backward formulas.
 
 from __future__ import annotations
 
-from typing import Any, Optional
+from typing import Any
 
 import torch
 from torch import Tensor
@@ -16,7 +16,7 @@ try:
     from hotloop import triton_rms_norm
 except ImportError as err:  # Triton ships with CUDA builds of torch only
     triton_rms_norm = None
-    _TRITON_MISSING: Optional[ImportError] = err
+    _TRITON_MISSING: ImportError | None = err
 
 __all__ = ["fused_add_rms_norm", "mul", "muladd", "rms_norm"]
 
@@ -44,7 +44,7 @@ def _check_floating(name: str, x: Tensor) -> None:
         )
 
 
-def _pick_backend(x: Tensor, backend: Optional[str]) -> str:
+def _pick_backend(x: Tensor, backend: str | None) -> str:
     if backend is not None and backend not in BACKENDS:
         raise ValueError(f"rms_norm: backend must be one of {BACKENDS} or None, got {backend!r}")
     if backend is None:
@@ -59,9 +59,9 @@ def _pick_backend(x: Tensor, backend: Optional[str]) -> str:
 
 def rms_norm(
     x: Tensor,
-    weight: Optional[Tensor] = None,
-    eps: Optional[float] = None,
-    backend: Optional[str] = None,
+    weight: Tensor | None = None,
+    eps: float | None = None,
+    backend: str | None = None,
 ) -> Tensor:
     """RMSNorm over the last dimension, as ``torch.nn.functional.rms_norm(x, (H,), weight, eps)``.
 
@@ -110,13 +110,13 @@ def _mul_fake(a: Tensor, b: Tensor) -> Tensor:
 
 
 @torch.library.register_fake("hotloop::rms_norm")
-def _rms_norm_fake(x: Tensor, weight: Optional[Tensor], eps: float) -> Tensor:
+def _rms_norm_fake(x: Tensor, weight: Tensor | None, eps: float) -> Tensor:
     return torch.empty(x.shape, dtype=x.dtype, device=x.device)
 
 
 @torch.library.register_fake("hotloop::rms_norm_backward")
 def _rms_norm_backward_fake(
-    grad_out: Tensor, x: Tensor, weight: Optional[Tensor], eps: float
+    grad_out: Tensor, x: Tensor, weight: Tensor | None, eps: float
 ) -> tuple[Tensor, Tensor]:
     grad_x = torch.empty(x.shape, dtype=x.dtype, device=x.device)
     if weight is None:
@@ -134,14 +134,14 @@ def _save_ab(ctx: Any, inputs: tuple[Any, ...], output: Tensor) -> None:
     ctx.save_for_backward(a, b)
 
 
-def _mul_backward(ctx: Any, grad: Tensor) -> tuple[Optional[Tensor], Optional[Tensor]]:
+def _mul_backward(ctx: Any, grad: Tensor) -> tuple[Tensor | None, Tensor | None]:
     a, b = ctx.saved_tensors
     grad_a = mul(grad, b) if ctx.needs_input_grad[0] else None
     grad_b = mul(grad, a) if ctx.needs_input_grad[1] else None
     return grad_a, grad_b
 
 
-def _muladd_backward(ctx: Any, grad: Tensor) -> tuple[Optional[Tensor], Optional[Tensor], None]:
+def _muladd_backward(ctx: Any, grad: Tensor) -> tuple[Tensor | None, Tensor | None, None]:
     return (*_mul_backward(ctx, grad), None)
 
 
@@ -151,7 +151,7 @@ def _rms_norm_setup(ctx: Any, inputs: tuple[Any, ...], output: Tensor) -> None:
     ctx.eps = eps
 
 
-def _rms_norm_backward(ctx: Any, grad: Tensor) -> tuple[Tensor, Optional[Tensor], None]:
+def _rms_norm_backward(ctx: Any, grad: Tensor) -> tuple[Tensor, Tensor | None, None]:
     x, weight = ctx.saved_tensors
     grad_x, grad_weight = torch.ops.hotloop.rms_norm_backward.default(grad, x, weight, ctx.eps)
     return grad_x, (grad_weight if weight is not None else None), None

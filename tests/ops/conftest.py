@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 import torch
+from op_testing import DEVICES
 
 import hotloop
-from op_testing import DEVICES
 
 REPO_SRC = Path(__file__).resolve().parents[2] / "src"
 

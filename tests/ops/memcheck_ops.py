@@ -16,7 +16,9 @@ import hotloop
 
 
 def check(name: str, got: torch.Tensor, expected: torch.Tensor, tol: float) -> bool:
-    err = ((got.double() - expected.double()).norm() / expected.double().norm().clamp_min(1e-30)).item()
+    err = (
+        (got.double() - expected.double()).norm() / expected.double().norm().clamp_min(1e-30)
+    ).item()
     ok = err < tol
     print(f"{'ok ' if ok else 'BAD'} {name}: relative error {err:.2e}")
     return ok
@@ -25,31 +27,58 @@ def check(name: str, got: torch.Tensor, expected: torch.Tensor, tol: float) -> b
 def main() -> int:
     ok = True
     for dtype, tol in ((torch.float32, 1e-5), (torch.bfloat16, 2e-2), (torch.float16, 4e-3)):
-        for rows, hidden in ((1, 1), (3, 7), (5, 1000), (2, 4095), (3, 4096), (2, 8193), (1, 16384)):
+        for rows, hidden in (
+            (1, 1),
+            (3, 7),
+            (5, 1000),
+            (2, 4095),
+            (3, 4096),
+            (2, 8193),
+            (1, 16384),
+        ):
             x = torch.randn(rows, hidden, device="cuda", dtype=dtype, requires_grad=True)
             w = torch.rand(hidden, device="cuda", dtype=dtype, requires_grad=True)
             tag = f"{dtype}-{rows}x{hidden}"
             for backend in ("cuda", "triton"):
                 x.grad = w.grad = None
                 y = hotloop.rms_norm(x, w, 1e-6, backend=backend)
-                ok &= check(f"rms_norm[{backend}] {tag}", y, F.rms_norm(x.double(), (hidden,), w.double(), 1e-6), tol)
+                ok &= check(
+                    f"rms_norm[{backend}] {tag}",
+                    y,
+                    F.rms_norm(x.double(), (hidden,), w.double(), 1e-6),
+                    tol,
+                )
                 dy = torch.randn_like(y)
                 y.backward(dy)
                 x_ref = x.detach().double().requires_grad_()
                 w_ref = w.detach().double().requires_grad_()
                 F.rms_norm(x_ref, (hidden,), w_ref, 1e-6).backward(dy.double())
                 if hidden > 1:  # at H=1, dx is eps-sized: float32 cancellation, not a bug
-                    ok &= check(f"rms_norm backward dx[{backend}] {tag}", x.grad, x_ref.grad, 4 * tol)
+                    ok &= check(
+                        f"rms_norm backward dx[{backend}] {tag}", x.grad, x_ref.grad, 4 * tol
+                    )
                 ok &= check(f"rms_norm backward dw[{backend}] {tag}", w.grad, w_ref.grad, 4 * tol)
             xs = x.detach()[:, 1:] if hidden > 1 else x.detach()  # unaligned rows
-            ok &= check(f"rms_norm unaligned {tag}", hotloop.rms_norm(xs, None, 1e-6), F.rms_norm(xs.double(), (xs.shape[-1],), None, 1e-6), tol)
+            ok &= check(
+                f"rms_norm unaligned {tag}",
+                hotloop.rms_norm(xs, None, 1e-6),
+                F.rms_norm(xs.double(), (xs.shape[-1],), None, 1e-6),
+                tol,
+            )
             a = x.detach().clone()
             residual = torch.randn_like(a)
             summed = a.double() + residual.double()
             hotloop.fused_add_rms_norm(a, residual, w.detach(), 1e-6)
-            ok &= check(f"fused_add_rms_norm {tag}", a, F.rms_norm(summed, (hidden,), w.detach().double(), 1e-6), 2 * tol)
+            ok &= check(
+                f"fused_add_rms_norm {tag}",
+                a,
+                F.rms_norm(summed, (hidden,), w.detach().double(), 1e-6),
+                2 * tol,
+            )
             b = torch.randn_like(a)
-            ok &= check(f"muladd {tag}", hotloop.muladd(a, b, 0.5), a.double() * b.double() + 0.5, tol)
+            ok &= check(
+                f"muladd {tag}", hotloop.muladd(a, b, 0.5), a.double() * b.double() + 0.5, tol
+            )
     torch.cuda.synchronize()
     return 0 if ok else 1
 

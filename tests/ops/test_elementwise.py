@@ -32,8 +32,12 @@ def muladd_reference(a: torch.Tensor, b: torch.Tensor, c: float) -> torch.Tensor
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_muladd_and_mul_match_reference(device: str, dtype: torch.dtype) -> None:
     for a, b, c in sample_inputs(device, dtype):
-        torch.testing.assert_close(hotloop.muladd(a, b, c), muladd_reference(a, b, c), **TOLERANCES[dtype])
-        torch.testing.assert_close(hotloop.mul(a, b), muladd_reference(a, b, 0.0), **TOLERANCES[dtype])
+        torch.testing.assert_close(
+            hotloop.muladd(a, b, c), muladd_reference(a, b, c), **TOLERANCES[dtype]
+        )
+        torch.testing.assert_close(
+            hotloop.mul(a, b), muladd_reference(a, b, 0.0), **TOLERANCES[dtype]
+        )
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
