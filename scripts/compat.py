@@ -653,46 +653,15 @@ def run_matrix(args: argparse.Namespace) -> dict[str, Any]:
         with lock:
             state.cells[interp.version] = cell
 
-    # Rows whose wheel exists or builds warm go first; their cells test while later rows build.
-    for state in sorted(states.values(), key=lambda s: build_order(s.row)):
-        row = state.row
-        plans = plan_row(row, args.python)
-        for plan in plans:
-            if plan.action != "test":
-                state.cells[plan.python] = {"status": plan.action, "reason": plan.reason}
-        if deadline.passed():
-            state.reason = "time (deadline reached before the build)"
-            for plan in plans:
-                if plan.action == "test":
-                    state.cells[plan.python] = {"status": NOT_RUN, "reason": "time"}
-            continue
-        obtain_wheel(state, store, extra_dirs, args.force_build)
-        if state.wheel is None:
-            status = NOT_BUILT if state.status == NOT_BUILT else FAIL
-            for plan in plans:
-                if plan.action == "test":
-                    state.cells[plan.python] = {"status": status, "reason": state.reason}
-            continue
-        state.wheel_sha256 = file_sha256(state.wheel)
-        state.build_info = read_build_info(state.wheel)
-        for plan in plans:
-            if plan.action != "test":
-                continue
-            interp = interps.get(plan.python)
-            if interp is None:
-                state.cells[plan.python] = {
-                    "status": FAIL,
-                    "reason": f"no Python {plan.python} interpreter found",
-                }
-                continue
-            futures.append(pool.submit(test_cell, state, interp))
-
     negatives: list[dict[str, Any]] = []
-    if not args.no_negatives:
-        by_torch = {s.row.torch: s for s in states.values()}
+    known = {r.torch for r in rows}
+
+    def submit_negatives(src: RowState) -> None:
+        """The wrong-torch cells of ``src``'s wheel, queued as soon as the wheel exists."""
+        if args.no_negatives:
+            return
         for pair in DEFAULT_NEGATIVES:
-            src = by_torch.get(pair.wheel_torch)
-            if src is None or pair.venv_torch not in {r.torch for r in rows}:
+            if pair.wheel_torch != src.row.torch or pair.venv_torch not in known:
                 continue
             if src.wheel is None:
                 negatives.append(
@@ -719,6 +688,44 @@ def run_matrix(args: argparse.Namespace) -> dict[str, Any]:
                     lock,
                 )
             )
+
+    # Rows whose wheel exists or builds warm go first; their cells test while later rows build.
+    for state in sorted(states.values(), key=lambda s: build_order(s.row)):
+        row = state.row
+        plans = plan_row(row, args.python)
+        for plan in plans:
+            if plan.action != "test":
+                state.cells[plan.python] = {"status": plan.action, "reason": plan.reason}
+        if deadline.passed():
+            state.reason = "time (deadline reached before the build)"
+            for plan in plans:
+                if plan.action == "test":
+                    state.cells[plan.python] = {"status": NOT_RUN, "reason": "time"}
+            submit_negatives(state)
+            continue
+        obtain_wheel(state, store, extra_dirs, args.force_build)
+        if state.wheel is None:
+            status = NOT_BUILT if state.status == NOT_BUILT else FAIL
+            for plan in plans:
+                if plan.action == "test":
+                    state.cells[plan.python] = {"status": status, "reason": state.reason}
+            submit_negatives(state)
+            continue
+        state.wheel_sha256 = file_sha256(state.wheel)
+        state.build_info = read_build_info(state.wheel)
+        for plan in plans:
+            if plan.action != "test":
+                continue
+            interp = interps.get(plan.python)
+            if interp is None:
+                state.cells[plan.python] = {
+                    "status": FAIL,
+                    "reason": f"no Python {plan.python} interpreter found",
+                }
+                continue
+            futures.append(pool.submit(test_cell, state, interp))
+        submit_negatives(state)
+
     for f in futures:
         f.result()
     pool.shutdown()
