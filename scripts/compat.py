@@ -547,8 +547,13 @@ def not_built_reason(exc: BaseException) -> str:
     return msg.splitlines()[0] if msg else type(exc).__name__
 
 
-def obtain_wheel(state: RowState, store: Path, extra_dirs: Sequence[Path], force: bool) -> None:
-    """Fill ``state.wheel``: reuse one built from the current sources, else build one."""
+def obtain_wheel(
+    state: RowState, store: Path, extra_dirs: Sequence[Path], force: bool, may_build: bool = True
+) -> None:
+    """Fill ``state.wheel``: reuse one built from the current sources, else build one.
+
+    ``may_build=False`` (past the deadline): reuse only; the row stays "not run".
+    """
     row = state.row
     digest = source_digest()
     if not force:
@@ -557,13 +562,16 @@ def obtain_wheel(state: RowState, store: Path, extra_dirs: Sequence[Path], force
             state.wheel, state.status, state.reason = choice.wheel, "reused", choice.why
             log(f"{row.variant}: {choice.why}")
             return
-        log(f"{row.variant}: building ({choice.why})")
+        log(f"{row.variant}: no reusable wheel ({choice.why})")
     try:
         toolchain.ensure_cuda_toolkit(row.cuda, row.toolkit)
     except toolchain.ToolkitError as exc:
         state.status, state.reason = NOT_BUILT, not_built_reason(exc)
         state.build_info = {}
         log(f"{row.variant}: not built here: {exc}")
+        return
+    if not may_build:
+        state.status, state.reason = NOT_RUN, "time (deadline reached before the build)"
         return
     from scripts.wheels import run_cell  # its imports (audit) need the pipeline tools
 
@@ -696,16 +704,9 @@ def run_matrix(args: argparse.Namespace) -> dict[str, Any]:
         for plan in plans:
             if plan.action != "test":
                 state.cells[plan.python] = {"status": plan.action, "reason": plan.reason}
-        if deadline.passed():
-            state.reason = "time (deadline reached before the build)"
-            for plan in plans:
-                if plan.action == "test":
-                    state.cells[plan.python] = {"status": NOT_RUN, "reason": "time"}
-            submit_negatives(state)
-            continue
-        obtain_wheel(state, store, extra_dirs, args.force_build)
+        obtain_wheel(state, store, extra_dirs, args.force_build, may_build=not deadline.passed())
         if state.wheel is None:
-            status = NOT_BUILT if state.status == NOT_BUILT else FAIL
+            status = state.status if state.status in (NOT_BUILT, NOT_RUN) else FAIL
             for plan in plans:
                 if plan.action == "test":
                     state.cells[plan.python] = {"status": status, "reason": state.reason}
