@@ -18,7 +18,8 @@ fixed number of persistent programs (a few per SM), which stride over the row ti
 each accumulates its share of ``sum_rows(grad_out * x_hat)`` in float32 registers while it
 computes ``grad_x``. The ``[num_programs, H]`` partials are summed afterwards (the
 scheme of Liger-Kernel and Unsloth). Rows wider than one program holds in registers
-(``MAX_FUSED_FWD_BLOCK``, ``MAX_FUSED_BWD_BLOCK``) take a looped path
+(``MAX_FUSED_FWD_BLOCK``, ``MAX_FUSED_BWD_BLOCK``), or wider than 8192 and mostly
+padding in their power-of-two block (8193 in 16384), take a looped path
 (forward: two passes over each row, the second from L2; backward: a per-row statistics
 kernel, then a column-blocked kernel that writes ``grad_x`` and the dw partials, which
 reads x and dy twice).
@@ -42,11 +43,35 @@ __all__ = ["interpreting", "rms_norm", "rms_norm_backward"]
 # Widest rows (as a power of two) that one program holds in registers; wider rows take
 # the looped kernels. See _fwd_tile and _bwd_tile for where the limits come from.
 MAX_FUSED_FWD_BLOCK = 16384
-MAX_FUSED_BWD_BLOCK = 8192
+MAX_FUSED_BWD_BLOCK = 16384
 # Column block of the looped kernels.
 LOOPED_BLOCK = 4096
+# Rows wider than 8192 whose power-of-two block would be mostly padding (n_cols under
+# this fraction of it, e.g. 8193 in 16384) take the looped kernels even where they fit,
+# with narrower column blocks (H100, 8193: forward 0.446 -> 0.228 ms with 1024, backward
+# 0.88 -> 0.70 ms with 2048).
+_WIDE_FILL = 0.75
+_PADDED_FWD_BLOCK = 1024
+_PADDED_BWD_BLOCK = 2048
 # Elements a row-tile should hold for narrow rows (several rows per program).
 _TILE_ELEMENTS = 4096
+# Warps of the persistent backward per SM (programs = SMs * this / num_warps) where
+# _BWD_CONFIG doesn't say.
+_BWD_WARPS_PER_SM = 32
+# (BLOCK_M, num_warps, programs per SM) of the fused backward by BLOCK_N, the fastest
+# of a sweep on an H100 (bf16, 268 MB tensors); narrower rows: tiles of _BWD_SMALL_TILE
+# elements on 4 warps.
+_BWD_CONFIG = {
+    512: (2, 4, 8),
+    1024: (4, 4, 8),
+    2048: (2, 4, 8),
+    4096: (1, 16, 2),
+    8192: (2, 16, 1),
+    16384: (1, 16, 2),
+}
+_BWD_SMALL_TILE = 2048
+# Backward tiles above this many elements reload w in every iteration.
+_RELOAD_W_TILE = 8192
 
 _SUPPORTED_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 
@@ -160,17 +185,22 @@ def _rms_norm_bwd_kernel(
     FP64: tl.constexpr,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
+    RELOAD_W: tl.constexpr,
 ):
     # Persistent backward: program p of P takes row tiles p, p + P, p + 2P, ...
     # With x_hat = x * rstd and g = dy * w,
     #   dx = rstd * (g - x_hat * mean(g * x_hat)),  dw += sum_rows(dy * x_hat),
     # the dw share staying in registers until the end (one partial row per program).
+    # dw_acc is a whole [BLOCK_M, BLOCK_N] tile, summed over its rows once at the end: a
+    # cross-row (cross-warp) reduction in every iteration costs more than the loads.
     pid = tl.program_id(0)
     cols = tl.arange(0, BLOCK_N)
     col_mask = cols < n_cols
-    if HAS_WEIGHT:
+    # RELOAD_W: wide rows load w in every iteration (from L1/L2) instead of holding it in
+    # registers, which would spill.
+    if HAS_WEIGHT and not RELOAD_W:
         w = _to_acc(tl.load(W + cols, mask=col_mask, other=0.0), FP64)
-    dw_acc = _to_acc(tl.zeros([BLOCK_N], dtype=tl.float32), FP64)
+    dw_acc = _to_acc(tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32), FP64)
     for start in range(pid * BLOCK_M, n_rows, tl.num_programs(0) * BLOCK_M):
         rows = start + tl.arange(0, BLOCK_M)
         mask = (rows < n_rows)[:, None] & col_mask[None, :]
@@ -181,6 +211,8 @@ def _rms_norm_bwd_kernel(
         dy = _to_acc(dy, FP64)
         rstd = _rsqrt(tl.sum(x * x, axis=1) / n_cols + eps, FP64)
         x_hat = x * rstd[:, None]
+        if HAS_WEIGHT and RELOAD_W:
+            w = _to_acc(tl.load(W + cols, mask=col_mask, other=0.0), FP64)
         if HAS_WEIGHT:  # noqa: SIM108 (w exists only when HAS_WEIGHT)
             g = dy * w[None, :]
         else:
@@ -193,9 +225,10 @@ def _rms_norm_bwd_kernel(
             mask=mask,
         )
         if HAS_WEIGHT:
-            dw_acc += _to_acc(tl.sum(dy * x_hat, axis=0), FP64)
+            dw_acc += _to_acc(dy * x_hat, FP64)
     if HAS_WEIGHT:
-        tl.store(DW_PARTIAL + pid.to(tl.int64) * n_cols + cols, dw_acc, mask=col_mask)
+        dw = _to_acc(tl.sum(dw_acc, axis=0), FP64)
+        tl.store(DW_PARTIAL + pid.to(tl.int64) * n_cols + cols, dw, mask=col_mask)
 
 
 @triton.jit
@@ -305,18 +338,38 @@ def _fwd_tile(n_cols: int) -> tuple[int, int, int]:
 def _bwd_tile(n_cols: int) -> tuple[int, int, int]:
     """(BLOCK_M, BLOCK_N, num_warps) of the fused persistent backward.
 
-    The backward holds x, dy, w and the dw share of a tile at once: about 8 registers
-    per tile element. ptxas for sm_90 gives 64 registers a thread at 8 elements a thread
-    (no spills) and spills from BLOCK_N = 16384 on, hence MAX_FUSED_BWD_BLOCK.
+    The backward holds x, dy, w and the dw share of a tile at once. Settings from
+    _BWD_CONFIG (a sweep on an H100, bf16: 4 warps for narrow rows, which keeps the
+    row reductions inside few warps). At BLOCK_N = 16384 ptxas for sm_90 spills a little
+    even with w reloaded per iteration (_RELOAD_W_TILE), yet the fused kernel beats the
+    looped one there (H100, bf16, 8192 x 16384: 0.35 against 0.48 ms); wider rows loop.
     """
     block_n = triton.next_power_of_2(n_cols)
-    block_m = max(1, min(128, _TILE_ELEMENTS // block_n))
-    num_warps = max(4, min(32, block_m * block_n // 256))
+    if block_n in _BWD_CONFIG:
+        block_m, num_warps, _ = _BWD_CONFIG[block_n]
+    else:
+        block_m, num_warps = max(1, min(128, _BWD_SMALL_TILE // block_n)), 4
     return block_m, block_n, num_warps
 
 
+def _fused(n_cols: int, max_block: int) -> bool:
+    """Whether rows of n_cols elements take the fused (one row in registers) kernels."""
+    block_n = triton.next_power_of_2(n_cols)
+    return block_n <= max_block and (block_n <= 8192 or n_cols >= _WIDE_FILL * block_n)
+
+
+def _looped_block(n_cols: int, max_block: int, padded_block: int) -> int:
+    """Column block of the looped kernels: narrower for rows that the fused kernels
+    refused only for their padding (see _WIDE_FILL)."""
+    return padded_block if triton.next_power_of_2(n_cols) <= max_block else LOOPED_BLOCK
+
+
 def _num_persistent_programs(
-    device: torch.device, num_warps: int, work_items: Any = None, programs: Optional[int] = None
+    device: torch.device,
+    num_warps: int,
+    work_items: Any = None,
+    programs: Optional[int] = None,
+    per_sm: Optional[int] = None,
 ) -> int:
     """Programs of the persistent backward: as many as fit on the GPU at once, fewer when
     there are fewer work items (row tiles) than that.
@@ -329,7 +382,9 @@ def _num_persistent_programs(
         if device.type == "cuda":
             sm_count = torch.cuda.get_device_properties(device).multi_processor_count
             # 64 registers a thread (see _bwd_tile): an SM's 65536 registers hold 32 warps.
-            programs = sm_count * max(1, 32 // num_warps)
+            if per_sm is None:
+                per_sm = max(1, _BWD_WARPS_PER_SM // num_warps)
+            programs = sm_count * per_sm
         else:
             programs = 4  # the interpreter: a few programs, to exercise the reduction
     if isinstance(work_items, int):
@@ -433,7 +488,7 @@ def _rms_norm_triton(x: torch.Tensor, weight: Optional[torch.Tensor], eps: float
     w = weight.reshape(-1).contiguous() if weight is not None else None
     has_weight = w is not None
     fp64 = x.dtype == torch.float64
-    if triton.next_power_of_2(_static(n_cols)) <= MAX_FUSED_FWD_BLOCK:
+    if _fused(_static(n_cols), MAX_FUSED_FWD_BLOCK):
         block_m, block_n, num_warps = _fwd_tile(_static(n_cols))
         _launch(
             _rms_norm_fwd_kernel,
@@ -465,7 +520,7 @@ def _rms_norm_triton(x: torch.Tensor, weight: Optional[torch.Tensor], eps: float
             eps,
             HAS_WEIGHT=has_weight,
             FP64=fp64,
-            BLOCK_N=LOOPED_BLOCK,
+            BLOCK_N=_looped_block(_static(n_cols), MAX_FUSED_FWD_BLOCK, _PADDED_FWD_BLOCK),
             num_warps=8,
         )
     return y
@@ -500,9 +555,12 @@ def _rms_norm_triton_backward(
     fp64 = x.dtype == torch.float64
     acc_dtype = torch.float64 if fp64 else torch.float32
 
-    if triton.next_power_of_2(_static(n_cols)) <= MAX_FUSED_BWD_BLOCK:
+    if _fused(_static(n_cols), MAX_FUSED_BWD_BLOCK):
         block_m, block_n, num_warps = _bwd_tile(_static(n_cols))
-        programs = _num_persistent_programs(x.device, num_warps, triton.cdiv(n_rows, block_m))
+        per_sm = _BWD_CONFIG[block_n][2] if block_n in _BWD_CONFIG else None
+        programs = _num_persistent_programs(
+            x.device, num_warps, triton.cdiv(n_rows, block_m), per_sm=per_sm
+        )
         dw_partial = torch.empty(
             (programs, n_cols) if has_weight else (0,), dtype=acc_dtype, device=x.device
         )
@@ -524,9 +582,11 @@ def _rms_norm_triton_backward(
             FP64=fp64,
             BLOCK_M=block_m,
             BLOCK_N=block_n,
+            RELOAD_W=block_m * block_n > _RELOAD_W_TILE,
             num_warps=num_warps,
         )
     else:
+        looped_block = _looped_block(_static(n_cols), MAX_FUSED_BWD_BLOCK, _PADDED_BWD_BLOCK)
         rstd = torch.empty((n_rows,), dtype=acc_dtype, device=x.device)
         coef = torch.empty((n_rows,), dtype=acc_dtype, device=x.device)
         _launch(
@@ -543,10 +603,10 @@ def _rms_norm_triton_backward(
             eps,
             HAS_WEIGHT=has_weight,
             FP64=fp64,
-            BLOCK_N=LOOPED_BLOCK,
+            BLOCK_N=looped_block,
             num_warps=16,
         )
-        col_blocks = triton.cdiv(n_cols, LOOPED_BLOCK)
+        col_blocks = triton.cdiv(n_cols, looped_block)
         # About two programs an SM in all, each (row set, column block) one of them.
         programs = max(1, triton.cdiv(2 * _num_persistent_programs(x.device, 32), col_blocks))
         programs = _num_persistent_programs(x.device, 32, n_rows, programs)
@@ -570,7 +630,7 @@ def _rms_norm_triton_backward(
             dx2.stride(0),
             HAS_WEIGHT=has_weight,
             FP64=fp64,
-            BLOCK_N=LOOPED_BLOCK,
+            BLOCK_N=looped_block,
             num_warps=16,
         )
     if weight is not None:
