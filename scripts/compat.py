@@ -493,6 +493,7 @@ class RowState:
     build_info: dict[str, Any] = field(default_factory=dict)
     reason: str = ""
     build_seconds: float | None = None
+    sources_sha256: str | None = None  # what the wheel was built from, when known
     cells: dict[str, dict[str, Any]] = field(default_factory=dict)
 
     def as_dict(self) -> dict[str, Any]:
@@ -510,6 +511,7 @@ class RowState:
             "archs_planned": self.row.archs,
             "build_commit": info.get("git_commit"),
             "build_seconds": self.build_seconds,
+            "sources_sha256": self.sources_sha256,
             "cells": self.cells,
         }
 
@@ -560,6 +562,8 @@ def obtain_wheel(
         choice = find_reusable_wheel(row.variant, [store, *extra_dirs], digest)
         if choice.wheel is not None:
             state.wheel, state.status, state.reason = choice.wheel, "reused", choice.why
+            if sidecar(choice.wheel).is_file():
+                state.sources_sha256 = digest
             log(f"{row.variant}: {choice.why}")
             return
         log(f"{row.variant}: no reusable wheel ({choice.why})")
@@ -585,11 +589,13 @@ def obtain_wheel(
         )
         return
     wheel = store / cell.wheel
+    state.wheel, state.status, state.reason = wheel, "built", f"built in {state.build_seconds:.0f}s"
     if source_digest() == digest:
         write_sidecar(wheel, digest)
+        state.sources_sha256 = digest
     else:
         log(f"{row.variant}: sources changed during the build; not recording it for reuse")
-    state.wheel, state.status, state.reason = wheel, "built", f"built in {state.build_seconds:.0f}s"
+        state.reason += " (sources changed during the build: not reusable)"
 
 
 def build_order(row: matrix.Row) -> tuple[int, tuple[int, ...]]:
