@@ -5,8 +5,11 @@
 // rows strided over the grid. When every pointer is 16-byte aligned and hidden is
 // a multiple of the vector width, each thread keeps its slice of the row in
 // registers as 16-byte vectors (kVectorsPerThread of them), so x is read from
-// global memory once; otherwise a generic kernel with scalar loads handles any
-// hidden size, re-reading the row (mostly from L1/L2) for the second pass.
+// global memory once. Other rows (odd hidden sizes, unaligned views) of up to
+// 16384 elements (float16/bfloat16/float32) stay in registers as scalars, read with
+// coalesced scalar loads (the *_scalar_kernels). Longer ones, and float64, take a
+// generic kernel with scalar loads that handles any hidden size, re-reading the
+// row (mostly from L1/L2) for the second pass.
 // Sums are float32 (float64 for float64).
 #include <ATen/OpMathType.h>
 #include <ATen/core/Tensor.h>
@@ -31,11 +34,65 @@ namespace {
 // Forward
 // ---------------------------------------------------------------------------
 
+// Eight vectors per thread need more than the 64 registers a 1024-thread block
+// leaves (bfloat16 spilled to local memory at H = 16384, 54% of copy bandwidth):
+// that variant is built for at most 512 threads, so it takes rows up to 32768
+// bfloat16 elements; longer ones go to the generic kernel.
+constexpr int kForwardMaxThreadsAt8 = 512;
 constexpr RowKernelLimits kForwardLimits{/*max_vectors_per_thread=*/8, /*target_threads=*/256,
-                                         /*max_threads=*/kMaxThreadsPerBlock};
+                                         /*max_threads=*/kForwardMaxThreadsAt8};
+
+// The scalar register-resident kernels (forward and backward) come in three
+// variants: kScalarElemsShort elements per thread with blockDim.x as planned, for
+// rows up to kScalarElemsShort * 512; then kScalarElemsMid and kScalarElemsLong
+// elements per thread with a thread count fixed at compile time (their
+// scalar_fixed_threads), for rows up to the product. With the thread count a
+// constant, a thread's elements sit at constant offsets from one pointer, so the
+// row fits in the registers without spilling (with a run-time stride nvcc kept a
+// 64-bit address per element and spilled). Longer rows, and float64 (whose rows
+// would not fit in registers), take the generic kernels.
+constexpr int kScalarElemsShort = 4;
+constexpr int kScalarElemsMid = 16;
+constexpr int kScalarElemsLong = 32;
+
+// blockDim.x of the scalar kernels: 0 = as planned.
+constexpr int scalar_fixed_threads(int elems_per_thread) {
+  return elems_per_thread == kScalarElemsShort ? 0
+         : elems_per_thread == kScalarElemsMid ? 256
+                                               : 512;
+}
+
+constexpr int scalar_max_threads(int elems_per_thread) {
+  return elems_per_thread == kScalarElemsShort ? kMaxThreadsPerBlock
+                                               : scalar_fixed_threads(elems_per_thread);
+}
+
+template <typename scalar_t>
+constexpr bool kScalarRowsInRegisters = sizeof(scalar_t) <= 4;
+
+inline RowLaunch plan_scalar_row_launch(int64_t hidden) {
+  RowLaunch plan;
+  if (hidden <= int64_t{kScalarElemsShort} * 512) {
+    plan.vectors_per_thread = kScalarElemsShort;
+    plan.threads_per_row = threads_for_row(ceil_div(hidden, kScalarElemsShort));
+  } else {
+    for (const int elems : {kScalarElemsMid, kScalarElemsLong}) {
+      if (hidden <= int64_t{elems} * scalar_fixed_threads(elems)) {
+        plan.vectors_per_thread = elems;
+        plan.threads_per_row = scalar_fixed_threads(elems);
+        break;
+      }
+    }
+  }
+  if (plan.threads_per_row <= kWarpSize) {
+    plan.rows_per_block = kThreadsForShortRows / plan.threads_per_row;
+  }
+  return plan;
+}
 
 template <typename scalar_t, int kVectorsPerThread>
-__global__ void __launch_bounds__(kMaxThreadsPerBlock)
+__global__ void __launch_bounds__(kVectorsPerThread >= 8 ? kForwardMaxThreadsAt8
+                                                         : kMaxThreadsPerBlock)
     rms_norm_vector_kernel(const scalar_t* __restrict__ x, const scalar_t* __restrict__ weight,
                            scalar_t* __restrict__ y, int64_t rows, int64_t hidden,
                            at::opmath_type<scalar_t> eps) {
@@ -94,6 +151,51 @@ __global__ void __launch_bounds__(kMaxThreadsPerBlock)
   }
 }
 
+// Rows that the vector kernel cannot take (hidden not a multiple of the vector
+// width, or pointers off a 16-byte boundary) but that fit in registers as
+// scalars: each thread keeps elements j = threadIdx.x + i * blockDim.x, i <
+// kElemsPerThread, of its row (coalesced scalar loads), so x is read once.
+template <typename scalar_t, int kElemsPerThread>
+__global__ void __launch_bounds__(scalar_max_threads(kElemsPerThread))
+    rms_norm_scalar_kernel(const scalar_t* __restrict__ x, const scalar_t* __restrict__ weight,
+                           scalar_t* __restrict__ y, int64_t rows, int64_t hidden,
+                           at::opmath_type<scalar_t> eps) {
+  using acc_t = at::opmath_type<scalar_t>;
+  const int hidden_int = static_cast<int>(hidden);
+  const acc_t inv_hidden = acc_t(1) / static_cast<acc_t>(hidden);
+  constexpr int kFixedThreads = scalar_fixed_threads(kElemsPerThread);
+  const int stride = kFixedThreads > 0 ? kFixedThreads : static_cast<int>(blockDim.x);
+  // Element i of this thread is column threadIdx.x + i * stride of the row.
+  const int own_columns = hidden_int - static_cast<int>(threadIdx.x);
+  const scalar_t* w_own = weight != nullptr ? weight + threadIdx.x : nullptr;
+  for (int64_t block_row = static_cast<int64_t>(blockIdx.x) * blockDim.y; block_row < rows;
+       block_row += static_cast<int64_t>(gridDim.x) * blockDim.y) {
+    const int64_t row = block_row + threadIdx.y;
+    const int row_columns = row < rows ? own_columns : 0;  // masks rows past the end
+    const scalar_t* x_own = x + row * hidden + threadIdx.x;
+    acc_t xv[kElemsPerThread];
+    acc_t sum_sq[1] = {0};
+#pragma unroll
+    for (int i = 0; i < kElemsPerThread; ++i) {
+      xv[i] = i * stride < row_columns ? static_cast<acc_t>(x_own[i * stride]) : acc_t(0);
+      sum_sq[0] += xv[i] * xv[i];
+    }
+    row_sum(sum_sq);
+    const acc_t rstd = rsqrt_acc(sum_sq[0] * inv_hidden + eps);
+    scalar_t* y_own = y + row * hidden + threadIdx.x;
+#pragma unroll
+    for (int i = 0; i < kElemsPerThread; ++i) {
+      if (i * stride < row_columns) {
+        acc_t v = xv[i] * rstd;
+        if (w_own != nullptr) {
+          v *= static_cast<acc_t>(w_own[i * stride]);
+        }
+        y_own[i * stride] = static_cast<scalar_t>(v);
+      }
+    }
+  }
+}
+
 template <typename scalar_t>
 __global__ void __launch_bounds__(kMaxThreadsPerBlock)
     rms_norm_generic_kernel(const scalar_t* __restrict__ x, const scalar_t* __restrict__ weight,
@@ -131,9 +233,28 @@ void launch_rms_norm(const scalar_t* x, const scalar_t* weight, scalar_t* y, int
   const bool aligned = is_vector_aligned(x) && is_vector_aligned(y) &&
                        (weight == nullptr || is_vector_aligned(weight));
   const RowLaunch plan = plan_row_launch(hidden, vector_size<scalar_t>(), aligned, kForwardLimits);
-  const dim3 grid(static_cast<unsigned>(row_blocks(rows, plan)));
   const cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
   const acc_t eps_acc = static_cast<acc_t>(eps);
+  if constexpr (kScalarRowsInRegisters<scalar_t>) {
+    const RowLaunch scalar_plan = plan.vectors_per_thread == 0 ? plan_scalar_row_launch(hidden)
+                                                               : RowLaunch{};
+    if (scalar_plan.vectors_per_thread != 0) {
+      const dim3 grid(static_cast<unsigned>(row_blocks(rows, scalar_plan)));
+      if (scalar_plan.vectors_per_thread == kScalarElemsShort) {
+        rms_norm_scalar_kernel<scalar_t, kScalarElemsShort>
+            <<<grid, scalar_plan.block(), 0, stream>>>(x, weight, y, rows, hidden, eps_acc);
+      } else if (scalar_plan.vectors_per_thread == kScalarElemsMid) {
+        rms_norm_scalar_kernel<scalar_t, kScalarElemsMid>
+            <<<grid, scalar_plan.block(), 0, stream>>>(x, weight, y, rows, hidden, eps_acc);
+      } else {
+        rms_norm_scalar_kernel<scalar_t, kScalarElemsLong>
+            <<<grid, scalar_plan.block(), 0, stream>>>(x, weight, y, rows, hidden, eps_acc);
+      }
+      C10_CUDA_KERNEL_LAUNCH_CHECK();
+      return;
+    }
+  }
+  const dim3 grid(static_cast<unsigned>(row_blocks(rows, plan)));
   switch (plan.vectors_per_thread) {
 #define HOTLOOP_LAUNCH(VPT)                                                       \
   case VPT:                                                                       \
@@ -345,6 +466,84 @@ __global__ void __launch_bounds__(kMaxThreadsPerBlock)
   }
 }
 
+// The backward of rms_norm_scalar_kernel: x and grad_out of the row in registers
+// as scalars, the grad_weight accumulator too. Each row slot (slot = blockIdx.x *
+// blockDim.y + threadIdx.y) writes its own partial row once at the end, every
+// column of it, so the buffer needs no zeroing and no block-level reduction.
+template <typename scalar_t, int kElemsPerThread>
+__global__ void __launch_bounds__(scalar_max_threads(kElemsPerThread))
+    rms_norm_backward_scalar_kernel(const scalar_t* __restrict__ grad_out,
+                                    const scalar_t* __restrict__ x,
+                                    const scalar_t* __restrict__ weight,
+                                    scalar_t* __restrict__ grad_x,
+                                    at::opmath_type<scalar_t>* __restrict__ weight_partials,
+                                    int64_t rows, int64_t hidden, at::opmath_type<scalar_t> eps) {
+  using acc_t = at::opmath_type<scalar_t>;
+  constexpr int kFixedThreads = scalar_fixed_threads(kElemsPerThread);
+  const int stride = kFixedThreads > 0 ? kFixedThreads : static_cast<int>(blockDim.x);
+  // Element i of this thread is column threadIdx.x + i * stride of the row.
+  const int own_columns = static_cast<int>(hidden) - static_cast<int>(threadIdx.x);
+  const scalar_t* w_own = weight != nullptr ? weight + threadIdx.x : nullptr;
+  const acc_t inv_hidden = acc_t(1) / static_cast<acc_t>(hidden);
+  acc_t dw[kElemsPerThread];
+#pragma unroll
+  for (int i = 0; i < kElemsPerThread; ++i) {
+    dw[i] = 0;
+  }
+  for (int64_t block_row = static_cast<int64_t>(blockIdx.x) * blockDim.y; block_row < rows;
+       block_row += static_cast<int64_t>(gridDim.x) * blockDim.y) {
+    const int64_t row = block_row + threadIdx.y;
+    const int row_columns = row < rows ? own_columns : 0;  // masks rows past the end
+    const int64_t own_offset = row * hidden + threadIdx.x;
+    const scalar_t* x_own = x + own_offset;
+    const scalar_t* go_own = grad_out + own_offset;
+    scalar_t xv[kElemsPerThread];
+    scalar_t gov[kElemsPerThread];
+    acc_t sums[2] = {0, 0};  // sum(x^2), sum(g * x)
+#pragma unroll
+    for (int i = 0; i < kElemsPerThread; ++i) {
+      const bool in_row = i * stride < row_columns;
+      xv[i] = in_row ? x_own[i * stride] : scalar_t(0);
+      gov[i] = in_row ? go_own[i * stride] : scalar_t(0);
+    }
+#pragma unroll
+    for (int i = 0; i < kElemsPerThread; ++i) {
+      const acc_t xi = static_cast<acc_t>(xv[i]);
+      acc_t gi = static_cast<acc_t>(gov[i]);
+      if (w_own != nullptr && i * stride < row_columns) {
+        gi *= static_cast<acc_t>(w_own[i * stride]);
+      }
+      sums[0] += xi * xi;
+      sums[1] += gi * xi;
+    }
+    row_sum(sums);
+    const acc_t rstd = rsqrt_acc(sums[0] * inv_hidden + eps);
+    const acc_t x_coeff = rstd * rstd * rstd * sums[1] * inv_hidden;
+    scalar_t* gx_own = grad_x + own_offset;
+#pragma unroll
+    for (int i = 0; i < kElemsPerThread; ++i) {
+      if (i * stride < row_columns) {
+        const acc_t xi = static_cast<acc_t>(xv[i]);
+        const acc_t goi = static_cast<acc_t>(gov[i]);
+        const acc_t wi = w_own != nullptr ? static_cast<acc_t>(w_own[i * stride]) : acc_t(1);
+        gx_own[i * stride] = static_cast<scalar_t>(rstd * goi * wi - xi * x_coeff);
+        dw[i] += goi * xi * rstd;
+      }
+    }
+  }
+  if (weight_partials == nullptr) {
+    return;
+  }
+  const int64_t slot = static_cast<int64_t>(blockIdx.x) * blockDim.y + threadIdx.y;
+  acc_t* partial_own = weight_partials + slot * hidden + threadIdx.x;
+#pragma unroll
+  for (int i = 0; i < kElemsPerThread; ++i) {
+    if (i * stride < own_columns) {
+      partial_own[i * stride] = dw[i];
+    }
+  }
+}
+
 // Any hidden size and alignment. Each thread owns the columns j = threadIdx.x +
 // n * blockDim.x of its row slot's partial row (slot = blockIdx.x * blockDim.y +
 // threadIdx.y), so it accumulates there directly (the buffer starts zeroed)
@@ -446,20 +645,23 @@ void launch_rms_norm_backward(const scalar_t* grad_out, const scalar_t* x, const
   const acc_t eps_acc = static_cast<acc_t>(eps);
   const auto acc_dtype = c10::CppTypeToScalarType<acc_t>::value;
 
-  auto launch = [&](auto kernel) {
-    const int64_t blocks = persistent_blocks(kernel, plan, rows);
+  // The vector kernels write one partial row per block, overwriting it; the
+  // scalar kernels one per row slot, overwriting it; the generic kernel
+  // accumulates into one per row slot, which must start at zero.
+  enum class Partials { kPerBlock, kPerSlot, kPerSlotZeroed };
+  auto launch = [&](auto kernel, const RowLaunch& launch_plan, Partials kind) {
+    const int64_t blocks = persistent_blocks(kernel, launch_plan, rows);
     at::Tensor partials;
     acc_t* partials_ptr = nullptr;
-    // The vector kernels write one partial row per block, overwriting it; the
-    // generic kernel accumulates into one per row slot, which must start at zero.
-    const bool generic = plan.vectors_per_thread == 0;
-    const int64_t num_partials = generic ? blocks * plan.rows_per_block : blocks;
+    const int64_t num_partials =
+        kind == Partials::kPerBlock ? blocks : blocks * launch_plan.rows_per_block;
     if (weight != nullptr) {
-      partials = generic ? at::zeros({num_partials, hidden}, options.dtype(acc_dtype))
-                         : at::empty({num_partials, hidden}, options.dtype(acc_dtype));
+      partials = kind == Partials::kPerSlotZeroed
+                     ? at::zeros({num_partials, hidden}, options.dtype(acc_dtype))
+                     : at::empty({num_partials, hidden}, options.dtype(acc_dtype));
       partials_ptr = partials.mutable_data_ptr<acc_t>();
     }
-    kernel<<<dim3(static_cast<unsigned>(blocks)), plan.block(), 0, stream>>>(
+    kernel<<<dim3(static_cast<unsigned>(blocks)), launch_plan.block(), 0, stream>>>(
         grad_out, x, weight, grad_x, partials_ptr, rows, hidden, eps_acc);
     C10_CUDA_KERNEL_LAUNCH_CHECK();
     if (weight != nullptr) {
@@ -472,15 +674,33 @@ void launch_rms_norm_backward(const scalar_t* grad_out, const scalar_t* x, const
 
   switch (plan.vectors_per_thread) {
     case 1:
-      launch(rms_norm_backward_vector_kernel<scalar_t, 1>);
-      break;
+      launch(rms_norm_backward_vector_kernel<scalar_t, 1>, plan, Partials::kPerBlock);
+      return;
     case 2:
-      launch(rms_norm_backward_vector_kernel<scalar_t, 2>);
-      break;
+      launch(rms_norm_backward_vector_kernel<scalar_t, 2>, plan, Partials::kPerBlock);
+      return;
     default:
       TORCH_INTERNAL_ASSERT(plan.vectors_per_thread == 0);
-      launch(rms_norm_backward_generic_kernel<scalar_t>);
   }
+  if constexpr (kScalarRowsInRegisters<scalar_t>) {
+    const RowLaunch scalar_plan = plan_scalar_row_launch(hidden);
+    if (scalar_plan.vectors_per_thread == kScalarElemsShort) {
+      launch(rms_norm_backward_scalar_kernel<scalar_t, kScalarElemsShort>, scalar_plan,
+             Partials::kPerSlot);
+      return;
+    }
+    if (scalar_plan.vectors_per_thread == kScalarElemsMid) {
+      launch(rms_norm_backward_scalar_kernel<scalar_t, kScalarElemsMid>, scalar_plan,
+             Partials::kPerSlot);
+      return;
+    }
+    if (scalar_plan.vectors_per_thread == kScalarElemsLong) {
+      launch(rms_norm_backward_scalar_kernel<scalar_t, kScalarElemsLong>, scalar_plan,
+             Partials::kPerSlot);
+      return;
+    }
+  }
+  launch(rms_norm_backward_generic_kernel<scalar_t>, plan, Partials::kPerSlotZeroed);
 }
 
 // ---------------------------------------------------------------------------
