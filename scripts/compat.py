@@ -550,12 +550,24 @@ def not_built_reason(exc: BaseException) -> str:
     return msg.splitlines()[0] if msg else type(exc).__name__
 
 
+def newest_wheel(variant: str, dirs: Sequence[Path]) -> Path | None:
+    wheels = [w for d in dirs for w in d.glob(f"hotloop-*+{variant}-*.whl")]
+    return max(wheels, key=lambda w: w.stat().st_mtime) if wheels else None
+
+
 def obtain_wheel(
-    state: RowState, store: Path, extra_dirs: Sequence[Path], force: bool, may_build: bool = True
+    state: RowState,
+    store: Path,
+    extra_dirs: Sequence[Path],
+    force: bool,
+    may_build: bool = True,
+    reuse_any: bool = False,
 ) -> None:
     """Fill ``state.wheel``: reuse one built from the current sources, else build one.
 
     ``may_build=False`` (past the deadline): reuse only; the row stays "not run".
+    ``reuse_any``: take the newest wheel of the variant whatever sources it was built from
+    (the table then names the commit it was built at); build only if there is none.
     """
     row = state.row
     digest = source_digest()
@@ -567,7 +579,15 @@ def obtain_wheel(
                 state.sources_sha256 = digest
             log(f"{row.variant}: {choice.why}")
             return
-        log(f"{row.variant}: no reusable wheel ({choice.why})")
+        log(f"{row.variant}: no wheel built from the current sources ({choice.why})")
+        anyway = newest_wheel(row.variant, [store, *extra_dirs]) if reuse_any else None
+        if anyway is not None:
+            state.wheel, state.status = anyway, "reused as is"
+            state.reason = f"--reuse-any: {anyway.name}, not rebuilt from the current sources"
+            if sidecar(anyway).is_file():
+                state.sources_sha256 = json.loads(sidecar(anyway).read_text())["sources_sha256"]
+            log(f"{row.variant}: {state.reason}")
+            return
     try:
         toolchain.ensure_cuda_toolkit(row.cuda, row.toolkit)
     except toolchain.ToolkitError as exc:
@@ -591,12 +611,15 @@ def obtain_wheel(
         return
     wheel = store / cell.wheel
     state.wheel, state.status, state.reason = wheel, "built", f"built in {state.build_seconds:.0f}s"
-    if source_digest() == digest:
-        write_sidecar(wheel, digest)
-        state.sources_sha256 = digest
-    else:
-        log(f"{row.variant}: sources changed during the build; not recording it for reuse")
-        state.reason += " (sources changed during the build: not reusable)"
+    # scripts.build copies the tree to <work>/<variant>/src before building: that copy is
+    # exactly what went into the wheel, whatever happened to the tree meanwhile.
+    copy = toolchain.cache_dir() / "work" / row.variant / "src"
+    built_from = source_digest(copy) if copy.is_dir() else None
+    if built_from:
+        write_sidecar(wheel, built_from)
+        state.sources_sha256 = built_from
+        if built_from != source_digest():
+            state.reason += " (the tree changed meanwhile)"
 
 
 # Which Python of each row tests first: with a deadline, every row gets its most used Python
@@ -753,7 +776,14 @@ def run_matrix(args: argparse.Namespace) -> dict[str, Any]:
         for plan in plans:
             if plan.action != "test":
                 state.cells[plan.python] = {"status": plan.action, "reason": plan.reason}
-        obtain_wheel(state, store, extra_dirs, args.force_build, may_build=not deadline.passed())
+        obtain_wheel(
+            state,
+            store,
+            extra_dirs,
+            args.force_build,
+            may_build=not deadline.passed(),
+            reuse_any=args.reuse_any,
+        )
         if state.wheel is None:
             status = state.status if state.status in (NOT_BUILT, NOT_RUN) else FAIL
             for plan in plans:
@@ -1043,6 +1073,11 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--force", action="store_true", help="rerun cells whose result is recorded")
     parser.add_argument(
         "--force-build", action="store_true", help="rebuild wheels even if reusable"
+    )
+    parser.add_argument(
+        "--reuse-any",
+        action="store_true",
+        help="test the newest wheel of each variant even if the sources changed since",
     )
     parser.add_argument("--no-negatives", action="store_true", help="skip the wrong-torch cells")
     parser.add_argument(
