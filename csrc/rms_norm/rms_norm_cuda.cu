@@ -42,10 +42,10 @@ constexpr int kForwardMaxThreadsAt8 = 512;
 constexpr RowKernelLimits kForwardLimits{/*max_vectors_per_thread=*/8, /*target_threads=*/256,
                                          /*max_threads=*/kForwardMaxThreadsAt8};
 
-// The scalar register-resident kernels (forward and backward) come in three
+// The scalar register-resident kernels (forward and backward) come in four
 // variants: kScalarElemsShort elements per thread with blockDim.x as planned, for
-// rows up to kScalarElemsShort * 512; then kScalarElemsMid and kScalarElemsLong
-// elements per thread with a thread count fixed at compile time (their
+// rows up to kScalarElemsShort * 512; then kScalarElemsMid, kScalarElemsWide and
+// kScalarElemsLong elements per thread with a thread count fixed at compile time (their
 // scalar_fixed_threads), for rows up to the product. With the thread count a
 // constant, a thread's elements sit at constant offsets from one pointer, so the
 // row fits in the registers without spilling (with a run-time stride nvcc kept a
@@ -53,13 +53,15 @@ constexpr RowKernelLimits kForwardLimits{/*max_vectors_per_thread=*/8, /*target_
 // would not fit in registers), take the generic kernels.
 constexpr int kScalarElemsShort = 4;
 constexpr int kScalarElemsMid = 16;
+constexpr int kScalarElemsWide = 24;
 constexpr int kScalarElemsLong = 32;
 
 // blockDim.x of the scalar kernels: 0 = as planned.
 constexpr int scalar_fixed_threads(int elems_per_thread) {
-  return elems_per_thread == kScalarElemsShort ? 0
-         : elems_per_thread == kScalarElemsMid ? 256
-                                               : 512;
+  return elems_per_thread == kScalarElemsShort  ? 0
+         : elems_per_thread == kScalarElemsMid  ? 256
+         : elems_per_thread == kScalarElemsWide ? 384
+                                                : 512;
 }
 
 constexpr int scalar_max_threads(int elems_per_thread) {
@@ -76,7 +78,7 @@ inline RowLaunch plan_scalar_row_launch(int64_t hidden) {
     plan.vectors_per_thread = kScalarElemsShort;
     plan.threads_per_row = threads_for_row(ceil_div(hidden, kScalarElemsShort));
   } else {
-    for (const int elems : {kScalarElemsMid, kScalarElemsLong}) {
+    for (const int elems : {kScalarElemsMid, kScalarElemsWide, kScalarElemsLong}) {
       if (hidden <= int64_t{elems} * scalar_fixed_threads(elems)) {
         plan.vectors_per_thread = elems;
         plan.threads_per_row = scalar_fixed_threads(elems);
@@ -245,6 +247,9 @@ void launch_rms_norm(const scalar_t* x, const scalar_t* weight, scalar_t* y, int
             <<<grid, scalar_plan.block(), 0, stream>>>(x, weight, y, rows, hidden, eps_acc);
       } else if (scalar_plan.vectors_per_thread == kScalarElemsMid) {
         rms_norm_scalar_kernel<scalar_t, kScalarElemsMid>
+            <<<grid, scalar_plan.block(), 0, stream>>>(x, weight, y, rows, hidden, eps_acc);
+      } else if (scalar_plan.vectors_per_thread == kScalarElemsWide) {
+        rms_norm_scalar_kernel<scalar_t, kScalarElemsWide>
             <<<grid, scalar_plan.block(), 0, stream>>>(x, weight, y, rows, hidden, eps_acc);
       } else {
         rms_norm_scalar_kernel<scalar_t, kScalarElemsLong>
@@ -467,7 +472,9 @@ __global__ void __launch_bounds__(kMaxThreadsPerBlock)
 }
 
 // The backward of rms_norm_scalar_kernel: x and grad_out of the row in registers
-// as scalars, the grad_weight accumulator too. Each row slot (slot = blockIdx.x *
+// as scalars; the grad_weight accumulator too, or, for the fixed-thread variants
+// whose accumulator fits in 48 KB, in shared memory (each thread only touches its
+// own columns, so no barrier), which leaves registers for more rows per SM. Each row slot (slot = blockIdx.x *
 // blockDim.y + threadIdx.y) writes its own partial row once at the end, every
 // column of it, so the buffer needs no zeroing and no block-level reduction.
 template <typename scalar_t, int kElemsPerThread>
@@ -485,10 +492,21 @@ __global__ void __launch_bounds__(scalar_max_threads(kElemsPerThread))
   const int own_columns = static_cast<int>(hidden) - static_cast<int>(threadIdx.x);
   const scalar_t* w_own = weight != nullptr ? weight + threadIdx.x : nullptr;
   const acc_t inv_hidden = acc_t(1) / static_cast<acc_t>(hidden);
-  acc_t dw[kElemsPerThread];
+  constexpr bool kSharedDw =
+      kFixedThreads > 0 && kElemsPerThread * kFixedThreads * sizeof(acc_t) <= 48 * 1024;
+  __shared__ acc_t dw_shared[kSharedDw ? kElemsPerThread * kFixedThreads : 1];
+  acc_t dw_regs[kSharedDw ? 1 : kElemsPerThread];
+  // Element i of this thread's grad_weight accumulator.
+  auto dw = [&](int i) -> acc_t& {
+    if constexpr (kSharedDw) {
+      return dw_shared[threadIdx.x + i * kFixedThreads];
+    } else {
+      return dw_regs[i];
+    }
+  };
 #pragma unroll
   for (int i = 0; i < kElemsPerThread; ++i) {
-    dw[i] = 0;
+    dw(i) = 0;
   }
   for (int64_t block_row = static_cast<int64_t>(blockIdx.x) * blockDim.y; block_row < rows;
        block_row += static_cast<int64_t>(gridDim.x) * blockDim.y) {
@@ -527,7 +545,7 @@ __global__ void __launch_bounds__(scalar_max_threads(kElemsPerThread))
         const acc_t goi = static_cast<acc_t>(gov[i]);
         const acc_t wi = w_own != nullptr ? static_cast<acc_t>(w_own[i * stride]) : acc_t(1);
         gx_own[i * stride] = static_cast<scalar_t>(rstd * goi * wi - xi * x_coeff);
-        dw[i] += goi * xi * rstd;
+        dw(i) += goi * xi * rstd;
       }
     }
   }
@@ -539,7 +557,7 @@ __global__ void __launch_bounds__(scalar_max_threads(kElemsPerThread))
 #pragma unroll
   for (int i = 0; i < kElemsPerThread; ++i) {
     if (i * stride < own_columns) {
-      partial_own[i * stride] = dw[i];
+      partial_own[i * stride] = dw(i);
     }
   }
 }
@@ -691,6 +709,11 @@ void launch_rms_norm_backward(const scalar_t* grad_out, const scalar_t* x, const
     }
     if (scalar_plan.vectors_per_thread == kScalarElemsMid) {
       launch(rms_norm_backward_scalar_kernel<scalar_t, kScalarElemsMid>, scalar_plan,
+             Partials::kPerSlot);
+      return;
+    }
+    if (scalar_plan.vectors_per_thread == kScalarElemsWide) {
+      launch(rms_norm_backward_scalar_kernel<scalar_t, kScalarElemsWide>, scalar_plan,
              Partials::kPerSlot);
       return;
     }
