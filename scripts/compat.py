@@ -666,10 +666,16 @@ class JobQueue:
             self._pool.shutdown()
 
 
-def build_order(row: matrix.Row) -> tuple[int, tuple[int, ...]]:
-    """Rows built before (warm ccache, a work folder) first, then oldest torch first."""
-    warm = (toolchain.cache_dir() / "work" / row.variant).is_dir()
-    return (0 if warm else 1, tuple(int(p) for p in row.torch.split(".")))
+def build_order(row: matrix.Row, dirs: Sequence[Path] = ()) -> tuple[int, tuple[int, ...]]:
+    """Rows with a wheel already there first (reuse is instant), then rows built before
+    (warm ccache, a work folder), then oldest torch first."""
+    if newest_wheel(row.variant, dirs) is not None:
+        rank = 0
+    elif (toolchain.cache_dir() / "work" / row.variant).is_dir():
+        rank = 1
+    else:
+        rank = 2
+    return (rank, tuple(int(p) for p in row.torch.split(".")))
 
 
 def run_matrix(args: argparse.Namespace) -> dict[str, Any]:
@@ -770,7 +776,8 @@ def run_matrix(args: argparse.Namespace) -> dict[str, Any]:
             )
 
     # Rows whose wheel exists or builds warm go first; their cells test while later rows build.
-    for state in sorted(states.values(), key=lambda s: build_order(s.row)):
+    dirs = [store, *extra_dirs]
+    for state in sorted(states.values(), key=lambda s: build_order(s.row, dirs)):
         row = state.row
         plans = plan_row(row, args.python)
         for plan in plans:
