@@ -93,18 +93,17 @@ def site_packages(python: Path) -> Path:
     return Path(out.stdout.strip())
 
 
+def git_output(*args: str) -> str:
+    """What ``git ARGS`` prints in the repository (raises when git can't tell)."""
+    return subprocess.run(
+        ["git", *args], cwd=REPO, capture_output=True, text=True, check=True
+    ).stdout.strip()
+
+
 def git_commit() -> str:
     try:
-        head = subprocess.run(
-            ["git", "rev-parse", "HEAD"], cwd=REPO, capture_output=True, text=True, check=True
-        ).stdout.strip()
-        dirty = subprocess.run(
-            ["git", "status", "--porcelain", "--", *SOURCE_ITEMS],
-            cwd=REPO,
-            capture_output=True,
-            text=True,
-            check=True,
-        ).stdout.strip()
+        head = git_output("rev-parse", "HEAD")
+        dirty = git_output("status", "--porcelain", "--", *SOURCE_ITEMS)
     except (OSError, subprocess.CalledProcessError):
         return "unknown"
     return head + ("-dirty" if dirty else "")
@@ -115,13 +114,7 @@ def source_date_epoch() -> str:
     if os.environ.get("SOURCE_DATE_EPOCH"):
         return os.environ["SOURCE_DATE_EPOCH"]
     try:
-        return subprocess.run(
-            ["git", "log", "-1", "--format=%ct"],
-            cwd=REPO,
-            capture_output=True,
-            text=True,
-            check=True,
-        ).stdout.strip()
+        return git_output("log", "-1", "--format=%ct")
     except (OSError, subprocess.CalledProcessError):
         return str(int(time.time()))
 
