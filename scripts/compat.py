@@ -257,6 +257,16 @@ def result_key(
     return hashlib.sha256(raw.encode()).hexdigest()[:24]
 
 
+def read_json_or_none(path: Path) -> dict[str, Any] | None:
+    """The JSON in ``path``, or None when it is missing or unreadable (a stale record)."""
+    if not path.is_file():
+        return None
+    try:
+        return json.loads(path.read_text())
+    except ValueError:
+        return None
+
+
 class ResultCache:
     """Passed cells (and negative checks) under ``<cache>/matrix/results/<key>.json``."""
 
@@ -264,13 +274,7 @@ class ResultCache:
         self.root = root
 
     def get(self, key: str) -> dict[str, Any] | None:
-        path = self.root / f"{key}.json"
-        if not path.is_file():
-            return None
-        try:
-            return json.loads(path.read_text())
-        except ValueError:
-            return None
+        return read_json_or_none(self.root / f"{key}.json")
 
     def put(self, key: str, value: Mapping[str, Any]) -> None:
         self.root.mkdir(parents=True, exist_ok=True)
@@ -1049,13 +1053,7 @@ def write_outputs(report: Mapping[str, Any], docs: Path = DOCS) -> None:
 
 
 def load_previous(docs: Path = DOCS) -> dict[str, Any] | None:
-    path = docs / JSON_NAME
-    if not path.is_file():
-        return None
-    try:
-        return json.loads(path.read_text())
-    except ValueError:
-        return None
+    return read_json_or_none(docs / JSON_NAME)
 
 
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
