@@ -9,6 +9,8 @@
 #include <ATen/core/Tensor.h>
 #include <c10/util/Exception.h>
 
+#include <optional>
+
 // The four floating dtypes every hotloop op accepts.
 #define HOTLOOP_DISPATCH_FLOATING(TYPE, NAME, ...) \
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, TYPE, NAME, __VA_ARGS__)
@@ -66,4 +68,23 @@ inline void check_norm_weight(const char* op, const at::Tensor& weight, const at
               " elements but x's last dim is ", x.size(-1));
 }
 
+
+// rms_norm's inputs, on every backend.
+inline void check_rms_norm_inputs(const char* op, const at::Tensor& x,
+                                  const std::optional<at::Tensor>& weight) {
+  check_norm_input(op, "x", x);
+  if (weight.has_value()) {
+    check_norm_weight(op, *weight, x);
+  }
+}
+
+// rms_norm_backward's inputs: rms_norm's, plus a grad_out that matches x.
+inline void check_rms_norm_backward_inputs(const char* op, const at::Tensor& grad_out,
+                                           const at::Tensor& x,
+                                           const std::optional<at::Tensor>& weight) {
+  check_rms_norm_inputs(op, x, weight);
+  check_same_device(op, "x", x, "grad_out", grad_out);
+  check_same_dtype(op, "x", x, "grad_out", grad_out);
+  check_same_shape(op, "x", x, "grad_out", grad_out);
+}
 }  // namespace hotloop

@@ -101,14 +101,6 @@ void rms_norm_backward_cpu_kernel(const scalar_t* grad_out, const scalar_t* x,
   });
 }
 
-void check_rms_norm_inputs(const char* op, const at::Tensor& x,
-                           const std::optional<at::Tensor>& weight) {
-  check_norm_input(op, "x", x);
-  if (weight.has_value()) {
-    check_norm_weight(op, *weight, x);
-  }
-}
-
 at::Tensor rms_norm_cpu(const at::Tensor& x, const std::optional<at::Tensor>& weight, double eps) {
   check_rms_norm_inputs("rms_norm", x, weight);
   at::Tensor y = at::empty(x.sizes(), x.options());
@@ -133,10 +125,7 @@ std::tuple<at::Tensor, at::Tensor> rms_norm_backward_cpu(const at::Tensor& grad_
                                                          const std::optional<at::Tensor>& weight,
                                                          double eps) {
   constexpr const char* op = "rms_norm_backward";
-  check_rms_norm_inputs(op, x, weight);
-  check_same_device(op, "x", x, "grad_out", grad_out);
-  check_same_dtype(op, "x", x, "grad_out", grad_out);
-  check_same_shape(op, "x", x, "grad_out", grad_out);
+  check_rms_norm_backward_inputs(op, grad_out, x, weight);
 
   at::Tensor grad_x = at::empty(x.sizes(), x.options());
   if (!weight.has_value()) {
