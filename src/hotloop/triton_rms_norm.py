@@ -17,12 +17,12 @@ The weight gradient is reduced without a second pass over ``x``: the backward ru
 fixed number of persistent programs (a few per SM), which stride over the row tiles, and
 each accumulates its share of ``sum_rows(grad_out * x_hat)`` in float32 registers while it
 computes ``grad_x``. The ``[num_programs, H]`` partials are summed afterwards (the
-scheme of Liger-Kernel and Unsloth). Rows wider than one program holds in registers
-(``MAX_FUSED_FWD_BLOCK``, ``MAX_FUSED_BWD_BLOCK``), or wider than 8192 and mostly
-padding in their power-of-two block (8193 in 16384), take a looped path
-(forward: two passes over each row, the second from L2; backward: a per-row statistics
-kernel, then a column-blocked kernel that writes ``grad_x`` and the dw partials, which
-reads x and dy twice).
+scheme of Liger-Kernel and Unsloth). A row is held in registers as one power-of-two
+block, or, where that would be mostly padding, as half of it plus a small tail block
+(8193 as 8192 + 16). Rows wider than one program holds (``MAX_FUSED_BLOCK``) take a
+looped path (forward: two passes over each row, the second from L2; backward: a per-row
+statistics kernel, then a column-blocked kernel that writes ``grad_x`` and the dw
+partials, which reads x and dy twice).
 
 Inputs must be CUDA tensors, except under ``TRITON_INTERPRET=1`` (Triton's
 interpreter, which reads the variable when this module is imported), where CPU tensors
@@ -31,47 +31,86 @@ run through the interpreter so that the kernels can be tested on a machine witho
 This module imports on a machine without a GPU; kernels compile at their first call.
 """
 
-from typing import Any, Callable, Optional
+from typing import Any, Callable, NamedTuple, Optional
 
 import torch
 import triton
 import triton.language as tl
 from triton.runtime.jit import JITFunction
 
-__all__ = ["interpreting", "rms_norm", "rms_norm_backward"]
+__all__ = [
+    "BwdConfig",
+    "FwdConfig",
+    "backward_rows",
+    "forward_rows",
+    "interpreting",
+    "rms_norm",
+    "rms_norm_backward",
+]
 
-# Widest rows (as a power of two) that one program holds in registers; wider rows take
-# the looped kernels. See _fwd_tile and _bwd_tile for where the limits come from.
-MAX_FUSED_FWD_BLOCK = 16384
-MAX_FUSED_BWD_BLOCK = 16384
+# Widest rows (register blocks, BLOCK_N + BLOCK_TAIL) that one program holds in
+# registers; wider rows take the looped kernels.
+MAX_FUSED_BLOCK = 16384
 # Column block of the looped kernels.
 LOOPED_BLOCK = 4096
-# Rows wider than 8192 whose power-of-two block would be mostly padding (n_cols under
-# this fraction of it, e.g. 8193 in 16384) take the looped kernels even where they fit,
-# with narrower column blocks (H100, 8193: forward 0.446 -> 0.228 ms with 1024, backward
-# 0.88 -> 0.70 ms with 2048).
+# Rows under this fraction of their power of two (8193 of 16384) are held as half of it
+# plus a tail block (see row_blocks); the smallest tail block.
 _WIDE_FILL = 0.75
-_PADDED_FWD_BLOCK = 1024
-_PADDED_BWD_BLOCK = 2048
-# Elements a row-tile should hold for narrow rows (several rows per program).
+_MIN_TAIL_BLOCK = 16
+# Elements a row-tile of the forward should hold for narrow rows (several rows a program).
 _TILE_ELEMENTS = 4096
-# Warps of the persistent backward per SM (programs = SMs * this / num_warps) where
-# _BWD_CONFIG doesn't say.
+# Warps of the persistent backward per SM where _BWD_CONFIG doesn't say.
 _BWD_WARPS_PER_SM = 32
-# (BLOCK_M, num_warps, programs per SM) of the fused backward by BLOCK_N, the fastest
-# of a sweep on an H100 (bf16, 268 MB tensors); narrower rows: tiles of _BWD_SMALL_TILE
-# elements on 4 warps.
-_BWD_CONFIG = {
-    512: (2, 4, 8),
-    1024: (4, 4, 8),
-    2048: (2, 4, 8),
-    4096: (1, 16, 2),
-    8192: (2, 16, 1),
-    16384: (1, 16, 2),
-}
 _BWD_SMALL_TILE = 2048
 # Backward tiles above this many elements reload w in every iteration.
 _RELOAD_W_TILE = 8192
+
+
+class FwdConfig(NamedTuple):
+    """Launch settings of the fused forward: rows per program and warps."""
+
+    block_m: int
+    num_warps: int
+
+
+class BwdConfig(NamedTuple):
+    """Launch settings of the fused persistent backward (see _rms_norm_bwd_kernel)."""
+
+    block_m: int
+    num_warps: int
+    programs_per_sm: int
+    prefetch: bool = False
+    loop_stages: int = 1
+
+
+# Launch settings by (BLOCK_N, BLOCK_TAIL, rows 16-element aligned), the fastest of
+# benchmarks/tune_triton_rms_norm.py on an H100 (bf16, 268 MB tensors, torch 2.11,
+# Triton 3.6; results in benchmarks/results/tune_triton_rms_norm.json). Aligned rows
+# (H % 16 == 0, which Triton sees and turns into 16-byte loads) are fastest with one or
+# two programs an SM that prefetch their next tile; unaligned rows (1000, 4095, 8193)
+# take scalar loads and prefer more programs without prefetching. Cases the sweep did
+# not cover take fwd_config's and bwd_config's rules.
+_FWD_CONFIG = {
+    (1024, 0, True): FwdConfig(2, 8),
+    (2048, 0, True): FwdConfig(1, 8),
+    (4096, 0, True): FwdConfig(1, 16),
+    (8192, 0, True): FwdConfig(2, 16),
+    (16384, 0, True): FwdConfig(1, 16),
+    (1024, 0, False): FwdConfig(4, 4),
+    (4096, 0, False): FwdConfig(2, 4),
+    (8192, 16, False): FwdConfig(1, 8),
+}
+_BWD_CONFIG = {
+    (512, 0, True): BwdConfig(2, 4, 8),  # from an earlier sweep, without prefetch
+    (1024, 0, True): BwdConfig(4, 4, 2, prefetch=True),
+    (2048, 0, True): BwdConfig(4, 8, 1, prefetch=True),
+    (4096, 0, True): BwdConfig(2, 8, 1, prefetch=True),
+    (8192, 0, True): BwdConfig(1, 16, 1, prefetch=True),
+    (16384, 0, True): BwdConfig(1, 16, 1),
+    (1024, 0, False): BwdConfig(2, 4, 8, prefetch=True),
+    (4096, 0, False): BwdConfig(1, 4, 2),
+    (8192, 16, False): BwdConfig(1, 8, 2),
+}
 
 _SUPPORTED_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 
@@ -101,6 +140,44 @@ def _rsqrt(v, FP64: tl.constexpr):
 
 
 @triton.jit
+def _load_tile(P, rows, row_mask, stride_row, cols, n_cols):
+    # The [rows, cols] tile of a matrix with unit column stride; zeros outside it.
+    mask = row_mask[:, None] & (cols < n_cols)[None, :]
+    return tl.load(P + rows[:, None] * stride_row + cols[None, :], mask=mask, other=0.0)
+
+
+@triton.jit
+def _store_tile(P, rows, row_mask, stride_row, cols, n_cols, v):
+    mask = row_mask[:, None] & (cols < n_cols)[None, :]
+    tl.store(P + rows[:, None] * stride_row + cols[None, :], v.to(P.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def _load_weight(W, cols, n_cols, FP64: tl.constexpr):
+    return _to_acc(tl.load(W + cols, mask=cols < n_cols, other=0.0), FP64)
+
+
+@triton.jit
+def _store_normed(
+    Y,
+    W,
+    rows,
+    row_mask,
+    stride_y_row,
+    cols,
+    n_cols,
+    x,
+    rstd,
+    HAS_WEIGHT: tl.constexpr,
+    FP64: tl.constexpr,
+):
+    y = x * rstd[:, None]
+    if HAS_WEIGHT:
+        y = y * _load_weight(W, cols, n_cols, FP64)[None, :]
+    _store_tile(Y, rows, row_mask, stride_y_row, cols, n_cols, y)
+
+
+@triton.jit
 def _rms_norm_fwd_kernel(
     X,
     W,
@@ -114,25 +191,26 @@ def _rms_norm_fwd_kernel(
     FP64: tl.constexpr,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
+    BLOCK_TAIL: tl.constexpr,
 ):
-    # One program normalises BLOCK_M whole rows (BLOCK_N >= n_cols).
+    # One program normalises BLOCK_M whole rows, held in registers as a block of
+    # BLOCK_N columns and, where BLOCK_TAIL > 0, a tail block of BLOCK_TAIL columns after it
+    # (BLOCK_N + BLOCK_TAIL >= n_cols).
     rows = tl.program_id(0).to(tl.int64) * BLOCK_M + tl.arange(0, BLOCK_M)
+    row_mask = rows < n_rows
     cols = tl.arange(0, BLOCK_N)
-    col_mask = cols < n_cols
-    mask = (rows < n_rows)[:, None] & col_mask[None, :]
-    x = tl.load(X + rows[:, None] * stride_x_row + cols[None, :], mask=mask, other=0.0)
-    x = _to_acc(x, FP64)
-    mean_sq = tl.sum(x * x, axis=1) / n_cols
-    rstd = _rsqrt(mean_sq + eps, FP64)
-    y = x * rstd[:, None]
-    if HAS_WEIGHT:
-        w = _to_acc(tl.load(W + cols, mask=col_mask, other=0.0), FP64)
-        y = y * w[None, :]
-    tl.store(
-        Y + rows[:, None] * stride_y_row + cols[None, :],
-        y.to(Y.dtype.element_ty),
-        mask=mask,
-    )
+    x = _to_acc(_load_tile(X, rows, row_mask, stride_x_row, cols, n_cols), FP64)
+    sum_sq = tl.sum(x * x, axis=1)
+    if BLOCK_TAIL > 0:
+        tail = BLOCK_N + tl.arange(0, BLOCK_TAIL)
+        x_tail = _to_acc(_load_tile(X, rows, row_mask, stride_x_row, tail, n_cols), FP64)
+        sum_sq += tl.sum(x_tail * x_tail, axis=1)
+    rstd = _rsqrt(sum_sq / n_cols + eps, FP64)
+    _store_normed(Y, W, rows, row_mask, stride_y_row, cols, n_cols, x, rstd, HAS_WEIGHT, FP64)
+    if BLOCK_TAIL > 0:
+        _store_normed(
+            Y, W, rows, row_mask, stride_y_row, tail, n_cols, x_tail, rstd, HAS_WEIGHT, FP64
+        )
 
 
 @triton.jit
@@ -148,7 +226,7 @@ def _rms_norm_fwd_looped_kernel(
     FP64: tl.constexpr,
     BLOCK_N: tl.constexpr,
 ):
-    # One program per row, for rows wider than MAX_FUSED_FWD_BLOCK: a pass for the mean
+    # One program per row, for rows wider than MAX_FUSED_BLOCK: a pass for the mean
     # of squares, then a pass that writes y (the row is still in L2 by then).
     row = tl.program_id(0).to(tl.int64)
     x_row = X + row * stride_x_row
@@ -164,7 +242,7 @@ def _rms_norm_fwd_looped_kernel(
         col_mask = cols < n_cols
         y = _to_acc(tl.load(x_row + cols, mask=col_mask, other=0.0), FP64) * rstd
         if HAS_WEIGHT:
-            y = y * _to_acc(tl.load(W + cols, mask=col_mask, other=0.0), FP64)
+            y = y * _load_weight(W, cols, n_cols, FP64)
         tl.store(y_row + cols, y.to(Y.dtype.element_ty), mask=col_mask)
 
 
@@ -185,50 +263,99 @@ def _rms_norm_bwd_kernel(
     FP64: tl.constexpr,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
+    BLOCK_TAIL: tl.constexpr,
     RELOAD_W: tl.constexpr,
+    PREFETCH: tl.constexpr,
+    LOOP_STAGES: tl.constexpr,
 ):
     # Persistent backward: program p of P takes row tiles p, p + P, p + 2P, ...
-    # With x_hat = x * rstd and g = dy * w,
-    #   dx = rstd * (g - x_hat * mean(g * x_hat)),  dw += sum_rows(dy * x_hat),
-    # the dw share staying in registers until the end (one partial row per program).
-    # dw_acc is a whole [BLOCK_M, BLOCK_N] tile, summed over its rows once at the end: a
-    # cross-row (cross-warp) reduction in every iteration costs more than the loads.
+    # (columns as in the forward: a block and an optional tail block). With g = dy * w,
+    #   dx = rstd * (g - x * c),  c = mean(g * x) * rstd^2,  dw += sum_rows(dy * x * rstd);
+    # the two row sums are independent, so their reductions overlap. The dw share stays
+    # in registers until the end (one partial row per program), as a whole
+    # [BLOCK_M, BLOCK_N] tile summed over its rows once: a cross-row (cross-warp)
+    # reduction in every iteration costs more than the loads.
+    # PREFETCH loads the next tile's x and dy before working on this one, so that a
+    # program always has loads in flight; LOOP_STAGES > 1 asks Triton's pipeliner instead.
     pid = tl.program_id(0)
+    step = tl.num_programs(0) * BLOCK_M
     cols = tl.arange(0, BLOCK_N)
-    col_mask = cols < n_cols
     # RELOAD_W: wide rows load w in every iteration (from L1/L2) instead of holding it in
     # registers, which would spill.
     if HAS_WEIGHT and not RELOAD_W:
-        w = _to_acc(tl.load(W + cols, mask=col_mask, other=0.0), FP64)
+        w = _load_weight(W, cols, n_cols, FP64)
     dw_acc = _to_acc(tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32), FP64)
-    for start in range(pid * BLOCK_M, n_rows, tl.num_programs(0) * BLOCK_M):
-        rows = start + tl.arange(0, BLOCK_M)
-        mask = (rows < n_rows)[:, None] & col_mask[None, :]
-        rows = rows.to(tl.int64)
-        x = tl.load(X + rows[:, None] * stride_x_row + cols[None, :], mask=mask, other=0.0)
+    if BLOCK_TAIL > 0:
+        tail = BLOCK_N + tl.arange(0, BLOCK_TAIL)
+        if HAS_WEIGHT:
+            w_tail = _load_weight(W, tail, n_cols, FP64)
+        dw_tail = _to_acc(tl.zeros([BLOCK_M, BLOCK_TAIL], dtype=tl.float32), FP64)
+    if PREFETCH:
+        rows = (pid * BLOCK_M + tl.arange(0, BLOCK_M)).to(tl.int64)
+        x_next = _load_tile(X, rows, rows < n_rows, stride_x_row, cols, n_cols)
+        dy_next = _load_tile(DY, rows, rows < n_rows, stride_dy_row, cols, n_cols)
+        if BLOCK_TAIL > 0:
+            x_tail_next = _load_tile(X, rows, rows < n_rows, stride_x_row, tail, n_cols)
+            dy_tail_next = _load_tile(DY, rows, rows < n_rows, stride_dy_row, tail, n_cols)
+    for start in tl.range(pid * BLOCK_M, n_rows, step, num_stages=LOOP_STAGES):
+        rows = (start + tl.arange(0, BLOCK_M)).to(tl.int64)
+        row_mask = rows < n_rows
+        if PREFETCH:
+            x = x_next
+            dy = dy_next
+            next_rows = rows + step
+            x_next = _load_tile(X, next_rows, next_rows < n_rows, stride_x_row, cols, n_cols)
+            dy_next = _load_tile(DY, next_rows, next_rows < n_rows, stride_dy_row, cols, n_cols)
+            if BLOCK_TAIL > 0:
+                x_tail = x_tail_next
+                dy_tail = dy_tail_next
+                x_tail_next = _load_tile(
+                    X, next_rows, next_rows < n_rows, stride_x_row, tail, n_cols
+                )
+                dy_tail_next = _load_tile(
+                    DY, next_rows, next_rows < n_rows, stride_dy_row, tail, n_cols
+                )
+        else:
+            x = _load_tile(X, rows, row_mask, stride_x_row, cols, n_cols)
+            dy = _load_tile(DY, rows, row_mask, stride_dy_row, cols, n_cols)
+            if BLOCK_TAIL > 0:
+                x_tail = _load_tile(X, rows, row_mask, stride_x_row, tail, n_cols)
+                dy_tail = _load_tile(DY, rows, row_mask, stride_dy_row, tail, n_cols)
         x = _to_acc(x, FP64)
-        dy = tl.load(DY + rows[:, None] * stride_dy_row + cols[None, :], mask=mask, other=0.0)
         dy = _to_acc(dy, FP64)
-        rstd = _rsqrt(tl.sum(x * x, axis=1) / n_cols + eps, FP64)
-        x_hat = x * rstd[:, None]
         if HAS_WEIGHT and RELOAD_W:
-            w = _to_acc(tl.load(W + cols, mask=col_mask, other=0.0), FP64)
+            w = _load_weight(W, cols, n_cols, FP64)
         if HAS_WEIGHT:  # noqa: SIM108 (w exists only when HAS_WEIGHT)
             g = dy * w[None, :]
         else:
             g = dy
-        mean_g_xhat = tl.sum(g * x_hat, axis=1) / n_cols
-        dx = (g - x_hat * mean_g_xhat[:, None]) * rstd[:, None]
-        tl.store(
-            DX + rows[:, None] * stride_dx_row + cols[None, :],
-            dx.to(DX.dtype.element_ty),
-            mask=mask,
-        )
+        sum_sq = tl.sum(x * x, axis=1)
+        sum_gx = tl.sum(g * x, axis=1)
+        if BLOCK_TAIL > 0:
+            x_tail = _to_acc(x_tail, FP64)
+            dy_tail = _to_acc(dy_tail, FP64)
+            if HAS_WEIGHT:  # noqa: SIM108
+                g_tail = dy_tail * w_tail[None, :]
+            else:
+                g_tail = dy_tail
+            sum_sq += tl.sum(x_tail * x_tail, axis=1)
+            sum_gx += tl.sum(g_tail * x_tail, axis=1)
+        rstd = _rsqrt(sum_sq / n_cols + eps, FP64)
+        c = sum_gx / n_cols * rstd * rstd
+        dx = (g - x * c[:, None]) * rstd[:, None]
+        _store_tile(DX, rows, row_mask, stride_dx_row, cols, n_cols, dx)
         if HAS_WEIGHT:
-            dw_acc += _to_acc(dy * x_hat, FP64)
+            dw_acc += dy * x * rstd[:, None]
+        if BLOCK_TAIL > 0:
+            dx_tail = (g_tail - x_tail * c[:, None]) * rstd[:, None]
+            _store_tile(DX, rows, row_mask, stride_dx_row, tail, n_cols, dx_tail)
+            if HAS_WEIGHT:
+                dw_tail += dy_tail * x_tail * rstd[:, None]
     if HAS_WEIGHT:
-        dw = _to_acc(tl.sum(dw_acc, axis=0), FP64)
-        tl.store(DW_PARTIAL + pid.to(tl.int64) * n_cols + cols, dw, mask=col_mask)
+        dw_row = DW_PARTIAL + pid.to(tl.int64) * n_cols
+        tl.store(dw_row + cols, tl.sum(dw_acc, axis=0), mask=cols < n_cols)
+        if BLOCK_TAIL > 0:
+            tl.store(dw_row + tail, tl.sum(dw_tail, axis=0), mask=tail < n_cols)
 
 
 @triton.jit
@@ -247,7 +374,7 @@ def _rms_norm_bwd_row_stats_kernel(
     BLOCK_N: tl.constexpr,
 ):
     # Looped backward, step 1, one program per row: rstd and
-    # coef = rstd^3 * mean(g * x), so that dx = rstd * g - coef * x.
+    # coef = mean(g * x) * rstd^2, so that dx = rstd * (g - coef * x).
     row = tl.program_id(0).to(tl.int64)
     sum_sq = _to_acc(tl.zeros([BLOCK_N], dtype=tl.float32), FP64)
     sum_gx = _to_acc(tl.zeros([BLOCK_N], dtype=tl.float32), FP64)
@@ -257,11 +384,11 @@ def _rms_norm_bwd_row_stats_kernel(
         x = _to_acc(tl.load(X + row * stride_x_row + cols, mask=col_mask, other=0.0), FP64)
         g = _to_acc(tl.load(DY + row * stride_dy_row + cols, mask=col_mask, other=0.0), FP64)
         if HAS_WEIGHT:
-            g = g * _to_acc(tl.load(W + cols, mask=col_mask, other=0.0), FP64)
+            g = g * _load_weight(W, cols, n_cols, FP64)
         sum_sq += x * x
         sum_gx += g * x
     rstd = _rsqrt(tl.sum(sum_sq, axis=0) / n_cols + eps, FP64)
-    coef = rstd * rstd * rstd * (tl.sum(sum_gx, axis=0) / n_cols)
+    coef = tl.sum(sum_gx, axis=0) / n_cols * rstd * rstd
     tl.store(RSTD + row, rstd)
     tl.store(COEF + row, coef)
 
@@ -290,7 +417,7 @@ def _rms_norm_bwd_looped_kernel(
     cols = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
     col_mask = cols < n_cols
     if HAS_WEIGHT:
-        w = _to_acc(tl.load(W + cols, mask=col_mask, other=0.0), FP64)
+        w = _load_weight(W, cols, n_cols, FP64)
     dw_acc = _to_acc(tl.zeros([BLOCK_N], dtype=tl.float32), FP64)
     for row in range(pid_m.to(tl.int64), n_rows, tl.num_programs(0)):
         x = _to_acc(tl.load(X + row * stride_x_row + cols, mask=col_mask, other=0.0), FP64)
@@ -301,7 +428,7 @@ def _rms_norm_bwd_looped_kernel(
             g = dy * w
         else:
             g = dy
-        dx = rstd * g - coef * x
+        dx = (g - coef * x) * rstd
         tl.store(DX + row * stride_dx_row + cols, dx.to(DX.dtype.element_ty), mask=col_mask)
         if HAS_WEIGHT:
             dw_acc += _to_acc(dy * x * rstd, FP64)
@@ -321,72 +448,87 @@ def interpreting() -> bool:
 _INTERPRETING = not isinstance(_rms_norm_fwd_kernel, JITFunction)
 
 
-def _fwd_tile(n_cols: int) -> tuple[int, int, int]:
-    """(BLOCK_M, BLOCK_N, num_warps) of the fused forward for rows of n_cols elements.
+def row_blocks(n_cols: int) -> tuple[int, int]:
+    """(BLOCK_N, BLOCK_TAIL): the register blocks that hold a row of n_cols elements.
 
-    Narrow rows are packed BLOCK_M to a program so that each program moves about
-    _TILE_ELEMENTS elements; 8 to 16 elements a thread (ptxas for sm_90: no spills up
-    to BLOCK_N = 16384 with 16 warps).
+    One power-of-two block where that wastes little; rows under _WIDE_FILL of their
+    power of two are held as half of it plus a small tail block (8193 as 8192 + 16,
+    5000 as 4096 + 1024), which keeps registers and threads on real columns.
     """
-    block_n = triton.next_power_of_2(n_cols)
-    block_m = max(1, min(128, _TILE_ELEMENTS // block_n))
-    tile = block_m * block_n
-    num_warps = 4 if tile <= 1024 else 8 if tile <= 4096 else 16
-    return block_m, block_n, num_warps
+    block = triton.next_power_of_2(n_cols)
+    if n_cols >= _WIDE_FILL * block:
+        return block, 0
+    head = block // 2
+    tail = max(_MIN_TAIL_BLOCK, triton.next_power_of_2(n_cols - head))
+    return (head, tail) if head + tail < block else (block, 0)
 
 
-def _bwd_tile(n_cols: int) -> tuple[int, int, int]:
-    """(BLOCK_M, BLOCK_N, num_warps) of the fused persistent backward.
-
-    The backward holds x, dy, w and the dw share of a tile at once. Settings from
-    _BWD_CONFIG (a sweep on an H100, bf16: 4 warps for narrow rows, which keeps the
-    row reductions inside few warps). At BLOCK_N = 16384 ptxas for sm_90 spills a little
-    even with w reloaded per iteration (_RELOAD_W_TILE), yet the fused kernel beats the
-    looped one there (H100, bf16, 8192 x 16384: 0.35 against 0.48 ms); wider rows loop.
-    """
-    block_n = triton.next_power_of_2(n_cols)
-    if block_n in _BWD_CONFIG:
-        block_m, num_warps, _ = _BWD_CONFIG[block_n]
-    else:
-        block_m, num_warps = max(1, min(128, _BWD_SMALL_TILE // block_n)), 4
-    return block_m, block_n, num_warps
-
-
-def _fused(n_cols: int, max_block: int) -> bool:
+def fused(n_cols: int) -> bool:
     """Whether rows of n_cols elements take the fused (one row in registers) kernels."""
-    block_n = triton.next_power_of_2(n_cols)
-    return block_n <= max_block and (block_n <= 8192 or n_cols >= _WIDE_FILL * block_n)
+    return sum(row_blocks(n_cols)) <= MAX_FUSED_BLOCK
 
 
-def _looped_block(n_cols: int, max_block: int, padded_block: int) -> int:
-    """Column block of the looped kernels: narrower for rows that the fused kernels
-    refused only for their padding (see _WIDE_FILL)."""
-    return padded_block if triton.next_power_of_2(n_cols) <= max_block else LOOPED_BLOCK
+def _swept(table: dict[tuple[int, int, bool], Any], n_cols: int) -> Any:
+    """The sweep's settings for rows of n_cols elements: those of the same blocks and
+    alignment, else of the same blocks aligned (a wide unaligned row still needs the
+    warps of its width), else None."""
+    block_n, block_tail = row_blocks(n_cols)
+    aligned = table.get((block_n, block_tail, True))
+    return table.get((block_n, block_tail, n_cols % 16 == 0), aligned)
 
 
-def _num_persistent_programs(
-    device: torch.device,
-    num_warps: int,
-    work_items: Any = None,
-    programs: Optional[int] = None,
-    per_sm: Optional[int] = None,
-) -> int:
-    """Programs of the persistent backward: as many as fit on the GPU at once, fewer when
-    there are fewer work items (row tiles) than that.
+def _pow2_at_most(n: int) -> int:
+    return 1 << (max(1, n).bit_length() - 1)
+
+
+def _warps_for(elements: int, per_thread: int) -> int:
+    """Warps (4 to 16) that give each thread about per_thread of the elements."""
+    return min(16, max(4, triton.next_power_of_2(triton.cdiv(elements, 32 * per_thread))))
+
+
+def fwd_config(n_cols: int) -> FwdConfig:
+    """Settings of the fused forward for rows of n_cols elements: from _FWD_CONFIG where
+    the sweep covered the case, else narrow rows packed to about _TILE_ELEMENTS elements
+    a program, 8 to 16 elements a thread."""
+    swept = _swept(_FWD_CONFIG, n_cols)
+    if swept is not None:
+        return swept
+    width = sum(row_blocks(n_cols))
+    block_m = min(128, _pow2_at_most(_TILE_ELEMENTS // width))
+    return FwdConfig(block_m, _warps_for(block_m * width, 16))
+
+
+def bwd_config(n_cols: int) -> BwdConfig:
+    """Settings of the fused backward: from _BWD_CONFIG where the sweep covered the
+    case, else tiles of about _BWD_SMALL_TILE elements, 8 to 16 elements a thread, on 4
+    warps where that is enough (the row reductions stay inside few warps), and programs
+    for _BWD_WARPS_PER_SM warps an SM."""
+    swept = _swept(_BWD_CONFIG, n_cols)
+    if swept is not None:
+        return swept
+    width = sum(row_blocks(n_cols))
+    block_m = min(128, _pow2_at_most(_BWD_SMALL_TILE // width))
+    num_warps = _warps_for(block_m * width, 16)
+    return BwdConfig(block_m, num_warps, max(1, _BWD_WARPS_PER_SM // num_warps))
+
+
+def _sm_count(device: torch.device) -> int:
+    """Streaming multiprocessors of the device; under the interpreter a small number, so
+    that a few persistent programs still exercise the dw reduction."""
+    if device.type != "cuda":
+        return 2
+    return torch.cuda.get_device_properties(device).multi_processor_count
+
+
+def _persistent_programs(device: torch.device, per_sm: int, work_items: Any) -> int:
+    """Programs of a persistent kernel: per_sm on every SM, fewer when there are fewer
+    work items (row tiles) than that.
 
     The count is a plain int even when torch.compile traces with a symbolic row count
     (then it is not capped): the [programs, H] partials and their reduction get a static
     shape instead of a nest of symbolic ceil-divisions.
     """
-    if programs is None:
-        if device.type == "cuda":
-            sm_count = torch.cuda.get_device_properties(device).multi_processor_count
-            # 64 registers a thread (see _bwd_tile): an SM's 65536 registers hold 32 warps.
-            if per_sm is None:
-                per_sm = max(1, _BWD_WARPS_PER_SM // num_warps)
-            programs = sm_count * per_sm
-        else:
-            programs = 4  # the interpreter: a few programs, to exercise the reduction
+    programs = _sm_count(device) * per_sm
     if isinstance(work_items, int):
         programs = max(1, min(programs, work_items))
     return programs
@@ -475,6 +617,159 @@ def _as_rows(t: torch.Tensor, n_cols: int) -> torch.Tensor:
 # ------------------------------------------------------------------------------ ops
 
 
+def forward_rows(
+    x: torch.Tensor,
+    weight: Optional[torch.Tensor],
+    y: torch.Tensor,
+    eps: float,
+    config: Optional[FwdConfig] = None,
+) -> None:
+    """Launch the forward on 2-d (rows, H) tensors with unit column stride: y = RMSNorm(x).
+
+    ``config`` overrides the launch settings of the fused kernel (benchmarks/
+    tune_triton_rms_norm.py sweeps them); by default they come from fwd_config.
+    """
+    n_rows, n_cols = x.shape
+    has_weight = weight is not None
+    fp64 = x.dtype == torch.float64
+    if fused(_static(n_cols)):
+        block_n, block_tail = row_blocks(_static(n_cols))
+        config = config or fwd_config(_static(n_cols))
+        _launch(
+            _rms_norm_fwd_kernel,
+            (triton.cdiv(n_rows, config.block_m),),
+            x,
+            weight if has_weight else x,  # never read when HAS_WEIGHT is False
+            y,
+            n_rows,
+            n_cols,
+            x.stride(0),
+            y.stride(0),
+            eps,
+            HAS_WEIGHT=has_weight,
+            FP64=fp64,
+            BLOCK_M=config.block_m,
+            BLOCK_N=block_n,
+            BLOCK_TAIL=block_tail,
+            num_warps=config.num_warps,
+        )
+    else:
+        _launch(
+            _rms_norm_fwd_looped_kernel,
+            (n_rows,),
+            x,
+            weight if has_weight else x,
+            y,
+            n_cols,
+            x.stride(0),
+            y.stride(0),
+            eps,
+            HAS_WEIGHT=has_weight,
+            FP64=fp64,
+            BLOCK_N=LOOPED_BLOCK,
+            num_warps=8,
+        )
+
+
+def backward_rows(
+    grad_out: torch.Tensor,
+    x: torch.Tensor,
+    weight: Optional[torch.Tensor],
+    grad_x: torch.Tensor,
+    eps: float,
+    config: Optional[BwdConfig] = None,
+) -> Optional[torch.Tensor]:
+    """Launch the backward on 2-d (rows, H) tensors with unit column stride: writes grad_x
+    and returns the [programs, H] partial sums of grad_weight (None without weight).
+
+    ``config`` overrides the launch settings of the fused kernel, as in forward_rows.
+    """
+    n_rows, n_cols = x.shape
+    has_weight = weight is not None
+    fp64 = x.dtype == torch.float64
+    acc_dtype = torch.float64 if fp64 else torch.float32
+    if fused(_static(n_cols)):
+        block_n, block_tail = row_blocks(_static(n_cols))
+        config = config or bwd_config(_static(n_cols))
+        programs = _persistent_programs(
+            x.device, config.programs_per_sm, triton.cdiv(n_rows, config.block_m)
+        )
+        dw_partial = torch.empty(
+            (programs, n_cols) if has_weight else (0,), dtype=acc_dtype, device=x.device
+        )
+        _launch(
+            _rms_norm_bwd_kernel,
+            (programs,),
+            grad_out,
+            x,
+            weight if has_weight else x,
+            grad_x,
+            dw_partial if has_weight else grad_x,  # never written when HAS_WEIGHT is False
+            n_rows,
+            n_cols,
+            grad_out.stride(0),
+            x.stride(0),
+            grad_x.stride(0),
+            eps,
+            HAS_WEIGHT=has_weight,
+            FP64=fp64,
+            BLOCK_M=config.block_m,
+            BLOCK_N=block_n,
+            BLOCK_TAIL=block_tail,
+            RELOAD_W=config.block_m * block_n > _RELOAD_W_TILE,
+            PREFETCH=config.prefetch,
+            LOOP_STAGES=config.loop_stages,
+            num_warps=config.num_warps,
+        )
+    else:
+        rstd = torch.empty((n_rows,), dtype=acc_dtype, device=x.device)
+        coef = torch.empty((n_rows,), dtype=acc_dtype, device=x.device)
+        _launch(
+            _rms_norm_bwd_row_stats_kernel,
+            (n_rows,),
+            grad_out,
+            x,
+            weight if has_weight else x,
+            rstd,
+            coef,
+            n_cols,
+            grad_out.stride(0),
+            x.stride(0),
+            eps,
+            HAS_WEIGHT=has_weight,
+            FP64=fp64,
+            BLOCK_N=LOOPED_BLOCK,
+            num_warps=16,
+        )
+        col_blocks = triton.cdiv(n_cols, LOOPED_BLOCK)
+        # About two programs an SM in all, each (row set, column block) one of them.
+        row_sets = min(n_rows, max(1, triton.cdiv(2 * _sm_count(x.device), col_blocks)))
+        dw_partial = torch.empty(
+            (row_sets, n_cols) if has_weight else (0,), dtype=acc_dtype, device=x.device
+        )
+        _launch(
+            _rms_norm_bwd_looped_kernel,
+            (row_sets, col_blocks),
+            grad_out,
+            x,
+            weight if has_weight else x,
+            rstd,
+            coef,
+            grad_x,
+            dw_partial if has_weight else grad_x,
+            n_rows,
+            n_cols,
+            grad_out.stride(0),
+            x.stride(0),
+            grad_x.stride(0),
+            HAS_WEIGHT=has_weight,
+            FP64=fp64,
+            BLOCK_N=LOOPED_BLOCK,
+            num_warps=16,
+        )
+    return dw_partial if has_weight else None
+
+
 @_define_op("hotloop::rms_norm_triton")
 def _rms_norm_triton(x: torch.Tensor, weight: Optional[torch.Tensor], eps: float) -> torch.Tensor:
     _check_inputs("rms_norm", x, weight)
@@ -482,47 +777,8 @@ def _rms_norm_triton(x: torch.Tensor, weight: Optional[torch.Tensor], eps: float
     if x.numel() == 0:
         return y
     n_cols = x.shape[-1]
-    x2 = _as_rows(x, n_cols)
-    y2 = y.view(-1, n_cols)
-    n_rows = x2.shape[0]
     w = weight.reshape(-1).contiguous() if weight is not None else None
-    has_weight = w is not None
-    fp64 = x.dtype == torch.float64
-    if _fused(_static(n_cols), MAX_FUSED_FWD_BLOCK):
-        block_m, block_n, num_warps = _fwd_tile(_static(n_cols))
-        _launch(
-            _rms_norm_fwd_kernel,
-            (triton.cdiv(n_rows, block_m),),
-            x2,
-            w if has_weight else x2,  # never read when HAS_WEIGHT is False
-            y2,
-            n_rows,
-            n_cols,
-            x2.stride(0),
-            y2.stride(0),
-            eps,
-            HAS_WEIGHT=has_weight,
-            FP64=fp64,
-            BLOCK_M=block_m,
-            BLOCK_N=block_n,
-            num_warps=num_warps,
-        )
-    else:
-        _launch(
-            _rms_norm_fwd_looped_kernel,
-            (n_rows,),
-            x2,
-            w if has_weight else x2,
-            y2,
-            n_cols,
-            x2.stride(0),
-            y2.stride(0),
-            eps,
-            HAS_WEIGHT=has_weight,
-            FP64=fp64,
-            BLOCK_N=_looped_block(_static(n_cols), MAX_FUSED_FWD_BLOCK, _PADDED_FWD_BLOCK),
-            num_warps=8,
-        )
+    forward_rows(_as_rows(x, n_cols), w, y.view(-1, n_cols), eps)
     return y
 
 
@@ -546,94 +802,11 @@ def _rms_norm_triton_backward(
         return grad_x, grad_weight
 
     n_cols = x.shape[-1]
-    x2 = _as_rows(x, n_cols)
-    dy2 = _as_rows(grad_out, n_cols)
-    dx2 = grad_x.view(-1, n_cols)
-    n_rows = x2.shape[0]
     w = weight.reshape(-1).contiguous() if weight is not None else None
-    has_weight = w is not None
-    fp64 = x.dtype == torch.float64
-    acc_dtype = torch.float64 if fp64 else torch.float32
-
-    if _fused(_static(n_cols), MAX_FUSED_BWD_BLOCK):
-        block_m, block_n, num_warps = _bwd_tile(_static(n_cols))
-        per_sm = _BWD_CONFIG[block_n][2] if block_n in _BWD_CONFIG else None
-        programs = _num_persistent_programs(
-            x.device, num_warps, triton.cdiv(n_rows, block_m), per_sm=per_sm
-        )
-        dw_partial = torch.empty(
-            (programs, n_cols) if has_weight else (0,), dtype=acc_dtype, device=x.device
-        )
-        _launch(
-            _rms_norm_bwd_kernel,
-            (programs,),
-            dy2,
-            x2,
-            w if has_weight else x2,
-            dx2,
-            dw_partial if has_weight else dx2,  # never written when HAS_WEIGHT is False
-            n_rows,
-            n_cols,
-            dy2.stride(0),
-            x2.stride(0),
-            dx2.stride(0),
-            eps,
-            HAS_WEIGHT=has_weight,
-            FP64=fp64,
-            BLOCK_M=block_m,
-            BLOCK_N=block_n,
-            RELOAD_W=block_m * block_n > _RELOAD_W_TILE,
-            num_warps=num_warps,
-        )
-    else:
-        looped_block = _looped_block(_static(n_cols), MAX_FUSED_BWD_BLOCK, _PADDED_BWD_BLOCK)
-        rstd = torch.empty((n_rows,), dtype=acc_dtype, device=x.device)
-        coef = torch.empty((n_rows,), dtype=acc_dtype, device=x.device)
-        _launch(
-            _rms_norm_bwd_row_stats_kernel,
-            (n_rows,),
-            dy2,
-            x2,
-            w if has_weight else x2,
-            rstd,
-            coef,
-            n_cols,
-            dy2.stride(0),
-            x2.stride(0),
-            eps,
-            HAS_WEIGHT=has_weight,
-            FP64=fp64,
-            BLOCK_N=looped_block,
-            num_warps=16,
-        )
-        col_blocks = triton.cdiv(n_cols, looped_block)
-        # About two programs an SM in all, each (row set, column block) one of them.
-        programs = max(1, triton.cdiv(2 * _num_persistent_programs(x.device, 32), col_blocks))
-        programs = _num_persistent_programs(x.device, 32, n_rows, programs)
-        dw_partial = torch.empty(
-            (programs, n_cols) if has_weight else (0,), dtype=acc_dtype, device=x.device
-        )
-        _launch(
-            _rms_norm_bwd_looped_kernel,
-            (programs, col_blocks),
-            dy2,
-            x2,
-            w if has_weight else x2,
-            rstd,
-            coef,
-            dx2,
-            dw_partial if has_weight else dx2,
-            n_rows,
-            n_cols,
-            dy2.stride(0),
-            x2.stride(0),
-            dx2.stride(0),
-            HAS_WEIGHT=has_weight,
-            FP64=fp64,
-            BLOCK_N=looped_block,
-            num_warps=16,
-        )
-    if weight is not None:
+    dw_partial = backward_rows(
+        _as_rows(grad_out, n_cols), _as_rows(x, n_cols), w, grad_x.view(-1, n_cols), eps
+    )
+    if weight is not None and dw_partial is not None:
         grad_weight = dw_partial.sum(0).to(weight.dtype).view(weight.shape)
     return grad_x, grad_weight
 

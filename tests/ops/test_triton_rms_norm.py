@@ -75,6 +75,50 @@ def assert_near(got: torch.Tensor, ref: torch.Tensor, dtype: torch.dtype, what: 
     assert err <= TOLERANCE[dtype], f"{what}: max error {err:.3g} of max |ref| ({dtype})"
 
 
+def is_power_of_2(n: int) -> bool:
+    return n > 0 and n & (n - 1) == 0
+
+
+@pytest.mark.parametrize(
+    "hidden",
+    [
+        1,
+        7,
+        33,
+        100,
+        512,
+        1000,
+        1024,
+        2047,
+        4095,
+        4096,
+        5000,
+        8192,
+        8193,
+        12000,
+        16383,
+        16384,
+        16385,
+        20000,
+    ],
+)
+def test_launch_settings_fit_every_width(hidden: int) -> None:
+    # Triton refuses block shapes that aren't powers of two, and a thread that holds more
+    # than 64 elements of a tile spills: check what every width would be launched with.
+    block_n, block_tail = triton_rms_norm.row_blocks(hidden)
+    assert is_power_of_2(block_n)
+    assert block_tail == 0 or is_power_of_2(block_tail)
+    assert block_n + block_tail >= hidden
+    assert block_n + block_tail < 2 * hidden or block_n + block_tail <= 16
+    if not triton_rms_norm.fused(hidden):
+        assert block_n + block_tail > triton_rms_norm.MAX_FUSED_BLOCK
+        return
+    for config in (triton_rms_norm.fwd_config(hidden), triton_rms_norm.bwd_config(hidden)):
+        assert is_power_of_2(config.block_m)
+        assert config.num_warps in (1, 2, 4, 8, 16, 32)
+        assert config.block_m * (block_n + block_tail) / (32 * config.num_warps) <= 64, config
+
+
 # ------------------------------------------------------------------------------ GPU
 
 
@@ -258,6 +302,24 @@ INTERPRETER_SCRIPT = textwrap.dedent(
             ref = torch.autograd.grad(reference(x, w, 1e-6), inputs, dy.double())
             for g, r in zip(got, ref):
                 near(g, r, dtype, f"grad {dtype} {shape}")
+
+    # Every variant of the backward that a launch setting can pick (prefetching, the
+    # pipeliner, several rows a tile), on a split row (33 = 32 + a tail block of 16).
+    x = torch.randn(9, 33, dtype=torch.float32)
+    w = torch.randn(33, dtype=torch.float32)
+    dy = torch.randn_like(x)
+    xr, wr = x.double().requires_grad_(), w.double().requires_grad_()
+    ref = torch.autograd.grad(reference(xr, wr, 1e-6), (xr, wr), dy.double())
+    assert trn.row_blocks(33) == (32, 16)
+    for config in (trn.BwdConfig(1, 4, 2, prefetch=True), trn.BwdConfig(2, 4, 1, prefetch=True),
+                   trn.BwdConfig(4, 4, 1, loop_stages=2), trn.BwdConfig(2, 4, 3)):
+        dx = torch.empty_like(x)
+        dw = trn.backward_rows(dy, x, w, dx, 1e-6, config).sum(0)
+        near(dx, ref[0], torch.float32, f"dx {config}")
+        near(dw, ref[1], torch.float32, f"dw {config}")
+        y = torch.empty_like(x)
+        trn.forward_rows(x, w, y, 1e-6, trn.FwdConfig(config.block_m, 4))
+        near(y, reference(x, w, 1e-6), torch.float32, f"y {config.block_m} rows a program")
 
     # Non-contiguous input, and the Python API's backend switch.
     x = torch.randn(24, 10, dtype=torch.float32).t()
