@@ -68,7 +68,6 @@ inline void check_norm_weight(const char* op, const at::Tensor& weight, const at
               " elements but x's last dim is ", x.size(-1));
 }
 
-
 // rms_norm's inputs, on every backend.
 inline void check_rms_norm_inputs(const char* op, const at::Tensor& x,
                                   const std::optional<at::Tensor>& weight) {

@@ -5,7 +5,8 @@
 // computed from that rounded value, as on CPU, so the op equals the unfused
 // `residual.add_(x); x.copy_(rms_norm(residual, weight, eps))`. Rows map onto
 // blocks as in rms_norm (common/row_launch.cuh): register-resident 16-byte
-// vectors when aligned, a generic scalar kernel otherwise.
+// vectors when aligned, register-resident scalars for other rows up to 16384
+// elements (common/scalar_rows.cuh), a generic kernel for the rest.
 #include <ATen/OpMathType.h>
 #include <ATen/core/Tensor.h>
 #include <ATen/ops/empty.h>
@@ -18,15 +19,29 @@
 #include "../common/cuda_utils.cuh"
 #include "../common/fused_add_rms_norm_checks.h"
 #include "../common/row_launch.cuh"
+#include "../common/scalar_rows.cuh"
 
 namespace hotloop {
 namespace {
 
-constexpr RowKernelLimits kFusedLimits{/*max_vectors_per_thread=*/8, /*target_threads=*/256,
-                                       /*max_threads=*/kMaxThreadsPerBlock};
+// Up to four 16-byte vectors per thread of x and of the residual (bfloat16 rows up to
+// 16384), the four-vector variant built for at most 512 threads: on 1024 threads, at
+// most 64 registers each, it spilled, and eight vectors spilled even on 512 (H100,
+// bfloat16, H = 16384: 70% and 62% of copy bandwidth). Longer rows take the generic
+// kernel.
+constexpr int kFusedWideVectors = 4;
+constexpr int kFusedMaxThreadsWide = 512;
+constexpr RowKernelLimits kFusedLimits{/*max_vectors_per_thread=*/kFusedWideVectors,
+                                       /*target_threads=*/256,
+                                       /*max_threads=*/kFusedMaxThreadsWide};
 
+// The kernels load a thread's whole share of x and of the residual (the generic one:
+// a chunk of it) before storing the sums: a store to the residual between the loads
+// would, for all nvcc can tell, alias the next loads, which then wait for it one round
+// trip at a time (49% of copy bandwidth at H = 4095 on an H100).
 template <typename scalar_t, int kVectorsPerThread>
-__global__ void __launch_bounds__(kMaxThreadsPerBlock)
+__global__ void __launch_bounds__(kVectorsPerThread >= kFusedWideVectors ? kFusedMaxThreadsWide
+                                                                         : kMaxThreadsPerBlock)
     fused_add_rms_norm_vector_kernel(scalar_t* __restrict__ x, scalar_t* __restrict__ residual,
                                      const scalar_t* __restrict__ weight, int64_t rows,
                                      int64_t hidden, at::opmath_type<scalar_t> eps) {
@@ -44,18 +59,25 @@ __global__ void __launch_bounds__(kMaxThreadsPerBlock)
     const bool row_valid = row < rows;
     Vec* x_row = reinterpret_cast<Vec*>(x + row * hidden);
     Vec* res_row = reinterpret_cast<Vec*>(residual + row * hidden);
-    Vec sum[kVectorsPerThread];  // the rounded residual, kept for the second step
+    Vec sum[kVectorsPerThread];  // x, then the rounded residual, kept for the second step
+    Vec rv[kVectorsPerThread];
+#pragma unroll
+    for (int i = 0; i < kVectorsPerThread; ++i) {
+      const int idx = threadIdx.x + i * blockDim.x;
+      if (row_valid && idx < num_vectors) {
+        sum[i] = x_row[idx];
+        rv[i] = res_row[idx];
+      }
+    }
     acc_t sum_sq[1] = {0};
 #pragma unroll
     for (int i = 0; i < kVectorsPerThread; ++i) {
       const int idx = threadIdx.x + i * blockDim.x;
       if (row_valid && idx < num_vectors) {
-        const Vec xv = x_row[idx];
-        const Vec rv = res_row[idx];
 #pragma unroll
         for (int k = 0; k < kVec; ++k) {
-          sum[i].val[k] =
-              static_cast<scalar_t>(static_cast<acc_t>(xv.val[k]) + static_cast<acc_t>(rv.val[k]));
+          sum[i].val[k] = static_cast<scalar_t>(static_cast<acc_t>(sum[i].val[k]) +
+                                                static_cast<acc_t>(rv[i].val[k]));
           const acc_t v = static_cast<acc_t>(sum[i].val[k]);
           sum_sq[0] += v * v;
         }
@@ -81,8 +103,62 @@ __global__ void __launch_bounds__(kMaxThreadsPerBlock)
   }
 }
 
-// Any hidden size and alignment. The second loop re-reads the residual elements
-// this same thread stored in the first, so no barrier is needed between them.
+// Rows that the vector kernel cannot take, held in registers as scalars: the
+// rounded sums are kept for the second step instead of re-read.
+template <typename scalar_t, int kElemsPerThread>
+__global__ void __launch_bounds__(scalar_max_threads(kElemsPerThread))
+    fused_add_rms_norm_scalar_kernel(scalar_t* __restrict__ x, scalar_t* __restrict__ residual,
+                                     const scalar_t* __restrict__ weight, int64_t rows,
+                                     int64_t hidden, at::opmath_type<scalar_t> eps) {
+  using acc_t = at::opmath_type<scalar_t>;
+  const acc_t inv_hidden = acc_t(1) / static_cast<acc_t>(hidden);
+  const int stride = scalar_stride<kElemsPerThread>();
+  // Element i of this thread is column threadIdx.x + i * stride of the row.
+  const int own_columns = static_cast<int>(hidden) - static_cast<int>(threadIdx.x);
+  const scalar_t* w_own = weight + threadIdx.x;
+  for (int64_t block_row = static_cast<int64_t>(blockIdx.x) * blockDim.y; block_row < rows;
+       block_row += static_cast<int64_t>(gridDim.x) * blockDim.y) {
+    const int64_t row = block_row + threadIdx.y;
+    const int row_columns = row < rows ? own_columns : 0;  // masks rows past the end
+    scalar_t* x_own = x + row * hidden + threadIdx.x;
+    scalar_t* res_own = residual + row * hidden + threadIdx.x;
+    scalar_t xv[kElemsPerThread];
+    scalar_t rv[kElemsPerThread];
+#pragma unroll
+    for (int i = 0; i < kElemsPerThread; ++i) {
+      const bool in_row = i * stride < row_columns;
+      xv[i] = in_row ? x_own[i * stride] : scalar_t(0);
+      rv[i] = in_row ? res_own[i * stride] : scalar_t(0);
+    }
+    acc_t sum[kElemsPerThread];  // the rounded residual
+    acc_t sum_sq[1] = {0};
+#pragma unroll
+    for (int i = 0; i < kElemsPerThread; ++i) {
+      const scalar_t s =
+          static_cast<scalar_t>(static_cast<acc_t>(xv[i]) + static_cast<acc_t>(rv[i]));
+      if (i * stride < row_columns) {
+        res_own[i * stride] = s;
+      }
+      sum[i] = static_cast<acc_t>(s);
+      sum_sq[0] += sum[i] * sum[i];
+    }
+    row_sum(sum_sq);
+    const acc_t rstd = rsqrt_acc(sum_sq[0] * inv_hidden + eps);
+#pragma unroll
+    for (int i = 0; i < kElemsPerThread; ++i) {
+      if (i * stride < row_columns) {
+        x_own[i * stride] =
+            static_cast<scalar_t>(sum[i] * rstd * static_cast<acc_t>(w_own[i * stride]));
+      }
+    }
+  }
+}
+
+// Any hidden size and alignment, in chunks of kGenericChunk elements per thread. The
+// second loop re-reads the residual elements this same thread stored in the first, so
+// no barrier is needed between them.
+constexpr int kGenericChunk = 4;
+
 template <typename scalar_t>
 __global__ void __launch_bounds__(kMaxThreadsPerBlock)
     fused_add_rms_norm_generic_kernel(scalar_t* __restrict__ x, scalar_t* __restrict__ residual,
@@ -90,6 +166,7 @@ __global__ void __launch_bounds__(kMaxThreadsPerBlock)
                                       int64_t hidden, at::opmath_type<scalar_t> eps) {
   using acc_t = at::opmath_type<scalar_t>;
   const acc_t inv_hidden = acc_t(1) / static_cast<acc_t>(hidden);
+  const int64_t chunk_stride = int64_t{kGenericChunk} * blockDim.x;
   for (int64_t block_row = static_cast<int64_t>(blockIdx.x) * blockDim.y; block_row < rows;
        block_row += static_cast<int64_t>(gridDim.x) * blockDim.y) {
     const int64_t row = block_row + threadIdx.y;
@@ -97,12 +174,26 @@ __global__ void __launch_bounds__(kMaxThreadsPerBlock)
     scalar_t* x_row = x + row * hidden;
     scalar_t* res_row = residual + row * hidden;
     acc_t sum_sq[1] = {0};
-    for (int64_t j = threadIdx.x; j < row_hidden; j += blockDim.x) {
-      const scalar_t s =
-          static_cast<scalar_t>(static_cast<acc_t>(x_row[j]) + static_cast<acc_t>(res_row[j]));
-      res_row[j] = s;
-      const acc_t v = static_cast<acc_t>(s);
-      sum_sq[0] += v * v;
+    for (int64_t j0 = threadIdx.x; j0 < row_hidden; j0 += chunk_stride) {
+      scalar_t xv[kGenericChunk];
+      scalar_t rv[kGenericChunk];
+#pragma unroll
+      for (int c = 0; c < kGenericChunk; ++c) {
+        const int64_t j = j0 + c * static_cast<int64_t>(blockDim.x);
+        xv[c] = j < row_hidden ? x_row[j] : scalar_t(0);
+        rv[c] = j < row_hidden ? res_row[j] : scalar_t(0);
+      }
+#pragma unroll
+      for (int c = 0; c < kGenericChunk; ++c) {
+        const int64_t j = j0 + c * static_cast<int64_t>(blockDim.x);
+        const scalar_t s =
+            static_cast<scalar_t>(static_cast<acc_t>(xv[c]) + static_cast<acc_t>(rv[c]));
+        if (j < row_hidden) {
+          res_row[j] = s;
+        }
+        const acc_t v = static_cast<acc_t>(s);
+        sum_sq[0] += v * v;
+      }
     }
     row_sum(sum_sq);
     const acc_t rstd = rsqrt_acc(sum_sq[0] * inv_hidden + eps);
@@ -120,9 +211,21 @@ void launch_fused_add_rms_norm(scalar_t* x, scalar_t* residual, const scalar_t* 
   const bool aligned =
       is_vector_aligned(x) && is_vector_aligned(residual) && is_vector_aligned(weight);
   const RowLaunch plan = plan_row_launch(hidden, vector_size<scalar_t>(), aligned, kFusedLimits);
-  const dim3 grid(static_cast<unsigned>(row_blocks(rows, plan)));
   const cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
   const acc_t eps_acc = static_cast<acc_t>(eps);
+  if (plan.vectors_per_thread == 0) {
+    const RowLaunch scalar_plan = plan_scalar_row_launch(hidden);
+    const dim3 grid(static_cast<unsigned>(row_blocks(rows, scalar_plan)));
+    const bool launched = launch_scalar_rows<scalar_t>(scalar_plan, [&](auto elems) {
+      fused_add_rms_norm_scalar_kernel<scalar_t, decltype(elems)::value>
+          <<<grid, scalar_plan.block(), 0, stream>>>(x, residual, weight, rows, hidden, eps_acc);
+    });
+    if (launched) {
+      C10_CUDA_KERNEL_LAUNCH_CHECK();
+      return;
+    }
+  }
+  const dim3 grid(static_cast<unsigned>(row_blocks(rows, plan)));
   switch (plan.vectors_per_thread) {
 #define HOTLOOP_LAUNCH(VPT)                                                              \
   case VPT:                                                                              \
@@ -131,8 +234,7 @@ void launch_fused_add_rms_norm(scalar_t* x, scalar_t* residual, const scalar_t* 
     break;
     HOTLOOP_LAUNCH(1)
     HOTLOOP_LAUNCH(2)
-    HOTLOOP_LAUNCH(4)
-    HOTLOOP_LAUNCH(8)
+    HOTLOOP_LAUNCH(kFusedWideVectors)
 #undef HOTLOOP_LAUNCH
     default:
       TORCH_INTERNAL_ASSERT(plan.vectors_per_thread == 0);

@@ -26,6 +26,7 @@
 #include "../common/checks.h"
 #include "../common/cuda_utils.cuh"
 #include "../common/row_launch.cuh"
+#include "../common/scalar_rows.cuh"
 
 namespace hotloop {
 namespace {
@@ -41,56 +42,6 @@ namespace {
 constexpr int kForwardMaxThreadsAt8 = 512;
 constexpr RowKernelLimits kForwardLimits{/*max_vectors_per_thread=*/8, /*target_threads=*/256,
                                          /*max_threads=*/kForwardMaxThreadsAt8};
-
-// The scalar register-resident kernels (forward and backward) come in four
-// variants: kScalarElemsShort elements per thread with blockDim.x as planned, for
-// rows up to kScalarElemsShort * 512; then kScalarElemsMid, kScalarElemsWide and
-// kScalarElemsLong elements per thread with a thread count fixed at compile time (their
-// scalar_fixed_threads), for rows up to the product. With the thread count a
-// constant, a thread's elements sit at constant offsets from one pointer, so the
-// row fits in the registers without spilling (with a run-time stride nvcc kept a
-// 64-bit address per element and spilled). Longer rows, and float64 (whose rows
-// would not fit in registers), take the generic kernels.
-constexpr int kScalarElemsShort = 4;
-constexpr int kScalarElemsMid = 16;
-constexpr int kScalarElemsWide = 24;
-constexpr int kScalarElemsLong = 32;
-
-// blockDim.x of the scalar kernels: 0 = as planned.
-constexpr int scalar_fixed_threads(int elems_per_thread) {
-  return elems_per_thread == kScalarElemsShort  ? 0
-         : elems_per_thread == kScalarElemsMid  ? 256
-         : elems_per_thread == kScalarElemsWide ? 384
-                                                : 512;
-}
-
-constexpr int scalar_max_threads(int elems_per_thread) {
-  return elems_per_thread == kScalarElemsShort ? kMaxThreadsPerBlock
-                                               : scalar_fixed_threads(elems_per_thread);
-}
-
-template <typename scalar_t>
-constexpr bool kScalarRowsInRegisters = sizeof(scalar_t) <= 4;
-
-inline RowLaunch plan_scalar_row_launch(int64_t hidden) {
-  RowLaunch plan;
-  if (hidden <= int64_t{kScalarElemsShort} * 512) {
-    plan.vectors_per_thread = kScalarElemsShort;
-    plan.threads_per_row = threads_for_row(ceil_div(hidden, kScalarElemsShort));
-  } else {
-    for (const int elems : {kScalarElemsMid, kScalarElemsWide, kScalarElemsLong}) {
-      if (hidden <= int64_t{elems} * scalar_fixed_threads(elems)) {
-        plan.vectors_per_thread = elems;
-        plan.threads_per_row = scalar_fixed_threads(elems);
-        break;
-      }
-    }
-  }
-  if (plan.threads_per_row <= kWarpSize) {
-    plan.rows_per_block = kThreadsForShortRows / plan.threads_per_row;
-  }
-  return plan;
-}
 
 template <typename scalar_t, int kVectorsPerThread>
 __global__ void __launch_bounds__(kVectorsPerThread >= 8 ? kForwardMaxThreadsAt8
@@ -153,10 +104,8 @@ __global__ void __launch_bounds__(kVectorsPerThread >= 8 ? kForwardMaxThreadsAt8
   }
 }
 
-// Rows that the vector kernel cannot take (hidden not a multiple of the vector
-// width, or pointers off a 16-byte boundary) but that fit in registers as
-// scalars: each thread keeps elements j = threadIdx.x + i * blockDim.x, i <
-// kElemsPerThread, of its row (coalesced scalar loads), so x is read once.
+// Rows that the vector kernel cannot take but that fit in registers as scalars
+// (common/scalar_rows.cuh), so x is read once.
 template <typename scalar_t, int kElemsPerThread>
 __global__ void __launch_bounds__(scalar_max_threads(kElemsPerThread))
     rms_norm_scalar_kernel(const scalar_t* __restrict__ x, const scalar_t* __restrict__ weight,
@@ -165,8 +114,7 @@ __global__ void __launch_bounds__(scalar_max_threads(kElemsPerThread))
   using acc_t = at::opmath_type<scalar_t>;
   const int hidden_int = static_cast<int>(hidden);
   const acc_t inv_hidden = acc_t(1) / static_cast<acc_t>(hidden);
-  constexpr int kFixedThreads = scalar_fixed_threads(kElemsPerThread);
-  const int stride = kFixedThreads > 0 ? kFixedThreads : static_cast<int>(blockDim.x);
+  const int stride = scalar_stride<kElemsPerThread>();
   // Element i of this thread is column threadIdx.x + i * stride of the row.
   const int own_columns = hidden_int - static_cast<int>(threadIdx.x);
   const scalar_t* w_own = weight != nullptr ? weight + threadIdx.x : nullptr;
@@ -237,24 +185,14 @@ void launch_rms_norm(const scalar_t* x, const scalar_t* weight, scalar_t* y, int
   const RowLaunch plan = plan_row_launch(hidden, vector_size<scalar_t>(), aligned, kForwardLimits);
   const cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
   const acc_t eps_acc = static_cast<acc_t>(eps);
-  if constexpr (kScalarRowsInRegisters<scalar_t>) {
-    const RowLaunch scalar_plan = plan.vectors_per_thread == 0 ? plan_scalar_row_launch(hidden)
-                                                               : RowLaunch{};
-    if (scalar_plan.vectors_per_thread != 0) {
-      const dim3 grid(static_cast<unsigned>(row_blocks(rows, scalar_plan)));
-      if (scalar_plan.vectors_per_thread == kScalarElemsShort) {
-        rms_norm_scalar_kernel<scalar_t, kScalarElemsShort>
-            <<<grid, scalar_plan.block(), 0, stream>>>(x, weight, y, rows, hidden, eps_acc);
-      } else if (scalar_plan.vectors_per_thread == kScalarElemsMid) {
-        rms_norm_scalar_kernel<scalar_t, kScalarElemsMid>
-            <<<grid, scalar_plan.block(), 0, stream>>>(x, weight, y, rows, hidden, eps_acc);
-      } else if (scalar_plan.vectors_per_thread == kScalarElemsWide) {
-        rms_norm_scalar_kernel<scalar_t, kScalarElemsWide>
-            <<<grid, scalar_plan.block(), 0, stream>>>(x, weight, y, rows, hidden, eps_acc);
-      } else {
-        rms_norm_scalar_kernel<scalar_t, kScalarElemsLong>
-            <<<grid, scalar_plan.block(), 0, stream>>>(x, weight, y, rows, hidden, eps_acc);
-      }
+  if (plan.vectors_per_thread == 0) {
+    const RowLaunch scalar_plan = plan_scalar_row_launch(hidden);
+    const dim3 grid(static_cast<unsigned>(row_blocks(rows, scalar_plan)));
+    const bool launched = launch_scalar_rows<scalar_t>(scalar_plan, [&](auto elems) {
+      rms_norm_scalar_kernel<scalar_t, decltype(elems)::value>
+          <<<grid, scalar_plan.block(), 0, stream>>>(x, weight, y, rows, hidden, eps_acc);
+    });
+    if (launched) {
       C10_CUDA_KERNEL_LAUNCH_CHECK();
       return;
     }
@@ -293,10 +231,29 @@ void launch_rms_norm(const scalar_t* x, const scalar_t* weight, scalar_t* y, int
 // ---------------------------------------------------------------------------
 
 // Up to 1024 threads per row with one 16-byte vector each (two rows at a time, see
-// below), or two vectors each for longer rows; longer rows take the generic kernel.
-constexpr RowKernelLimits kBackwardLimits{/*max_vectors_per_thread=*/2,
+// below); longer rows four vectors each on up to 512 threads (bfloat16 up to
+// H = 16384), a variant built for 512 threads so that its 4 vectors of x, of
+// grad_out and of the grad_weight accumulator stay in registers (two vectors on
+// 1024 threads, at most 64 registers each, spilled: 77% of copy bandwidth at
+// H = 16384 on an H100). Longer rows take the scalar or generic kernels.
+constexpr int kBackwardWideVectors = 4;
+constexpr int kBackwardMaxThreadsWide = 512;
+constexpr RowKernelLimits kBackwardLimits{/*max_vectors_per_thread=*/1,
                                           /*target_threads=*/kMaxThreadsPerBlock,
                                           /*max_threads=*/kMaxThreadsPerBlock};
+
+inline RowLaunch plan_backward_launch(int64_t hidden, int vector_width, bool vector_ok) {
+  RowLaunch plan = plan_row_launch(hidden, vector_width, vector_ok, kBackwardLimits);
+  if (plan.vectors_per_thread == 0 && vector_ok && hidden % vector_width == 0) {
+    const int64_t threads = ceil_div(hidden / vector_width, kBackwardWideVectors);
+    if (threads <= kBackwardMaxThreadsWide) {
+      plan.vectors_per_thread = kBackwardWideVectors;
+      plan.threads_per_row = threads_for_row(threads);
+      plan.rows_per_block = 1;
+    }
+  }
+  return plan;
+}
 
 // Rows a thread works on at once. The grid only fills the GPU once (every row
 // slot holds a grad_weight accumulator in registers), so with one row at a time
@@ -308,7 +265,9 @@ constexpr int backward_rows_per_step() {
 }
 
 template <typename scalar_t, int kVectorsPerThread>
-__global__ void __launch_bounds__(kMaxThreadsPerBlock)
+__global__ void __launch_bounds__(kVectorsPerThread >= kBackwardWideVectors
+                                      ? kBackwardMaxThreadsWide
+                                      : kMaxThreadsPerBlock)
     rms_norm_backward_vector_kernel(const scalar_t* __restrict__ grad_out,
                                     const scalar_t* __restrict__ x,
                                     const scalar_t* __restrict__ weight,
@@ -474,9 +433,9 @@ __global__ void __launch_bounds__(kMaxThreadsPerBlock)
 // The backward of rms_norm_scalar_kernel: x and grad_out of the row in registers
 // as scalars; the grad_weight accumulator too, or, for the fixed-thread variants
 // whose accumulator fits in 48 KB, in shared memory (each thread only touches its
-// own columns, so no barrier), which leaves registers for more rows per SM. Each row slot (slot = blockIdx.x *
-// blockDim.y + threadIdx.y) writes its own partial row once at the end, every
-// column of it, so the buffer needs no zeroing and no block-level reduction.
+// own columns, so no barrier), which leaves registers for more rows per SM. Each row slot (slot =
+// blockIdx.x * blockDim.y + threadIdx.y) writes its own partial row once at the end, every column
+// of it, so the buffer needs no zeroing and no block-level reduction.
 template <typename scalar_t, int kElemsPerThread>
 __global__ void __launch_bounds__(scalar_max_threads(kElemsPerThread))
     rms_norm_backward_scalar_kernel(const scalar_t* __restrict__ grad_out,
@@ -487,7 +446,7 @@ __global__ void __launch_bounds__(scalar_max_threads(kElemsPerThread))
                                     int64_t rows, int64_t hidden, at::opmath_type<scalar_t> eps) {
   using acc_t = at::opmath_type<scalar_t>;
   constexpr int kFixedThreads = scalar_fixed_threads(kElemsPerThread);
-  const int stride = kFixedThreads > 0 ? kFixedThreads : static_cast<int>(blockDim.x);
+  const int stride = scalar_stride<kElemsPerThread>();
   // Element i of this thread is column threadIdx.x + i * stride of the row.
   const int own_columns = static_cast<int>(hidden) - static_cast<int>(threadIdx.x);
   const scalar_t* w_own = weight != nullptr ? weight + threadIdx.x : nullptr;
@@ -658,7 +617,7 @@ void launch_rms_norm_backward(const scalar_t* grad_out, const scalar_t* x, const
   const bool aligned = is_vector_aligned(grad_out) && is_vector_aligned(x) &&
                        is_vector_aligned(grad_x) &&
                        (weight == nullptr || is_vector_aligned(weight));
-  const RowLaunch plan = plan_row_launch(hidden, vector_size<scalar_t>(), aligned, kBackwardLimits);
+  const RowLaunch plan = plan_backward_launch(hidden, vector_size<scalar_t>(), aligned);
   const cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
   const acc_t eps_acc = static_cast<acc_t>(eps);
   const auto acc_dtype = c10::CppTypeToScalarType<acc_t>::value;
@@ -694,36 +653,21 @@ void launch_rms_norm_backward(const scalar_t* grad_out, const scalar_t* x, const
     case 1:
       launch(rms_norm_backward_vector_kernel<scalar_t, 1>, plan, Partials::kPerBlock);
       return;
-    case 2:
-      launch(rms_norm_backward_vector_kernel<scalar_t, 2>, plan, Partials::kPerBlock);
+    case kBackwardWideVectors:
+      launch(rms_norm_backward_vector_kernel<scalar_t, kBackwardWideVectors>, plan,
+             Partials::kPerBlock);
       return;
     default:
       TORCH_INTERNAL_ASSERT(plan.vectors_per_thread == 0);
   }
-  if constexpr (kScalarRowsInRegisters<scalar_t>) {
-    const RowLaunch scalar_plan = plan_scalar_row_launch(hidden);
-    if (scalar_plan.vectors_per_thread == kScalarElemsShort) {
-      launch(rms_norm_backward_scalar_kernel<scalar_t, kScalarElemsShort>, scalar_plan,
-             Partials::kPerSlot);
-      return;
-    }
-    if (scalar_plan.vectors_per_thread == kScalarElemsMid) {
-      launch(rms_norm_backward_scalar_kernel<scalar_t, kScalarElemsMid>, scalar_plan,
-             Partials::kPerSlot);
-      return;
-    }
-    if (scalar_plan.vectors_per_thread == kScalarElemsWide) {
-      launch(rms_norm_backward_scalar_kernel<scalar_t, kScalarElemsWide>, scalar_plan,
-             Partials::kPerSlot);
-      return;
-    }
-    if (scalar_plan.vectors_per_thread == kScalarElemsLong) {
-      launch(rms_norm_backward_scalar_kernel<scalar_t, kScalarElemsLong>, scalar_plan,
-             Partials::kPerSlot);
-      return;
-    }
+  const RowLaunch scalar_plan = plan_scalar_row_launch(hidden);
+  const bool launched = launch_scalar_rows<scalar_t>(scalar_plan, [&](auto elems) {
+    launch(rms_norm_backward_scalar_kernel<scalar_t, decltype(elems)::value>, scalar_plan,
+           Partials::kPerSlot);
+  });
+  if (!launched) {
+    launch(rms_norm_backward_generic_kernel<scalar_t>, plan, Partials::kPerSlotZeroed);
   }
-  launch(rms_norm_backward_generic_kernel<scalar_t>, plan, Partials::kPerSlotZeroed);
 }
 
 // ---------------------------------------------------------------------------

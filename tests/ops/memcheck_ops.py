@@ -34,7 +34,9 @@ def main() -> int:
             (2, 4095),
             (3, 4096),
             (2, 8193),
+            (2, 12288),
             (1, 16384),
+            (2, 20000),
         ):
             x = torch.randn(rows, hidden, device="cuda", dtype=dtype, requires_grad=True)
             w = torch.rand(hidden, device="cuda", dtype=dtype, requires_grad=True)

@@ -5,32 +5,19 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.nn.functional as F
-from op_testing import TOLERANCES, requires_cuda
+from op_testing import TOLERANCES, requires_cuda, rms_norm_samples
 
 import hotloop
 
 DTYPES = [torch.float16, torch.bfloat16, torch.float32, torch.float64]
 # Hidden sizes that hit every kernel path: tiny, odd, not a multiple of the vector
-# width, one under a power of two, and past the register-resident limit.
-HIDDEN_SIZES = [1, 7, 64, 4095, 8193]
+# width (register-resident scalars, 4095 and 8193), long aligned rows (the backward's
+# four-vector kernel on GPUs: 12288), and past the register-resident limit (20000).
+HIDDEN_SIZES = [1, 7, 64, 4095, 8193, 12288, 20000]
 
 
 def sample_inputs(device: str, dtype: torch.dtype, requires_grad: bool = False) -> list[tuple]:
-    def make(*shape: int) -> torch.Tensor:
-        return torch.randn(*shape, device=device, dtype=torch.float64).to(dtype)
-
-    samples = [(make(3, h), make(h) * 0.5 + 1, 1e-6) for h in HIDDEN_SIZES]
-    samples += [
-        (make(2, 3, 5, 40), make(40), 1e-5),  # several leading dims
-        (make(10), None, 1e-6),  # one dimension, no weight
-        (make(40, 6).t(), make(40), 1e-3),  # non-contiguous rows
-        (make(4, 96)[:, ::2], None, 1e-6),  # strided last dim
-    ]
-    # marked last, so that views stay leaves autograd fills .grad of
-    return [
-        (x.requires_grad_(requires_grad), w if w is None else w.requires_grad_(requires_grad), e)
-        for x, w, e in samples
-    ]
+    return rms_norm_samples(device, dtype, HIDDEN_SIZES, requires_grad)
 
 
 def rms_norm_reference(x: torch.Tensor, weight: torch.Tensor | None, eps: float) -> torch.Tensor:
