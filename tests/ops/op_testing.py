@@ -1,5 +1,7 @@
 """Helpers shared by the op tests (a module of its own: conftest.py is not importable by name)."""
 
+from __future__ import annotations
+
 import pytest
 import torch
 
@@ -14,3 +16,29 @@ TOLERANCES = {
     torch.float32: {"atol": 1e-5, "rtol": 1e-5},
     torch.float64: {"atol": 1e-10, "rtol": 1e-10},
 }
+
+
+def rms_norm_samples(
+    device: str, dtype: torch.dtype, hidden_sizes: list[int], requires_grad: bool = False
+) -> list[tuple[torch.Tensor, torch.Tensor | None, float]]:
+    """(x, weight, eps) for the RMSNorm ops: five rows of each hidden size with a weight,
+    then the shapes and layouts every backend must take."""
+
+    def make(*shape: int) -> torch.Tensor:
+        return torch.randn(*shape, device=device, dtype=torch.float64).to(dtype)
+
+    samples = [(make(5, h), make(h) * 0.5 + 1, 1e-6) for h in hidden_sizes]
+    samples += [
+        (make(2, 3, 5, 40), make(40), 1e-5),  # several leading dims
+        (make(300, 24), make(24), 1e-6),  # many short rows, several to a block or program
+        (make(10), None, 1e-6),  # one dimension, no weight
+        (make(4, 9000), None, 1e-6),  # wide rows without weight
+        (make(40, 6).t(), make(40), 1e-3),  # non-contiguous rows (a transpose)
+        (make(4, 96)[:, ::2], None, 1e-6),  # strided last dim
+        (make(6, 100)[1:5, :33], make(33), 1e-6),  # a row stride other than H
+    ]
+    # marked last, so that views stay leaves autograd fills .grad of
+    return [
+        (x.requires_grad_(requires_grad), w if w is None else w.requires_grad_(requires_grad), e)
+        for x, w, e in samples
+    ]

@@ -17,13 +17,12 @@ from pathlib import Path
 import pytest
 import torch
 import torch.nn.functional as F
+from op_testing import requires_cuda, rms_norm_samples
 
 pytest.importorskip("triton", reason="Triton ships with CUDA builds of torch only")
 
 import hotloop
 from hotloop import triton_rms_norm
-
-requires_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 
 DTYPES = [torch.float16, torch.bfloat16, torch.float32, torch.float64]
 # Error allowed against a float64 reference, relative to the reference's largest value
@@ -39,23 +38,7 @@ HIDDEN_SIZES = [1, 7, 64, 1000, 4095, 8192, 8193, 16384, 20000]
 def sample_inputs(
     device: str, dtype: torch.dtype, requires_grad: bool = False
 ) -> list[tuple[torch.Tensor, torch.Tensor | None, float]]:
-    def make(*shape: int) -> torch.Tensor:
-        return torch.randn(*shape, device=device, dtype=torch.float64).to(dtype)
-
-    samples = [(make(5, h), make(h) * 0.5 + 1, 1e-6) for h in HIDDEN_SIZES]
-    samples += [
-        (make(2, 3, 5, 40), make(40), 1e-5),  # several leading dims
-        (make(300, 24), make(24), 1e-6),  # many programs of several rows each
-        (make(10), None, 1e-6),  # one dimension, no weight
-        (make(4, 9000), None, 1e-6),  # looped kernels without weight
-        (make(40, 6).t(), make(40), 1e-3),  # non-contiguous rows (a transpose)
-        (make(4, 96)[:, ::2], None, 1e-6),  # strided last dim
-        (make(6, 100)[1:5, :33], make(33), 1e-6),  # a row stride other than H
-    ]
-    return [
-        (x.requires_grad_(requires_grad), w if w is None else w.requires_grad_(requires_grad), e)
-        for x, w, e in samples
-    ]
+    return rms_norm_samples(device, dtype, HIDDEN_SIZES, requires_grad)
 
 
 def reference(x: torch.Tensor, weight: torch.Tensor | None, eps: float) -> torch.Tensor:
