@@ -53,7 +53,7 @@ WARPS = (4, 8, 16)
 PROGRAMS_PER_SM = (1, 2, 4, 8)
 MAX_WARPS_PER_SM = 64
 # (prefetch, loop_stages): plain loop, prefetch the next tile, Triton's pipeliner.
-BWD_LOOP_VARIANTS = ((False, 1), (True, 1), (False, 2))
+BWD_LOOP_VARIANTS = ((False, 1), (True, 1), (False, 2), (False, 3))
 TIMING = {"warmup_ms": 5.0, "rep_ms": 25.0, "min_reps": 10}
 
 

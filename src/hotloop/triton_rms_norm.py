@@ -91,6 +91,7 @@ class BwdConfig(NamedTuple):
 # take scalar loads and prefer more programs without prefetching. Cases the sweep did
 # not cover take fwd_config's and bwd_config's rules.
 _FWD_CONFIG = {
+    (512, 0, True): FwdConfig(2, 4),
     (1024, 0, True): FwdConfig(2, 8),
     (2048, 0, True): FwdConfig(1, 8),
     (4096, 0, True): FwdConfig(1, 16),
@@ -101,7 +102,7 @@ _FWD_CONFIG = {
     (8192, 16, False): FwdConfig(1, 8),
 }
 _BWD_CONFIG = {
-    (512, 0, True): BwdConfig(2, 4, 8),  # from an earlier sweep, without prefetch
+    (512, 0, True): BwdConfig(8, 4, 2, prefetch=True),
     (1024, 0, True): BwdConfig(4, 4, 2, prefetch=True),
     (2048, 0, True): BwdConfig(4, 8, 1, prefetch=True),
     (4096, 0, True): BwdConfig(2, 8, 1, prefetch=True),
