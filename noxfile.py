@@ -71,6 +71,20 @@ def lint(session: nox.Session) -> None:
 
 
 @nox.session(python=SESSION_PYTHON)
+def bench(session: nox.Session) -> None:
+    """Benchmark a built wheel on this machine's GPU (needs CUDA; benchmarks/README.md).
+
+    ``-- --torch 2.11`` picks the row's wheel in wheelhouse/ (default: newest row), or
+    ``-- --wheel PATH``; other options go to benchmarks/bench_rms_norm.py.
+    """
+    from scripts import bench as benchmark
+
+    wheel, bench_args = benchmark.plan(session.posargs)
+    session.install(str(wheel), *benchmark.TOOLS)
+    session.run("python", benchmark.BENCHMARK, *bench_args)
+
+
+@nox.session(python=SESSION_PYTHON)
 def cibuildwheel(session: nox.Session) -> None:
     """cibuildwheel for one matrix cell, configured from the table (needs Docker or podman).
 

@@ -51,6 +51,9 @@ HEADLINE = (8, 4096, 4096)
 SWEEP_HIDDEN = (512, 1000, 1024, 2048, 4095, 4096, 8192, 8193, 16384)
 HEADLINE_DTYPES = ("bfloat16", "float16", "float32")
 QUICK_SWEEP_HIDDEN = (1024, 4096, 8193)
+# fused_add_rms_norm beyond the headline: the widths its vector kernel doesn't take
+# (unaligned rows) and the widest one it does.
+FUSED_ADD_SWEEP_HIDDEN = (1000, 4095, 8193, 16384)
 DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
 # Error allowed against the float64 reference, relative to the reference's largest value.
 TOLERANCE = {torch.bfloat16: 2e-2, torch.float16: 4e-3, torch.float32: 1e-4}
@@ -664,6 +667,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     if not args.rms_norm_only:
         bench_fused_add_rms_norm(runner, hotloop, LigerFusedAdd, headline, torch.bfloat16)
         bench_muladd(runner, hotloop, headline, torch.bfloat16)
+        for hidden in () if args.quick else FUSED_ADD_SWEEP_HIDDEN:
+            shape = sweep_shape(hidden, total)
+            bench_fused_add_rms_norm(runner, hotloop, LigerFusedAdd, shape, torch.bfloat16)
+            torch.cuda.empty_cache()
 
     out: Path = args.out
     out.mkdir(parents=True, exist_ok=True)
