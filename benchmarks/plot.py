@@ -53,6 +53,18 @@ def plot(json_path: Path, png_path: Path | None = None) -> Path:
     copy_gbps = float(doc["copy_bandwidth"]["gbps"])
     results = doc["results"]
 
+    # The swept sizes at even spacing (1000 next to 1024 and 4095 next to 4096 would
+    # overlap on a log axis), the same positions in both panels.
+    hidden = sorted(
+        {
+            h
+            for mode in ("fwd", "fwd+bwd")
+            for pts in sweep_points(results, mode).values()
+            for h, _ in pts
+        }
+    )
+    position = {h: i for i, h in enumerate(hidden)}
+
     fig, axes = plt.subplots(1, 2, figsize=(13, 5.2), sharey=True)
     for ax, mode, title in zip(
         axes, ("fwd", "fwd+bwd"), ("RMSNorm forward", "RMSNorm forward + backward")
@@ -66,19 +78,13 @@ def plot(json_path: Path, png_path: Path | None = None) -> Path:
             va="bottom",
             fontsize=8,
         )
-        hidden_seen: set[int] = set()
         for impl, pts in sweep_points(results, mode).items():
             colour, marker = STYLE.get(impl, (None, "x"))
-            xs = [h for h, _ in pts]
+            xs = [position[h] for h, _ in pts]
             ys = [g for _, g in pts]
-            hidden_seen.update(xs)
             ax.plot(xs, ys, marker=marker, color=colour, label=impl, linewidth=1.5, markersize=5)
-        ax.set_xscale("log", base=2)
-        if hidden_seen:
-            ticks = sorted(hidden_seen)
-            ax.set_xticks(ticks)
-            ax.set_xticklabels([str(t) for t in ticks], rotation=45, fontsize=8)
-            ax.minorticks_off()
+        ax.set_xticks(range(len(hidden)))
+        ax.set_xticklabels([str(h) for h in hidden], fontsize=8)
         ax.set_xlabel("hidden size H (rows adjusted to keep the tensor size)")
         ax.set_title(title)
         ax.grid(True, alpha=0.3)
