@@ -46,6 +46,7 @@ __all__ = [
     "interpreting",
     "rms_norm",
     "rms_norm_backward",
+    "row_alignment",
 ]
 
 # Widest rows (register blocks, BLOCK_N + BLOCK_TAIL) that one program holds in
@@ -64,6 +65,8 @@ _BWD_WARPS_PER_SM = 32
 _BWD_SMALL_TILE = 2048
 # Backward tiles above this many elements reload w in every iteration.
 _RELOAD_W_TILE = 8192
+# Widest load or store of one thread.
+_VECTOR_BYTES = 16
 
 
 class FwdConfig(NamedTuple):
@@ -83,13 +86,13 @@ class BwdConfig(NamedTuple):
     loop_stages: int = 1
 
 
-# Launch settings by (BLOCK_N, BLOCK_TAIL, rows 16-element aligned), the fastest of
-# benchmarks/tune_triton_rms_norm.py on an H100 (bf16, 268 MB tensors, torch 2.11,
-# Triton 3.6; results in benchmarks/results/tune_triton_rms_norm.json). Aligned rows
-# (H % 16 == 0, which Triton sees and turns into 16-byte loads) are fastest with one or
-# two programs an SM that prefetch their next tile; unaligned rows (1000, 4095, 8193)
-# take scalar loads and prefer more programs without prefetching. Cases the sweep did
-# not cover take fwd_config's and bwd_config's rules.
+# Launch settings by (BLOCK_N, BLOCK_TAIL, rows start on 16-byte boundaries), the fastest
+# of benchmarks/tune_triton_rms_norm.py on an H100 (bf16, 268 MB tensors, torch 2.11,
+# Triton 3.6; results in benchmarks/results/tune_triton_rms_norm*.json). Aligned rows,
+# loaded as 16-byte vectors, are fastest with one or two programs an SM that prefetch
+# their next tile; unaligned rows (such as 4095, 8193) take scalar loads and prefer more programs
+# without prefetching. Cases the sweep did not cover take fwd_config's and bwd_config's
+# rules.
 _FWD_CONFIG = {
     (512, 0, True): FwdConfig(2, 4),
     (1024, 0, True): FwdConfig(2, 8),
@@ -138,6 +141,18 @@ def _rsqrt(v, FP64: tl.constexpr):
         return 1.0 / tl.sqrt(v)
     else:
         return tl.rsqrt(v)
+
+
+@triton.jit
+def _multiple_of(n, ALIGN: tl.constexpr):
+    # n, known to the compiler as a multiple of ALIGN (the host checked that it is one).
+    # Triton specialises integer arguments on multiples of 16 only; rows of, say, 1000
+    # bfloat16 elements start 16-byte aligned too, and with this their loads are 16-byte
+    # vectors instead of scalars. (tl.multiple_of does not take scalar arguments.)
+    if ALIGN > 1:
+        return (n // ALIGN) * ALIGN
+    else:
+        return n
 
 
 @triton.jit
@@ -193,10 +208,14 @@ def _rms_norm_fwd_kernel(
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_TAIL: tl.constexpr,
+    ALIGN: tl.constexpr,
 ):
     # One program normalises BLOCK_M whole rows, held in registers as a block of
     # BLOCK_N columns and, where BLOCK_TAIL > 0, a tail block of BLOCK_TAIL columns after it
     # (BLOCK_N + BLOCK_TAIL >= n_cols).
+    n_cols = _multiple_of(n_cols, ALIGN)
+    stride_x_row = _multiple_of(stride_x_row, ALIGN)
+    stride_y_row = _multiple_of(stride_y_row, ALIGN)
     rows = tl.program_id(0).to(tl.int64) * BLOCK_M + tl.arange(0, BLOCK_M)
     row_mask = rows < n_rows
     cols = tl.arange(0, BLOCK_N)
@@ -268,6 +287,7 @@ def _rms_norm_bwd_kernel(
     RELOAD_W: tl.constexpr,
     PREFETCH: tl.constexpr,
     LOOP_STAGES: tl.constexpr,
+    ALIGN: tl.constexpr,
 ):
     # Persistent backward: program p of P takes row tiles p, p + P, p + 2P, ...
     # (columns as in the forward: a block and an optional tail block). With g = dy * w,
@@ -278,6 +298,10 @@ def _rms_norm_bwd_kernel(
     # reduction in every iteration costs more than the loads.
     # PREFETCH loads the next tile's x and dy before working on this one, so that a
     # program always has loads in flight; LOOP_STAGES > 1 asks Triton's pipeliner instead.
+    n_cols = _multiple_of(n_cols, ALIGN)
+    stride_dy_row = _multiple_of(stride_dy_row, ALIGN)
+    stride_x_row = _multiple_of(stride_x_row, ALIGN)
+    stride_dx_row = _multiple_of(stride_dx_row, ALIGN)
     pid = tl.program_id(0)
     step = tl.num_programs(0) * BLOCK_M
     cols = tl.arange(0, BLOCK_N)
@@ -469,13 +493,25 @@ def fused(n_cols: int) -> bool:
     return sum(row_blocks(n_cols)) <= MAX_FUSED_BLOCK
 
 
-def _swept(table: dict[tuple[int, int, bool], Any], n_cols: int) -> Any:
+def row_alignment(element_size: int, n_cols: int, *row_strides: Any) -> int:
+    """ALIGN of the fused kernels: the largest power of two, up to one 16-byte vector of
+    elements, that divides n_cols and every row stride. A stride that is not a plain int
+    (symbolic under torch.compile) counts as 1, so that tracing adds no guard."""
+    align = _VECTOR_BYTES // element_size
+    for n in (n_cols, *row_strides):
+        if not isinstance(n, int):
+            return 1
+        while n % align:
+            align //= 2
+    return align
+
+
+def _swept(table: dict[tuple[int, int, bool], Any], n_cols: int, aligned: bool) -> Any:
     """The sweep's settings for rows of n_cols elements: those of the same blocks and
     alignment, else of the same blocks aligned (a wide unaligned row still needs the
     warps of its width), else None."""
     block_n, block_tail = row_blocks(n_cols)
-    aligned = table.get((block_n, block_tail, True))
-    return table.get((block_n, block_tail, n_cols % 16 == 0), aligned)
+    return table.get((block_n, block_tail, aligned), table.get((block_n, block_tail, True)))
 
 
 def _pow2_at_most(n: int) -> int:
@@ -487,11 +523,12 @@ def _warps_for(elements: int, per_thread: int) -> int:
     return min(16, max(4, triton.next_power_of_2(triton.cdiv(elements, 32 * per_thread))))
 
 
-def fwd_config(n_cols: int) -> FwdConfig:
-    """Settings of the fused forward for rows of n_cols elements: from _FWD_CONFIG where
-    the sweep covered the case, else narrow rows packed to about _TILE_ELEMENTS elements
+def fwd_config(n_cols: int, aligned: bool = True) -> FwdConfig:
+    """Settings of the fused forward for rows of n_cols elements (``aligned``: they start
+    on 16-byte boundaries, see row_alignment): from _FWD_CONFIG where the sweep covered
+    the case, else narrow rows packed to about _TILE_ELEMENTS elements
     a program, 8 to 16 elements a thread."""
-    swept = _swept(_FWD_CONFIG, n_cols)
+    swept = _swept(_FWD_CONFIG, n_cols, aligned)
     if swept is not None:
         return swept
     width = sum(row_blocks(n_cols))
@@ -499,12 +536,12 @@ def fwd_config(n_cols: int) -> FwdConfig:
     return FwdConfig(block_m, _warps_for(block_m * width, 16))
 
 
-def bwd_config(n_cols: int) -> BwdConfig:
-    """Settings of the fused backward: from _BWD_CONFIG where the sweep covered the
-    case, else tiles of about _BWD_SMALL_TILE elements, 8 to 16 elements a thread, on 4
+def bwd_config(n_cols: int, aligned: bool = True) -> BwdConfig:
+    """Settings of the fused backward, as fwd_config's: from _BWD_CONFIG where the sweep
+    covered the case, else tiles of about _BWD_SMALL_TILE elements, 8 to 16 elements a thread, on 4
     warps where that is enough (the row reductions stay inside few warps), and programs
     for _BWD_WARPS_PER_SM warps an SM."""
-    swept = _swept(_BWD_CONFIG, n_cols)
+    swept = _swept(_BWD_CONFIG, n_cols, aligned)
     if swept is not None:
         return swept
     width = sum(row_blocks(n_cols))
@@ -635,7 +672,9 @@ def forward_rows(
     fp64 = x.dtype == torch.float64
     if fused(_static(n_cols)):
         block_n, block_tail = row_blocks(_static(n_cols))
-        config = config or fwd_config(_static(n_cols))
+        align = row_alignment(x.element_size(), _static(n_cols), x.stride(0), y.stride(0))
+        aligned = align * x.element_size() == _VECTOR_BYTES
+        config = config or fwd_config(_static(n_cols), aligned)
         _launch(
             _rms_norm_fwd_kernel,
             (triton.cdiv(n_rows, config.block_m),),
@@ -652,6 +691,7 @@ def forward_rows(
             BLOCK_M=config.block_m,
             BLOCK_N=block_n,
             BLOCK_TAIL=block_tail,
+            ALIGN=align,
             num_warps=config.num_warps,
         )
     else:
@@ -691,7 +731,10 @@ def backward_rows(
     acc_dtype = torch.float64 if fp64 else torch.float32
     if fused(_static(n_cols)):
         block_n, block_tail = row_blocks(_static(n_cols))
-        config = config or bwd_config(_static(n_cols))
+        strides = (grad_out.stride(0), x.stride(0), grad_x.stride(0))
+        align = row_alignment(x.element_size(), _static(n_cols), *strides)
+        aligned = align * x.element_size() == _VECTOR_BYTES
+        config = config or bwd_config(_static(n_cols), aligned)
         programs = _persistent_programs(
             x.device, config.programs_per_sm, triton.cdiv(n_rows, config.block_m)
         )
@@ -720,6 +763,7 @@ def backward_rows(
             RELOAD_W=config.block_m * block_n > _RELOAD_W_TILE,
             PREFETCH=config.prefetch,
             LOOP_STAGES=config.loop_stages,
+            ALIGN=align,
             num_warps=config.num_warps,
         )
     else:

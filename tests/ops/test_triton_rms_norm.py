@@ -18,6 +18,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 from op_testing import requires_cuda, rms_norm_samples
+from torch.fx.experimental.symbolic_shapes import ShapeEnv
 
 pytest.importorskip("triton", reason="Triton ships with CUDA builds of torch only")
 
@@ -96,10 +97,29 @@ def test_launch_settings_fit_every_width(hidden: int) -> None:
     if not triton_rms_norm.fused(hidden):
         assert block_n + block_tail > triton_rms_norm.MAX_FUSED_BLOCK
         return
-    for config in (triton_rms_norm.fwd_config(hidden), triton_rms_norm.bwd_config(hidden)):
+    configs = [
+        make(hidden, aligned)
+        for make in (triton_rms_norm.fwd_config, triton_rms_norm.bwd_config)
+        for aligned in (True, False)
+    ]
+    for config in configs:
         assert is_power_of_2(config.block_m)
         assert config.num_warps in (1, 2, 4, 8, 16, 32)
         assert config.block_m * (block_n + block_tail) / (32 * config.num_warps) <= 64, config
+
+
+def test_row_alignment_is_what_divides_every_row() -> None:
+    # ALIGN tells the kernels that rows start at multiples of it: it must divide the
+    # width and every row stride, and is capped at one 16-byte vector.
+    align = triton_rms_norm.row_alignment
+    assert align(2, 4096, 4096, 4096) == 8  # bf16: 8 elements are 16 bytes
+    assert align(2, 1000, 1000) == 8  # beyond Triton's own multiples of 16
+    assert align(4, 1000, 1000) == 4
+    assert align(8, 1000, 1000) == 2
+    assert align(2, 4095, 4095) == 1
+    assert align(2, 1000, 1002) == 2  # a strided view
+    symbolic = ShapeEnv().create_unbacked_symint()  # a stride while torch.compile traces
+    assert align(2, 1000, symbolic) == 1  # no guard on it, and no claim
 
 
 # ------------------------------------------------------------------------------ GPU
