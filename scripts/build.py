@@ -15,14 +15,14 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from scripts import toolchain
+from scripts import toolchain, tools
 from scripts.interpreters import Interpreter, find_interpreters
 from scripts.matrix import Row
 
 REPO = toolchain.REPO
 # What an sdist would carry: everything setup.py and the package need, nothing built.
 SOURCE_ITEMS = ("setup.py", "pyproject.toml", "MANIFEST.in", "README.md", "LICENSE", "csrc", "src")
-BUILD_REQUIREMENTS = ("setuptools>=77", "wheel", "ninja", "build")
+BUILD_REQUIREMENTS = (*tools.BUILD, "build")
 
 
 @dataclass

