@@ -1,6 +1,14 @@
 """Repair and audit a built wheel: auditwheel, abi3audit, and hotloop's own rules.
 
 Each project rule has a name; a failure reads ``<wheel>: <rule>: <what was found>``.
+``nox -s wheels`` and cibuildwheel's repair step run all of it; a wheel built or
+downloaded elsewhere (a CI artifact, an index) is checked with
+
+    python -m scripts.audit WHEEL [WHEEL ...] [--torch-site SITE_PACKAGES] [--skip-abi3audit]
+
+which takes each wheel's matrix row from its local version label (``+pt211cu130``) and
+exits 1 if any rule breaks. ``--torch-site`` (the site-packages of the row's torch) adds
+the libraries torch installs to those the wheel must not bundle.
 
 Rules (``check_wheel``):
 
@@ -27,7 +35,7 @@ from dataclasses import dataclass, field
 from email.parser import Parser
 from pathlib import Path, PurePosixPath
 
-from scripts.matrix import Row
+from scripts.matrix import Row, load_rows
 
 PLATFORM = "manylinux_2_28_x86_64"
 MAX_SYMBOL_VERSIONS = {"GLIBC": (2, 28), "GLIBCXX": (3, 4, 22)}
@@ -319,3 +327,49 @@ def repair_and_audit(
     report.abi3audit_output = abi3
     raise_on_violations(repaired.name, report)
     return repaired, report
+
+
+# ------------------------------------------------------------------------------- command
+
+
+def row_for_wheel(wheel: Path, rows: Sequence[Row]) -> Row:
+    """The matrix row whose variant is the wheel's local version label."""
+    version = wheel_name_parts(wheel.name)["version"]
+    label = version.partition("+")[2]
+    for row in rows:
+        if row.variant == label:
+            return row
+    known = ", ".join(r.variant for r in rows)
+    raise AuditError(
+        f"{wheel.name}: version-label: {version!r} names no matrix row (need +<variant>, "
+        f"one of {known})"
+    )
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    import argparse
+
+    parser = argparse.ArgumentParser(prog="python -m scripts.audit", description=__doc__)
+    parser.add_argument("wheels", nargs="+", type=Path)
+    parser.add_argument("--torch-site", type=Path, help="site-packages holding the row's torch")
+    parser.add_argument("--skip-abi3audit", action="store_true")
+    args = parser.parse_args(argv)
+    provided = torch_provided_libs(args.torch_site) if args.torch_site else []
+    rows = load_rows()
+    failed = 0
+    for wheel in args.wheels:
+        try:
+            if not args.skip_abi3audit:
+                run_abi3audit(wheel)
+            report = check_wheel(wheel, row_for_wheel(wheel, rows), provided)
+            raise_on_violations(wheel.name, report)
+        except AuditError as exc:
+            failed += 1
+            print(exc, file=sys.stderr)
+            continue
+        print(f"{wheel.name}: ok ({', '.join(sorted(report.max_versions.values()))})")
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

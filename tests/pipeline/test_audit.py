@@ -167,3 +167,30 @@ def test_torch_provided_libs(tmp_path):
         "libcublas.so.13",
         "libtorch_cpu.so",
     ]
+
+
+def test_command_audits_wheels_built_elsewhere(wheel_factory, elf_libs, tmp_path, capsys):
+    # python -m scripts.audit: the row comes from the wheel's label; exit 1 on any rule.
+    good = wheel_factory()
+    assert audit.main([str(good), "--skip-abi3audit"]) == 0
+    assert f"{good.name}: ok (GLIBC_" in capsys.readouterr().out
+
+    bad = wheel_factory(extra={"hotloop.libs/libcudart.so.13": elf_libs["good"]})
+    assert audit.main([str(bad), "--skip-abi3audit"]) == 1
+    assert f"{bad.name}: no-bundled-libs: hotloop.libs/libcudart.so.13" in capsys.readouterr().err
+
+    torch_site = tmp_path / "site"
+    (torch_site / "torch" / "lib").mkdir(parents=True)
+    (torch_site / "torch" / "lib" / "libfoo_from_torch.so.1").write_bytes(b"")
+    provided = wheel_factory(extra={"hotloop.libs/libfoo_from_torch.so.1": elf_libs["good"]})
+    argv = [str(provided), "--skip-abi3audit", "--torch-site", str(torch_site)]
+    assert audit.main(argv) == 1
+    assert "libfoo_from_torch.so.1" in capsys.readouterr().err
+
+
+def test_command_names_the_rows_when_the_label_is_unknown(wheel_factory, capsys):
+    wheel = wheel_factory(version="0.1.0+pt299cu999")
+    assert audit.main([str(wheel), "--skip-abi3audit"]) == 1
+    err = capsys.readouterr().err
+    assert "'0.1.0+pt299cu999' names no matrix row" in err
+    assert "pt211cu130" in err
