@@ -60,7 +60,8 @@ _WIDE_FILL = 0.75
 _MIN_TAIL_BLOCK = 16
 # Elements a row-tile of the forward should hold for narrow rows (several rows a program).
 _TILE_ELEMENTS = 4096
-# Warps of the persistent backward per SM where _BWD_CONFIG doesn't say.
+# Where _BWD_CONFIG doesn't say: warps of the persistent backward per SM, and elements a
+# row-tile should hold for narrow rows.
 _BWD_WARPS_PER_SM = 32
 _BWD_SMALL_TILE = 2048
 # Backward tiles above this many elements reload w in every iteration.
@@ -90,9 +91,9 @@ class BwdConfig(NamedTuple):
 # of benchmarks/tune_triton_rms_norm.py on an H100 (bf16, 268 MB tensors, torch 2.11,
 # Triton 3.6; results in benchmarks/results/tune_triton_rms_norm*.json). Aligned rows,
 # loaded as 16-byte vectors, are fastest with one or two programs an SM that prefetch
-# their next tile; unaligned rows (such as 4095, 8193) take scalar loads and prefer more programs
-# without prefetching. Cases the sweep did not cover take fwd_config's and bwd_config's
-# rules.
+# their next tile; unaligned rows (such as 4095, 8193) take scalar loads and prefer more
+# programs without prefetching. Cases the sweep did not cover take fwd_config's and
+# bwd_config's rules.
 _FWD_CONFIG = {
     (512, 0, True): FwdConfig(2, 4),
     (1024, 0, True): FwdConfig(2, 8),
