@@ -245,7 +245,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     import hotloop
 
     doc = {
-        "meta": metadata(hotloop, "not used", quick=False),
+        "meta": metadata(hotloop, liger_note="not part of the sweep", quick=False),
         "copy_gbps": copy_gbps,
         "dtype": str(DTYPE).removeprefix("torch."),
         "bytes": {"fwd": "read x, write y", "bwd": "read x, dy; write dx"},

@@ -24,7 +24,7 @@ BENCHMARK = "benchmarks/bench_rms_norm.py"
 
 def wheel_for(wheelhouse: Path, row: matrix.Row) -> Path:
     """The row's wheel in the wheelhouse; a message that says how to build it if absent."""
-    found = sorted(wheelhouse.glob(f"hotloop-*+{row.variant}-*.whl"))
+    found = matrix.variant_wheels(wheelhouse, row.variant)
     if len(found) != 1:
         what = "no wheel" if not found else f"{len(found)} wheels"
         raise SystemExit(
@@ -36,7 +36,8 @@ def wheel_for(wheelhouse: Path, row: matrix.Row) -> Path:
 
 def plan(argv: Sequence[str]) -> tuple[Path, list[str]]:
     """(wheel to install, arguments for the benchmark) from the session's arguments."""
-    parser = argparse.ArgumentParser(prog="nox -s bench --", add_help=False)
+    # No abbreviations: an option meant for the benchmark must never match one of these.
+    parser = argparse.ArgumentParser(prog="nox -s bench --", add_help=False, allow_abbrev=False)
     choice = parser.add_mutually_exclusive_group()
     choice.add_argument("--wheel", type=Path)
     choice.add_argument("--torch")

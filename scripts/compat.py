@@ -193,7 +193,7 @@ def find_reusable_wheel(
     """A wheel of ``variant`` in ``dirs`` built from sources with ``digest``, or why none is."""
     reasons = []
     for folder in dirs:
-        for wheel in sorted(folder.glob(f"hotloop-*+{variant}-*.whl")):
+        for wheel in matrix.variant_wheels(folder, variant):
             record = sidecar(wheel)
             if record.is_file():
                 try:
@@ -555,7 +555,7 @@ def not_built_reason(exc: BaseException) -> str:
 
 
 def newest_wheel(variant: str, dirs: Sequence[Path]) -> Path | None:
-    wheels = [w for d in dirs for w in d.glob(f"hotloop-*+{variant}-*.whl")]
+    wheels = [w for d in dirs for w in matrix.variant_wheels(d, variant)]
     return max(wheels, key=lambda w: w.stat().st_mtime) if wheels else None
 
 

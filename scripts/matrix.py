@@ -71,6 +71,11 @@ class Row:
         }
 
 
+def variant_wheels(folder: Path, variant: str) -> list[Path]:
+    """The hotloop wheels of one variant (local version label) in ``folder``, by name."""
+    return sorted(folder.glob(f"hotloop-*+{variant}-*.whl"))
+
+
 def variant_label(torch_version: str, cuda: str | None) -> str:
     """``pt<major><minor>cu<cuda without dot>``, or ``pt<major><minor>cpu``."""
     major, minor = torch_version.split("+")[0].split(".")[:2]

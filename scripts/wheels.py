@@ -35,7 +35,7 @@ def log(msg: str) -> None:
 
 def remove_variant_wheels(out_dir: Path, variant: str) -> None:
     """Drop earlier wheels of this variant so a failed rerun leaves none behind."""
-    for old in out_dir.glob(f"hotloop-*+{variant}-*.whl"):
+    for old in matrix.variant_wheels(out_dir, variant):
         old.unlink()
 
 

@@ -433,9 +433,10 @@ __global__ void __launch_bounds__(kVectorsPerThread >= kBackwardWideVectors
 // The backward of rms_norm_scalar_kernel: x and grad_out of the row in registers
 // as scalars; the grad_weight accumulator too, or, for the fixed-thread variants
 // whose accumulator fits in 48 KB, in shared memory (each thread only touches its
-// own columns, so no barrier), which leaves registers for more rows per SM. Each row slot (slot =
-// blockIdx.x * blockDim.y + threadIdx.y) writes its own partial row once at the end, every column
-// of it, so the buffer needs no zeroing and no block-level reduction.
+// own columns, so no barrier), which leaves registers for more rows per SM. Each
+// row slot (slot = blockIdx.x * blockDim.y + threadIdx.y) writes its own partial
+// row once at the end, every column of it, so the buffer needs no zeroing and no
+// block-level reduction.
 template <typename scalar_t, int kElemsPerThread>
 __global__ void __launch_bounds__(scalar_max_threads(kElemsPerThread))
     rms_norm_backward_scalar_kernel(const scalar_t* __restrict__ grad_out,

@@ -507,6 +507,14 @@ def row_alignment(element_size: int, n_cols: int, *row_strides: Any) -> int:
     return align
 
 
+def _alignment(width: int, *matrices: torch.Tensor) -> tuple[int, bool]:
+    """(ALIGN, whether rows start on 16-byte boundaries) for (rows, width) matrices of one
+    dtype."""
+    element_size = matrices[0].element_size()
+    align = row_alignment(element_size, width, *(m.stride(0) for m in matrices))
+    return align, align * element_size == _VECTOR_BYTES
+
+
 def _swept(table: dict[tuple[int, int, bool], Any], n_cols: int, aligned: bool) -> Any:
     """The sweep's settings for rows of n_cols elements: those of the same blocks and
     alignment, else of the same blocks aligned (a wide unaligned row still needs the
@@ -671,11 +679,11 @@ def forward_rows(
     n_rows, n_cols = x.shape
     has_weight = weight is not None
     fp64 = x.dtype == torch.float64
-    if fused(_static(n_cols)):
-        block_n, block_tail = row_blocks(_static(n_cols))
-        align = row_alignment(x.element_size(), _static(n_cols), x.stride(0), y.stride(0))
-        aligned = align * x.element_size() == _VECTOR_BYTES
-        config = config or fwd_config(_static(n_cols), aligned)
+    width = _static(n_cols)
+    if fused(width):
+        block_n, block_tail = row_blocks(width)
+        align, aligned = _alignment(width, x, y)
+        config = config or fwd_config(width, aligned)
         _launch(
             _rms_norm_fwd_kernel,
             (triton.cdiv(n_rows, config.block_m),),
@@ -730,12 +738,11 @@ def backward_rows(
     has_weight = weight is not None
     fp64 = x.dtype == torch.float64
     acc_dtype = torch.float64 if fp64 else torch.float32
-    if fused(_static(n_cols)):
-        block_n, block_tail = row_blocks(_static(n_cols))
-        strides = (grad_out.stride(0), x.stride(0), grad_x.stride(0))
-        align = row_alignment(x.element_size(), _static(n_cols), *strides)
-        aligned = align * x.element_size() == _VECTOR_BYTES
-        config = config or bwd_config(_static(n_cols), aligned)
+    width = _static(n_cols)
+    if fused(width):
+        block_n, block_tail = row_blocks(width)
+        align, aligned = _alignment(width, grad_out, x, grad_x)
+        config = config or bwd_config(width, aligned)
         programs = _persistent_programs(
             x.device, config.programs_per_sm, triton.cdiv(n_rows, config.block_m)
         )

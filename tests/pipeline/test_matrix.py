@@ -78,3 +78,15 @@ def test_github_json_equals_table(rows, capsys):
 def test_github_json_selection(capsys):
     assert matrix.main(["--github-json", "--torch", "2.11"]) == 0
     assert [c["variant"] for c in json.loads(capsys.readouterr().out)["include"]] == ["pt211cu130"]
+
+
+def test_variant_wheels_are_that_labels_only(tmp_path):
+    names = [
+        "hotloop-0.1.0+pt211cu130-cp39-abi3-manylinux_2_28_x86_64.whl",
+        "hotloop-0.1.0+pt211cu130-cp39-abi3-manylinux_2_24_x86_64.manylinux_2_28_x86_64.whl",
+        "hotloop-0.1.0+pt212cu130-cp39-abi3-manylinux_2_28_x86_64.whl",
+        "other-0.1.0+pt211cu130-cp39-abi3-manylinux_2_28_x86_64.whl",
+    ]
+    for name in names:
+        (tmp_path / name).write_bytes(b"")
+    assert [w.name for w in matrix.variant_wheels(tmp_path, "pt211cu130")] == sorted(names[:2])
