@@ -19,19 +19,26 @@ if sys.version_info >= (3, 11):
 else:  # pragma: no cover - nox may run on 3.9/3.10, where tomli is installed
     import tomli as tomllib
 
+from scripts import variant as variant_rule
+
 MATRIX_FILE = Path(__file__).with_name("matrix.toml")
-PACKAGE_VERSION = "0.1.0"
+PACKAGE_VERSION = variant_rule.BASE_VERSION
 
 
 @dataclass(frozen=True)
 class Row:
-    """One cell of the build matrix: a torch release and everything derived from it."""
+    """One row of the build matrix: a torch release, and the wheel that serves it.
+
+    Rows from the stable-ABI floor on share one wheel per CUDA major, compiled against the
+    oldest such row (``build_torch``); older rows each get their own pinned wheel.
+    """
 
     torch: str
     cuda: str
     pythons: tuple[str, ...]
     arch_list: str
     toolkit: tuple[str, ...]
+    build_torch: str
 
     @property
     def torch_minor(self) -> str:
@@ -40,28 +47,40 @@ class Row:
         return f"{major}.{minor}"
 
     @property
+    def kind(self) -> str:
+        """``"stable"`` or ``"pinned"``: which kind of wheel serves this torch."""
+        return variant_rule.kind_for(self.torch)
+
+    @property
+    def is_build(self) -> bool:
+        """Whether this row's torch is the one its wheel is compiled against."""
+        return self.build_torch == self.torch
+
+    @property
     def variant(self) -> str:
-        """Local version label, e.g. ``pt211cu130``."""
+        """Local version label of the wheel serving this row: ``stable.cu13``, ``pt29cu128``."""
         return variant_label(self.torch, self.cuda)
 
     @property
     def version(self) -> str:
-        """Full wheel version, e.g. ``0.1.0+pt211cu130``."""
+        """Full wheel version, e.g. ``0.1.0+stable.cu13``."""
         return f"{PACKAGE_VERSION}+{self.variant}"
 
     @property
     def requires_torch(self) -> str:
-        """The Requires-Dist pin the wheel must carry, e.g. ``torch==2.11.*``."""
-        return f"torch=={self.torch_minor}.*"
+        """The Requires-Dist the wheel must carry: ``torch>=2.10`` or ``torch==2.9.*``."""
+        return variant_rule.variant_for(self.torch, self.cuda).requires_torch
 
     @property
     def archs(self) -> list[str]:
         """Compiled targets as ``_build_info`` lists them: ``sm_80``, ..., ``compute_120``."""
         return archs_from_list(self.arch_list)
 
-    def as_github(self) -> dict[str, Any]:
+    def as_github(self, served: Sequence[Row] = ()) -> dict[str, Any]:
         return {
             "torch": self.torch,
+            "kind": self.kind,
+            "serves": " ".join(r.torch for r in served) or self.torch,
             "torch-minor": self.torch_minor,
             "cuda": self.cuda,
             "variant": self.variant,
@@ -77,10 +96,8 @@ def variant_wheels(folder: Path, variant: str) -> list[Path]:
 
 
 def variant_label(torch_version: str, cuda: str | None) -> str:
-    """``pt<major><minor>cu<cuda without dot>``, or ``pt<major><minor>cpu``."""
-    major, minor = torch_version.split("+")[0].split(".")[:2]
-    suffix = "cpu" if cuda is None else "cu" + cuda.replace(".", "")
-    return f"pt{major}{minor}{suffix}"
+    """The label of the wheel serving that torch: ``stable.cu13``, ``pt29cu128``, ``pt28cpu``."""
+    return variant_rule.variant_for(torch_version, cuda).label
 
 
 def archs_from_list(arch_list: str) -> list[str]:
@@ -100,27 +117,55 @@ def archs_from_list(arch_list: str) -> list[str]:
     return targets
 
 
+def _release(torch: str) -> tuple[int, ...]:
+    return tuple(int(p) for p in torch.split("."))
+
+
 def load_rows(path: Path = MATRIX_FILE) -> list[Row]:
     """All rows, oldest torch first."""
     data = tomllib.loads(path.read_text())
     toolkits = data["toolkits"]
+    raws = sorted(data["row"], key=lambda raw: _release(raw["torch"]))
+    # A variant's wheel is compiled against the oldest torch it serves.
+    build_row: dict[str, dict[str, Any]] = {}
+    for raw in raws:
+        build_row.setdefault(variant_label(raw["torch"], raw["cuda"]), raw)
     rows = []
-    for raw in data["row"]:
-        cuda = raw["cuda"]
+    for raw in raws:
+        builder = build_row[variant_label(raw["torch"], raw["cuda"])]
+        cuda = builder["cuda"]
         if cuda not in toolkits:
             raise ValueError(
-                f'{path}: torch {raw["torch"]} needs CUDA {cuda}, no [toolkits."{cuda}"]'
+                f'{path}: torch {builder["torch"]} is built with CUDA {cuda}, '
+                f'no [toolkits."{cuda}"]'
             )
         rows.append(
             Row(
                 torch=raw["torch"],
-                cuda=cuda,
+                cuda=raw["cuda"],
                 pythons=tuple(raw["pythons"]),
-                arch_list=raw.get("arch_list", data["arch_list"]),
+                arch_list=builder.get("arch_list", data["arch_list"]),
                 toolkit=tuple(toolkits[cuda]["packages"]),
+                build_torch=builder["torch"],
             )
         )
-    return sorted(rows, key=lambda r: tuple(int(p) for p in r.torch.split(".")))
+    return rows
+
+
+def build_row_of(row: Row, rows: Sequence[Row]) -> Row:
+    """The row whose torch ``row``'s wheel is compiled against."""
+    return next(r for r in rows if r.torch == row.build_torch)
+
+
+def build_rows(rows: Sequence[Row], all_rows: Sequence[Row] | None = None) -> list[Row]:
+    """One row per wheel to build for ``rows`` (their build rows, each once, in order)."""
+    every = rows if all_rows is None else all_rows
+    builds: list[Row] = []
+    for row in rows:
+        builder = build_row_of(row, every)
+        if builder not in builds:
+            builds.append(builder)
+    return builds
 
 
 def select_rows(
@@ -142,8 +187,15 @@ def select_rows(
     return chosen
 
 
-def github_matrix(rows: Sequence[Row]) -> dict[str, Any]:
-    return {"include": [row.as_github() for row in rows]}
+def github_matrix(rows: Sequence[Row], all_rows: Sequence[Row] | None = None) -> dict[str, Any]:
+    """One entry per wheel to build for ``rows``, naming the torch releases it serves."""
+    every = rows if all_rows is None else all_rows
+    return {
+        "include": [
+            builder.as_github([r for r in rows if r.build_torch == builder.torch])
+            for builder in build_rows(rows, every)
+        ]
+    }
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -158,11 +210,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         rows, args.torch, all_rows=args.all or (args.github_json and not args.torch)
     )
     if args.github_json:
-        print(json.dumps(github_matrix(selected), separators=(",", ":")))
+        print(json.dumps(github_matrix(selected, rows), separators=(",", ":")))
         return 0
     for row in selected:
+        built = "built against" if row.is_build else "served by the wheel built against"
         print(
-            f"{row.variant:12} torch {row.torch:7} CUDA {row.cuda:5} Python {' '.join(row.pythons)}"
+            f"{row.variant:12} torch {row.torch:7} CUDA {row.cuda:5} Python "
+            f"{' '.join(row.pythons):25} {built} torch {row.build_torch}"
         )
     return 0
 

@@ -24,6 +24,7 @@ def test_rows_match_the_design(rows):
         "2.12.1": ("13.0", "3.10", "3.13"),
         "2.13.0": ("13.0", "3.10", "3.13"),
         "2.14.1": ("13.0", "3.10", "3.13"),
+        "2.15.0": ("13.2", "3.11", "3.13"),  # cp311..cp315; 3.14+ not on this machine
     }
 
 
@@ -31,22 +32,43 @@ def test_python_39_only_with_torch_28(rows):
     assert [r.torch for r in rows if "3.9" in r.pythons] == ["2.8.0"]
 
 
-def test_toolkits_are_pinned_exactly_and_match_cuda(rows):
+def test_toolkits_are_pinned_exactly_and_match_the_build_rows_cuda(rows):
     for row in rows:
         assert row.toolkit, row
+        builder = matrix.build_row_of(row, rows)
         for spec in row.toolkit:
             name, _, version = spec.partition("==")
-            assert version.startswith(row.cuda + "."), spec
-            assert name.endswith("-cu12") == row.cuda.startswith("12."), spec
+            assert version.startswith(builder.cuda + "."), spec
+            assert name.endswith("-cu12") == builder.cuda.startswith("12."), spec
 
 
 def test_labels(rows):
     by_torch = {r.torch: r for r in rows}
-    assert by_torch["2.11.0"].variant == "pt211cu130"
-    assert by_torch["2.11.0"].version == "0.1.0+pt211cu130"
-    assert by_torch["2.11.0"].requires_torch == "torch==2.11.*"
+    assert by_torch["2.11.0"].variant == "stable.cu13"
+    assert by_torch["2.11.0"].version == "0.1.0+stable.cu13"
+    assert by_torch["2.11.0"].requires_torch == "torch>=2.10"
+    assert by_torch["2.10.0"].variant == "stable.cu12"
+    assert by_torch["2.9.1"].variant == "pt29cu128"
+    assert by_torch["2.9.1"].requires_torch == "torch==2.9.*"
     assert by_torch["2.8.0"].variant == "pt28cu128"
-    assert matrix.variant_label("2.14.1+cpu", None) == "pt214cpu"
+    assert matrix.variant_label("2.14.1+cpu", None) == "stable.cpu"
+    assert matrix.variant_label("2.9.1+cpu", None) == "pt29cpu"
+
+
+def test_one_wheel_per_cuda_major_from_the_stable_floor_on(rows):
+    assert {r.torch: r.build_torch for r in rows} == {
+        "2.8.0": "2.8.0",
+        "2.9.1": "2.9.1",
+        "2.10.0": "2.10.0",
+        "2.11.0": "2.11.0",
+        "2.12.1": "2.11.0",
+        "2.13.0": "2.11.0",
+        "2.14.1": "2.11.0",
+        "2.15.0": "2.11.0",  # released after the build torch: never built against
+    }
+    assert [r.variant for r in matrix.build_rows(rows)] == [
+        "pt28cu128", "pt29cu128", "stable.cu12", "stable.cu13",
+    ]  # fmt: skip
 
 
 def test_archs():
@@ -56,7 +78,7 @@ def test_archs():
 
 
 def test_selection(rows):
-    assert [r.torch for r in matrix.select_rows(rows)] == ["2.14.1"]
+    assert [r.torch for r in matrix.select_rows(rows)] == ["2.15.0"]
     assert [r.torch for r in matrix.select_rows(rows, "2.11")] == ["2.11.0"]
     assert [r.torch for r in matrix.select_rows(rows, ["2.8.0", "2.11"])] == ["2.8.0", "2.11.0"]
     assert matrix.select_rows(rows, all_rows=True) == rows
@@ -67,26 +89,31 @@ def test_selection(rows):
 def test_github_json_equals_table(rows, capsys):
     assert matrix.main(["--github-json"]) == 0
     data = json.loads(capsys.readouterr().out)
-    assert [c["torch"] for c in data["include"]] == [r.torch for r in rows]
-    for cell, row in zip(data["include"], rows):
+    builds = matrix.build_rows(rows)
+    assert [c["torch"] for c in data["include"]] == [r.torch for r in builds]
+    for cell, row in zip(data["include"], builds):
         assert cell["variant"] == row.variant
         assert cell["cuda"] == row.cuda
         assert cell["pythons"].split() == list(row.pythons)
         assert cell["arch-list"] == row.arch_list
+        assert cell["serves"].split() == [r.torch for r in rows if r.variant == row.variant]
 
 
 def test_github_json_selection(capsys):
-    assert matrix.main(["--github-json", "--torch", "2.11"]) == 0
-    assert [c["variant"] for c in json.loads(capsys.readouterr().out)["include"]] == ["pt211cu130"]
+    assert matrix.main(["--github-json", "--torch", "2.15"]) == 0
+    cells = json.loads(capsys.readouterr().out)["include"]
+    assert [(c["variant"], c["torch"], c["serves"]) for c in cells] == [
+        ("stable.cu13", "2.11.0", "2.15.0")
+    ]
 
 
 def test_variant_wheels_are_that_labels_only(tmp_path):
     names = [
-        "hotloop-0.1.0+pt211cu130-cp39-abi3-manylinux_2_28_x86_64.whl",
-        "hotloop-0.1.0+pt211cu130-cp39-abi3-manylinux_2_24_x86_64.manylinux_2_28_x86_64.whl",
-        "hotloop-0.1.0+pt212cu130-cp39-abi3-manylinux_2_28_x86_64.whl",
-        "other-0.1.0+pt211cu130-cp39-abi3-manylinux_2_28_x86_64.whl",
+        "hotloop-0.1.0+stable.cu13-cp39-abi3-manylinux_2_28_x86_64.whl",
+        "hotloop-0.1.0+stable.cu13-cp39-abi3-manylinux_2_24_x86_64.manylinux_2_28_x86_64.whl",
+        "hotloop-0.1.0+stable.cu12-cp39-abi3-manylinux_2_28_x86_64.whl",
+        "other-0.1.0+stable.cu13-cp39-abi3-manylinux_2_28_x86_64.whl",
     ]
     for name in names:
         (tmp_path / name).write_bytes(b"")
-    assert [w.name for w in matrix.variant_wheels(tmp_path, "pt211cu130")] == sorted(names[:2])
+    assert [w.name for w in matrix.variant_wheels(tmp_path, "stable.cu13")] == sorted(names[:2])

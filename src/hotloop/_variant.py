@@ -1,0 +1,137 @@
+"""What a hotloop wheel is called and which torch it loads into: the one place for that rule.
+
+Standard library only, and importable without importing ``hotloop`` (which loads torch and
+the extension): ``setup.py``, the import guard and the pipeline in ``scripts/`` all load
+this file (``scripts/variant.py`` and ``setup.py`` by path).
+
+Two kinds of wheel:
+
+* **stable**: the ops on the LibTorch stable ABI, compiled with ``TORCH_TARGET_VERSION`` =
+  ``STABLE_ABI_FLOOR``. One wheel per CUDA major loads into every torch from the floor on:
+  label ``stable.cu13``, ``Requires-Dist: torch>=2.10``.
+* **pinned**: the ops on torch's C++ API (ATen), for torch older than the floor. One wheel
+  per torch minor and CUDA version: label ``pt29cu128``, ``Requires-Dist: torch==2.9.*``.
+
+Why ``stable.`` and not ``cu130``: pip and uv try the highest version first, and PEP 440
+compares local labels segment by segment, letters lexicographically. ``cu130`` would sort
+below ``pt29cu128``, so a torch 2.15 user would be offered the torch-2.9 wheel first and pip
+would downgrade their torch to satisfy its pin. ``stable`` sorts above every ``pt…`` label.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Optional, Tuple
+
+BASE_VERSION = "0.1.0"
+# The oldest torch the stable-ABI wheel loads into (its TORCH_TARGET_VERSION).
+STABLE_ABI_FLOOR: Tuple[int, int] = (2, 10)
+
+STABLE = "stable"
+PINNED = "pinned"
+
+_PINNED_LABEL = re.compile(r"pt(?P<major>[1-9])(?P<minor>[0-9]{1,2})(?P<device>cpu|cu[0-9]{3})")
+_STABLE_LABEL = re.compile(r"stable\.(?P<device>cpu|cu[1-9][0-9])")
+
+
+def torch_minor(version: str) -> Tuple[int, int]:
+    """``"2.11.0+cu130"`` -> ``(2, 11)``."""
+    major, minor = version.split("+")[0].split(".")[:2]
+    return int(major), int(minor)
+
+
+def minor_text(minor: Tuple[int, int]) -> str:
+    """``(2, 11)`` -> ``"2.11"``."""
+    return f"{minor[0]}.{minor[1]}"
+
+
+def cuda_major(cuda: Optional[str]) -> Optional[str]:
+    """``"13.0"`` -> ``"13"``; None (a CPU build) stays None."""
+    return cuda.split(".")[0] if cuda else None
+
+
+def kind_for(torch_version: str) -> str:
+    """The kind of wheel that serves a torch release: stable from the floor on, else pinned."""
+    return STABLE if torch_minor(torch_version) >= STABLE_ABI_FLOOR else PINNED
+
+
+@dataclass(frozen=True)
+class Variant:
+    """One build variant: the local version label and what it says about the wheel."""
+
+    kind: str
+    cuda: Optional[str]  # "13" for stable (a CUDA major), "12.8" for pinned; None: CPU
+    torch: Optional[Tuple[int, int]] = None  # the pinned minor; None for stable
+
+    @property
+    def label(self) -> str:
+        device = "cpu" if self.cuda is None else "cu" + self.cuda.replace(".", "")
+        if self.kind == STABLE:
+            return f"{STABLE}.{device}"
+        assert self.torch is not None
+        return f"pt{self.torch[0]}{self.torch[1]}{device}"
+
+    @property
+    def version(self) -> str:
+        """``0.1.0+stable.cu13``."""
+        return f"{BASE_VERSION}+{self.label}"
+
+    @property
+    def requires_torch(self) -> str:
+        """The wheel's Requires-Dist on torch."""
+        if self.kind == STABLE:
+            return f"torch>={minor_text(STABLE_ABI_FLOOR)}"
+        assert self.torch is not None
+        return f"torch=={minor_text(self.torch)}.*"
+
+    @property
+    def cuda_major(self) -> Optional[str]:
+        return cuda_major(self.cuda)
+
+    def serves(self, torch_version: str, torch_cuda: Optional[str]) -> bool:
+        """Whether this variant's wheel loads into that torch (version and CUDA)."""
+        if self.kind == STABLE:
+            if torch_minor(torch_version) < STABLE_ABI_FLOOR:
+                return False
+        elif torch_minor(torch_version) != self.torch:
+            return False
+        if self.cuda is None:
+            return True  # the CPU kernels run under any build of torch
+        return torch_cuda is not None and cuda_major(torch_cuda) == self.cuda_major
+
+
+def variant_for(torch_version: str, cuda: Optional[str]) -> Variant:
+    """The variant built for (and serving) a torch release with that CUDA (None: CPU)."""
+    if kind_for(torch_version) == STABLE:
+        return Variant(STABLE, cuda_major(cuda))
+    return Variant(PINNED, cuda, torch_minor(torch_version))
+
+
+def parse_label(label: str) -> Variant:
+    """The variant a local version label names; ValueError for anything else.
+
+    Labels become file and folder names in the index: only these two shapes are accepted.
+    """
+    match = _STABLE_LABEL.fullmatch(label)
+    if match:
+        device = match["device"]
+        return Variant(STABLE, None if device == "cpu" else device[2:])
+    match = _PINNED_LABEL.fullmatch(label)
+    if match:
+        device = match["device"]
+        cuda = None if device == "cpu" else f"{device[2:-1]}.{device[-1]}"
+        return Variant(PINNED, cuda, (int(match["major"]), int(match["minor"])))
+    raise ValueError(
+        f"{label!r} is not a hotloop variant label: expected 'stable.cu<CUDA major>' "
+        "(e.g. stable.cu13), 'stable.cpu', 'pt<torch major><minor>cu<CUDA>' (e.g. pt29cu128) "
+        "or 'pt<torch major><minor>cpu'"
+    )
+
+
+def parse_version(version: str) -> Variant:
+    """The variant of a full hotloop version (``0.1.0+stable.cu13``); ValueError otherwise."""
+    base, sep, label = version.partition("+")
+    if not sep or not base:
+        raise ValueError(f"{version!r} has no local version label (expected {BASE_VERSION}+...)")
+    return parse_label(label)
