@@ -4,39 +4,79 @@ Everything is derived from the torch installed in the build environment and from
 environment variables, so an sdist builds on its own (this file never imports
 `scripts/`):
 
+HOTLOOP_ABI           auto (default) | stable | pinned: which torch API the ops are built on.
+                      stable: the LibTorch stable ABI (torch >= 2.10; one wheel serves every
+                      later torch); pinned: ATen, loadable only into this torch minor. auto
+                      takes stable wherever the installed torch allows it.
 HOTLOOP_CUDA          auto (default) | 1 | 0: build the CUDA kernels. auto builds them when
                       torch is a CUDA build and a toolkit is found (CUDA_HOME); 1 fails
                       without one; 0 builds the CPU kernels only.
 CUDA_HOME             toolkit root (bin/nvcc, include/).
 TORCH_CUDA_ARCH_LIST  GPU architectures, torch's syntax ("8.0;9.0+PTX").
-HOTLOOP_SYSROOT       glibc sysroot to compile and link against (see DESIGN.md: it keeps
-                      the extension's symbol versions within manylinux_2_28).
+HOTLOOP_SYSROOT       glibc sysroot to compile and link against (keeps the extension's
+                      symbol versions within manylinux_2_28; CONTRIBUTING.md explains).
 NVCC_THREADS          nvcc --threads (default 2).
 SOURCE_DATE_EPOCH     build time recorded in hotloop/_build_info.py.
 HOTLOOP_GIT_COMMIT    commit recorded in the build info when git can't tell (an sdist).
+HOTLOOP_RELEASED_VARIANTS  comma-separated labels of the wheels the release builds (set by
+                      `nox -s wheels`): the import guard suggests only those.
 MAX_JOBS, CC, CXX, PYTORCH_NVCC are read by torch's build as usual.
 """
 
 from __future__ import annotations
 
 import datetime
+import importlib.util
 import os
 import subprocess
+import sys
 from pathlib import Path
 
 import torch
-from setuptools import setup
+from setuptools import Extension, setup
 from torch.utils import cpp_extension
 
-BASE_VERSION = "0.1.0"
-# The stable ABI version the extension is compiled for; the wheel is tagged cp39-abi3.
+# Python's stable ABI version `hotloop._C` is compiled for; the wheel is tagged cp39-abi3.
 PY_LIMITED_API = "0x03090000"
 ROOT = Path(__file__).parent.resolve()
+# The ops, in a shared library without Python (loadable by a C++ program too).
+OPS_LIBRARY_MODULE = "hotloop.libhotloop_ops"
+OPS_LIBRARY_FILE = "libhotloop_ops.so"
 
 
-def torch_minor() -> tuple[int, int]:
-    major, minor = torch.__version__.split("+")[0].split(".")[:2]
-    return int(major), int(minor)
+def load_variant_rule():
+    """src/hotloop/_variant.py, the one place for labels and torch pins (loaded by path:
+    importing the hotloop package would need the extension this file builds)."""
+    path = ROOT / "src" / "hotloop" / "_variant.py"
+    spec = importlib.util.spec_from_file_location("hotloop_variant_rule", path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+variant_rule = load_variant_rule()
+
+
+def abi_kind() -> str:
+    mode = os.environ.get("HOTLOOP_ABI", "auto").lower()
+    if mode not in {"auto", variant_rule.STABLE, variant_rule.PINNED}:
+        raise SystemExit(f"HOTLOOP_ABI must be auto, stable or pinned, got {mode!r}")
+    if mode == "auto":
+        return variant_rule.kind_for(torch.__version__)
+    if mode == variant_rule.STABLE and variant_rule.kind_for(torch.__version__) != mode:
+        floor = variant_rule.minor_text(variant_rule.STABLE_ABI_FLOOR)
+        raise SystemExit(
+            f"HOTLOOP_ABI=stable needs torch >= {floor} in the build environment, found "
+            f"{torch.__version__}; use HOTLOOP_ABI=pinned (or auto) for this torch"
+        )
+    return mode
+
+
+def stable_target_version() -> str:
+    """TORCH_TARGET_VERSION for the floor: 0x020a000000000000 for torch 2.10."""
+    major, minor = variant_rule.STABLE_ABI_FLOOR
+    return f"0x{major:02x}{minor:02x}000000000000"
 
 
 def want_cuda() -> bool:
@@ -57,12 +97,6 @@ def want_cuda() -> bool:
             )
         return True
     return mode == "auto" and torch.version.cuda is not None and toolkit_found
-
-
-def local_label(with_cuda: bool) -> str:
-    major, minor = torch_minor()
-    device = f"cu{torch.version.cuda.replace('.', '')}" if with_cuda else "cpu"
-    return f"pt{major}{minor}{device}"
 
 
 def compiled_archs() -> list[str]:
@@ -88,6 +122,16 @@ def git_commit() -> str:
     return out.stdout.strip()
 
 
+def released_variants() -> list[str]:
+    labels = [v for v in os.environ.get("HOTLOOP_RELEASED_VARIANTS", "").split(",") if v]
+    for label in labels:
+        try:
+            variant_rule.parse_label(label)
+        except ValueError as err:
+            raise SystemExit(f"HOTLOOP_RELEASED_VARIANTS: {err}") from None
+    return labels
+
+
 def build_time() -> str:
     epoch = int(os.environ.get("SOURCE_DATE_EPOCH", "0")) or int(
         datetime.datetime.now(datetime.timezone.utc).timestamp()
@@ -96,15 +140,18 @@ def build_time() -> str:
     return stamp.strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
-def write_build_info(version: str, with_cuda: bool, archs: list[str]) -> None:
+def write_build_info(variant, with_cuda: bool, archs: list[str]) -> None:
     info = {
-        "version": version,
+        "version": variant.version,
+        "abi": variant.kind,
+        "requires_torch": variant.requires_torch,
         "torch_version": torch.__version__,
-        "torch_minor": "{}.{}".format(*torch_minor()),
+        "torch_minor": variant_rule.minor_text(variant_rule.torch_minor(torch.__version__)),
         "cuda_version": torch.version.cuda if with_cuda else None,
         "archs": archs,
         "cxx11_abi": bool(torch.compiled_with_cxx11_abi()),
         "git_commit": git_commit(),
+        "released_variants": released_variants(),
         "build_time": build_time(),
     }
     lines = ['"""Generated by setup.py at build time; do not edit."""', "", "BUILD_INFO = {"]
@@ -126,11 +173,12 @@ def sysroot_flags() -> tuple[list[str], list[str]]:
     return [f"--sysroot={sysroot}"], [f"--sysroot={sysroot}", *(f"-L{d}" for d in libdirs)]
 
 
-class BuildLimitedApiExtension(cpp_extension.BuildExtension):
-    """torch's BuildExtension with hotloop's Py_LIMITED_API in place of torch's own.
+class BuildHotloopExtensions(cpp_extension.BuildExtension):
+    """torch's BuildExtension, with hotloop's Py_LIMITED_API and a plain library name.
 
     torch adds -DPy_LIMITED_API for its minimum CPython (3.10 since torch 2.10); the
-    wheel is tagged cp39-abi3, so the extension must compile against the 3.9 stable ABI.
+    wheel is tagged cp39-abi3, so `_C` must compile against the 3.9 stable ABI. The ops
+    library is no Python module: it gets a library's name, not an extension suffix.
     """
 
     def build_extension(self, ext) -> None:
@@ -141,17 +189,43 @@ class BuildLimitedApiExtension(cpp_extension.BuildExtension):
             ]
         super().build_extension(ext)
 
+    def get_ext_filename(self, fullname: str) -> str:
+        # Called with the full dotted name and, by get_ext_fullpath, with its last part.
+        *package, name = fullname.split(".")
+        if name == OPS_LIBRARY_MODULE.rpartition(".")[2]:
+            return os.path.join(*package, OPS_LIBRARY_FILE)
+        return super().get_ext_filename(fullname)
 
-def extension(with_cuda: bool):
-    sources = sorted(str(p.relative_to(ROOT)) for p in (ROOT / "csrc").rglob("*.cpp"))
+
+# What each kind links: the stable ABI reaches torch only through libtorch_cpu's C
+# shim (and libtorch_cuda's for the CUDA stream), never libc10 or libtorch_python;
+# nothing links libtorch_python, so the library loads in a process without Python.
+STABLE_LIBRARIES = {"cpu": ["torch_cpu"], "cuda": ["torch_cpu", "torch_cuda", "cudart"]}
+UNLINKED_PINNED_LIBRARIES = {"torch_python"}
+
+
+def ops_library(kind: str, with_cuda: bool) -> Extension:
+    csrc = ROOT / "csrc"
+    sources = sorted(
+        str(p.relative_to(ROOT)) for p in csrc.rglob("*.cpp") if p.name != "python_module.cpp"
+    )
     sysroot_cflags, sysroot_ldflags = sysroot_flags()
-    cxx_flags = ["-O3", "-g0", f"-DPy_LIMITED_API={PY_LIMITED_API}", *sysroot_cflags]
-    compile_args = {"cxx": cxx_flags}
+    defines = []
+    if kind == variant_rule.STABLE:
+        # TORCH_STABLE_ONLY turns any use of an unstable API into a compile error.
+        defines = [
+            "-DHOTLOOP_STABLE_ABI",
+            f"-DTORCH_TARGET_VERSION={stable_target_version()}",
+            "-DTORCH_STABLE_ONLY",
+        ]
     if with_cuda:
-        sources += sorted(str(p.relative_to(ROOT)) for p in (ROOT / "csrc").rglob("*.cu"))
+        defines.append("-DUSE_CUDA")
+    compile_args = {"cxx": ["-O3", "-g0", *defines, *sysroot_cflags]}
+    if with_cuda:
+        sources += sorted(str(p.relative_to(ROOT)) for p in csrc.rglob("*.cu"))
         compile_args["nvcc"] = [
             "-O3",
-            f"-DPy_LIMITED_API={PY_LIMITED_API}",
+            *defines,
             f"--threads={os.environ.get('NVCC_THREADS', '2')}",
             "-Xfatbin=-compress-all",
             *(f"-Xcompiler={flag}" for flag in sysroot_cflags),
@@ -159,28 +233,45 @@ def extension(with_cuda: bool):
         make = cpp_extension.CUDAExtension
     else:
         make = cpp_extension.CppExtension
-    return make(
-        "hotloop._C",
+    ext = make(
+        OPS_LIBRARY_MODULE,
         sources,
-        include_dirs=[str(ROOT / "csrc")],
+        include_dirs=[str(csrc)],
         extra_compile_args=compile_args,
         extra_link_args=["-Wl,--strip-debug", *sysroot_ldflags],
+    )
+    if kind == variant_rule.STABLE:
+        ext.libraries = STABLE_LIBRARIES["cuda" if with_cuda else "cpu"]
+    else:
+        ext.libraries = [lib for lib in ext.libraries if lib not in UNLINKED_PINNED_LIBRARIES]
+    return ext
+
+
+def python_module() -> Extension:
+    sysroot_cflags, sysroot_ldflags = sysroot_flags()
+    return Extension(
+        "hotloop._C",
+        ["csrc/python_module.cpp"],
+        extra_compile_args={"cxx": ["-O3", "-g0", *sysroot_cflags]},
+        extra_link_args=["-Wl,--strip-debug", *sysroot_ldflags],
         py_limited_api=True,
+        define_macros=[("Py_LIMITED_API", PY_LIMITED_API)],
+        language="c++",
     )
 
 
 def main() -> None:
     with_cuda = want_cuda()
-    major, minor = torch_minor()
-    version = f"{BASE_VERSION}+{local_label(with_cuda)}"
+    kind = abi_kind()
+    variant = variant_rule.variant_for(torch.__version__, torch.version.cuda if with_cuda else None, kind)
     archs = compiled_archs() if with_cuda else []
-    write_build_info(version, with_cuda, archs)
+    write_build_info(variant, with_cuda, archs)
     setup(
-        version=version,
-        # The extension links against this torch minor's C++ ABI: no other minor can load it.
-        install_requires=[f"torch=={major}.{minor}.*"],
-        ext_modules=[extension(with_cuda)],
-        cmdclass={"build_ext": BuildLimitedApiExtension},
+        version=variant.version,
+        # stable: every torch from the floor on; pinned: this torch minor's C++ ABI only.
+        install_requires=[variant.requires_torch],
+        ext_modules=[ops_library(kind, with_cuda), python_module()],
+        cmdclass={"build_ext": BuildHotloopExtensions},
         options={"bdist_wheel": {"py_limited_api": "cp39"}},
     )
 

@@ -2,9 +2,9 @@
 // across a warp or a block. Only .cu files include this.
 #pragma once
 
-#include <c10/cuda/CUDAException.h>
-#include <c10/cuda/CUDAFunctions.h>
 #include <cuda_runtime.h>
+
+#include "cuda_api.cuh"
 
 #include <cstdint>
 
@@ -92,8 +92,8 @@ __device__ __forceinline__ double rsqrt_acc<double>(double v) {
 // at::cuda::getCurrentDeviceProperties(), whose header pulls in cuBLAS/cuSPARSE.)
 inline int num_sms() {
   int count = 0;
-  C10_CUDA_CHECK(
-      cudaDeviceGetAttribute(&count, cudaDevAttrMultiProcessorCount, c10::cuda::current_device()));
+  HOTLOOP_CUDA_CHECK(
+      cudaDeviceGetAttribute(&count, cudaDevAttrMultiProcessorCount, current_device()));
   return count;
 }
 

@@ -4,18 +4,11 @@
 // stored into residual; the norm is then computed from that rounded value, exactly
 // as the CUDA kernel does, so the op equals the unfused
 // `residual.add_(x); x.copy_(rms_norm(residual, weight, eps))` on both devices.
-#include <ATen/OpMathType.h>
-#include <ATen/Parallel.h>
-#include <ATen/core/Tensor.h>
-#include <ATen/ops/empty.h>
-#include <torch/library.h>
-
 #include <algorithm>
 #include <cmath>
 
-#include "../common/checks.h"
 #include "../common/cpu_loops.h"
-#include "../common/fused_add_rms_norm_checks.h"
+#include "fused_add_rms_norm_checks.h"
 
 namespace hotloop {
 namespace {
@@ -23,10 +16,10 @@ namespace {
 template <typename scalar_t>
 void fused_add_rms_norm_cpu_kernel(scalar_t* x, scalar_t* residual, const scalar_t* weight,
                                    int64_t rows, int64_t hidden, double eps) {
-  using acc_t = at::opmath_type<scalar_t>;
+  using acc_t = acc_type<scalar_t>;
   const acc_t eps_acc = static_cast<acc_t>(eps);
   const int64_t grain = std::max<int64_t>(1, kGrainSize / hidden);
-  at::parallel_for(0, rows, grain, [&](int64_t begin, int64_t end) {
+  parallel_for(0, rows, grain, [&](int64_t begin, int64_t end) {
     for (int64_t row = begin; row < end; ++row) {
       scalar_t* x_row = x + row * hidden;
       scalar_t* res_row = residual + row * hidden;
@@ -47,24 +40,24 @@ void fused_add_rms_norm_cpu_kernel(scalar_t* x, scalar_t* residual, const scalar
   });
 }
 
-void fused_add_rms_norm_cpu(at::Tensor& x, at::Tensor& residual, const at::Tensor& weight,
-                            double eps) {
+void fused_add_rms_norm_cpu(Tensor& x, Tensor& residual, const Tensor& weight, double eps) {
   check_fused_add_rms_norm_inputs(x, residual, weight);
   if (x.numel() == 0) {
     return;
   }
-  const at::Tensor w_contig = weight.contiguous();
+  const Tensor w_contig = as_contiguous(weight);
   const int64_t hidden = x.size(-1);
   const int64_t rows = x.numel() / hidden;
   HOTLOOP_DISPATCH_FLOATING(x.scalar_type(), "fused_add_rms_norm", [&] {
-    fused_add_rms_norm_cpu_kernel<scalar_t>(x.mutable_data_ptr<scalar_t>(),
-                                            residual.mutable_data_ptr<scalar_t>(),
-                                            w_contig.const_data_ptr<scalar_t>(), rows, hidden, eps);
+    fused_add_rms_norm_cpu_kernel<scalar_t>(mutable_data<scalar_t>(x), mutable_data<scalar_t>(residual),
+                                            const_data<scalar_t>(w_contig), rows, hidden, eps);
   });
 }
 
 }  // namespace
 
-TORCH_LIBRARY_IMPL(hotloop, CPU, m) { m.impl("fused_add_rms_norm", &fused_add_rms_norm_cpu); }
+HOTLOOP_LIBRARY_IMPL(CPU, m) {
+  m.impl("fused_add_rms_norm", HOTLOOP_KERNEL(&fused_add_rms_norm_cpu));
+}
 
 }  // namespace hotloop

@@ -7,19 +7,11 @@
 // blocks as in rms_norm (common/row_launch.cuh): register-resident 16-byte
 // vectors when aligned, register-resident scalars for other rows up to 16384
 // elements (common/scalar_rows.cuh), a generic kernel for the rest.
-#include <ATen/OpMathType.h>
-#include <ATen/core/Tensor.h>
-#include <ATen/ops/empty.h>
-#include <c10/cuda/CUDAException.h>
-#include <c10/cuda/CUDAGuard.h>
-#include <c10/cuda/CUDAStream.h>
-#include <torch/library.h>
 
-#include "../common/checks.h"
 #include "../common/cuda_utils.cuh"
-#include "../common/fused_add_rms_norm_checks.h"
 #include "../common/row_launch.cuh"
 #include "../common/scalar_rows.cuh"
+#include "fused_add_rms_norm_checks.h"
 
 namespace hotloop {
 namespace {
@@ -44,8 +36,8 @@ __global__ void __launch_bounds__(kVectorsPerThread >= kFusedWideVectors ? kFuse
                                                                          : kMaxThreadsPerBlock)
     fused_add_rms_norm_vector_kernel(scalar_t* __restrict__ x, scalar_t* __restrict__ residual,
                                      const scalar_t* __restrict__ weight, int64_t rows,
-                                     int64_t hidden, at::opmath_type<scalar_t> eps) {
-  using acc_t = at::opmath_type<scalar_t>;
+                                     int64_t hidden, acc_type<scalar_t> eps) {
+  using acc_t = acc_type<scalar_t>;
   constexpr int kVec = vector_size<scalar_t>();
   using Vec = AlignedVector<scalar_t, kVec>;
   const int num_vectors = static_cast<int>(hidden / kVec);
@@ -109,8 +101,8 @@ template <typename scalar_t, int kElemsPerThread>
 __global__ void __launch_bounds__(scalar_max_threads(kElemsPerThread))
     fused_add_rms_norm_scalar_kernel(scalar_t* __restrict__ x, scalar_t* __restrict__ residual,
                                      const scalar_t* __restrict__ weight, int64_t rows,
-                                     int64_t hidden, at::opmath_type<scalar_t> eps) {
-  using acc_t = at::opmath_type<scalar_t>;
+                                     int64_t hidden, acc_type<scalar_t> eps) {
+  using acc_t = acc_type<scalar_t>;
   const acc_t inv_hidden = acc_t(1) / static_cast<acc_t>(hidden);
   const int stride = scalar_stride<kElemsPerThread>();
   // Element i of this thread is column threadIdx.x + i * stride of the row.
@@ -163,8 +155,8 @@ template <typename scalar_t>
 __global__ void __launch_bounds__(kMaxThreadsPerBlock)
     fused_add_rms_norm_generic_kernel(scalar_t* __restrict__ x, scalar_t* __restrict__ residual,
                                       const scalar_t* __restrict__ weight, int64_t rows,
-                                      int64_t hidden, at::opmath_type<scalar_t> eps) {
-  using acc_t = at::opmath_type<scalar_t>;
+                                      int64_t hidden, acc_type<scalar_t> eps) {
+  using acc_t = acc_type<scalar_t>;
   const acc_t inv_hidden = acc_t(1) / static_cast<acc_t>(hidden);
   const int64_t chunk_stride = int64_t{kGenericChunk} * blockDim.x;
   for (int64_t block_row = static_cast<int64_t>(blockIdx.x) * blockDim.y; block_row < rows;
@@ -207,11 +199,11 @@ __global__ void __launch_bounds__(kMaxThreadsPerBlock)
 template <typename scalar_t>
 void launch_fused_add_rms_norm(scalar_t* x, scalar_t* residual, const scalar_t* weight,
                                int64_t rows, int64_t hidden, double eps) {
-  using acc_t = at::opmath_type<scalar_t>;
+  using acc_t = acc_type<scalar_t>;
   const bool aligned =
       is_vector_aligned(x) && is_vector_aligned(residual) && is_vector_aligned(weight);
   const RowLaunch plan = plan_row_launch(hidden, vector_size<scalar_t>(), aligned, kFusedLimits);
-  const cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
+  const cudaStream_t stream = current_stream();
   const acc_t eps_acc = static_cast<acc_t>(eps);
   if (plan.vectors_per_thread == 0) {
     const RowLaunch scalar_plan = plan_scalar_row_launch(hidden);
@@ -221,7 +213,7 @@ void launch_fused_add_rms_norm(scalar_t* x, scalar_t* residual, const scalar_t* 
           <<<grid, scalar_plan.block(), 0, stream>>>(x, residual, weight, rows, hidden, eps_acc);
     });
     if (launched) {
-      C10_CUDA_KERNEL_LAUNCH_CHECK();
+      HOTLOOP_KERNEL_LAUNCH_CHECK();
       return;
     }
   }
@@ -237,32 +229,32 @@ void launch_fused_add_rms_norm(scalar_t* x, scalar_t* residual, const scalar_t* 
     HOTLOOP_LAUNCH(kFusedWideVectors)
 #undef HOTLOOP_LAUNCH
     default:
-      TORCH_INTERNAL_ASSERT(plan.vectors_per_thread == 0);
+      HOTLOOP_INTERNAL_ASSERT(plan.vectors_per_thread == 0);
       fused_add_rms_norm_generic_kernel<scalar_t>
           <<<grid, plan.block(), 0, stream>>>(x, residual, weight, rows, hidden, eps_acc);
   }
-  C10_CUDA_KERNEL_LAUNCH_CHECK();
+  HOTLOOP_KERNEL_LAUNCH_CHECK();
 }
 
-void fused_add_rms_norm_cuda(at::Tensor& x, at::Tensor& residual, const at::Tensor& weight,
-                             double eps) {
+void fused_add_rms_norm_cuda(Tensor& x, Tensor& residual, const Tensor& weight, double eps) {
   check_fused_add_rms_norm_inputs(x, residual, weight);
   if (x.numel() == 0) {
     return;
   }
-  const c10::cuda::CUDAGuard guard(x.device());
-  const at::Tensor w_contig = weight.contiguous();
+  const CudaDeviceGuard guard(x);
+  const Tensor w_contig = as_contiguous(weight);
   const int64_t hidden = x.size(-1);
   const int64_t rows = x.numel() / hidden;
   HOTLOOP_DISPATCH_FLOATING(x.scalar_type(), "fused_add_rms_norm_cuda", [&] {
-    launch_fused_add_rms_norm<scalar_t>(x.mutable_data_ptr<scalar_t>(),
-                                        residual.mutable_data_ptr<scalar_t>(),
-                                        w_contig.const_data_ptr<scalar_t>(), rows, hidden, eps);
+    launch_fused_add_rms_norm<scalar_t>(mutable_data<scalar_t>(x), mutable_data<scalar_t>(residual),
+                                        const_data<scalar_t>(w_contig), rows, hidden, eps);
   });
 }
 
 }  // namespace
 
-TORCH_LIBRARY_IMPL(hotloop, CUDA, m) { m.impl("fused_add_rms_norm", &fused_add_rms_norm_cuda); }
+HOTLOOP_LIBRARY_IMPL(CUDA, m) {
+  m.impl("fused_add_rms_norm", HOTLOOP_KERNEL(&fused_add_rms_norm_cuda));
+}
 
 }  // namespace hotloop

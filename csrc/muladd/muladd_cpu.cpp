@@ -1,10 +1,4 @@
 // CPU kernels of muladd (a * b + c) and mul (a * b).
-#include <ATen/OpMathType.h>
-#include <ATen/Parallel.h>
-#include <ATen/core/Tensor.h>
-#include <ATen/ops/empty.h>
-#include <torch/library.h>
-
 #include "../common/checks.h"
 #include "../common/cpu_loops.h"
 
@@ -13,22 +7,22 @@ namespace {
 
 // out = a * b (+ c), computed in the op-math type (float32, float64 for float64).
 template <bool kAddC>
-at::Tensor muladd_cpu_impl(const char* op, const at::Tensor& a, const at::Tensor& b, double c) {
+Tensor muladd_cpu_impl(const char* op, const Tensor& a, const Tensor& b, double c) {
   check_elementwise_inputs(op, a, b);
-  const at::Tensor a_contig = a.contiguous();
-  const at::Tensor b_contig = b.contiguous();
-  at::Tensor out = at::empty(a.sizes(), a.options());
+  const Tensor a_contig = as_contiguous(a);
+  const Tensor b_contig = as_contiguous(b);
+  Tensor out = empty_like_contiguous(a);
   const int64_t n = out.numel();
   if (n == 0) {
     return out;
   }
   HOTLOOP_DISPATCH_FLOATING(a.scalar_type(), "muladd_cpu", [&] {
-    using acc_t = at::opmath_type<scalar_t>;
-    const scalar_t* a_ptr = a_contig.const_data_ptr<scalar_t>();
-    const scalar_t* b_ptr = b_contig.const_data_ptr<scalar_t>();
-    scalar_t* out_ptr = out.mutable_data_ptr<scalar_t>();
+    using acc_t = acc_type<scalar_t>;
+    const scalar_t* a_ptr = const_data<scalar_t>(a_contig);
+    const scalar_t* b_ptr = const_data<scalar_t>(b_contig);
+    scalar_t* out_ptr = mutable_data<scalar_t>(out);
     const acc_t c_acc = static_cast<acc_t>(c);
-    at::parallel_for(0, n, kGrainSize, [&](int64_t begin, int64_t end) {
+    parallel_for(0, n, kGrainSize, [&](int64_t begin, int64_t end) {
       for (int64_t i = begin; i < end; ++i) {
         acc_t v = static_cast<acc_t>(a_ptr[i]) * static_cast<acc_t>(b_ptr[i]);
         if constexpr (kAddC) {
@@ -41,20 +35,20 @@ at::Tensor muladd_cpu_impl(const char* op, const at::Tensor& a, const at::Tensor
   return out;
 }
 
-at::Tensor muladd_cpu(const at::Tensor& a, const at::Tensor& b, double c) {
+Tensor muladd_cpu(const Tensor& a, const Tensor& b, double c) {
   return muladd_cpu_impl</*kAddC=*/true>("muladd", a, b, c);
 }
 
 // mul is not muladd with c = 0: (-x * 0) + 0 would turn -0.0 into +0.0.
-at::Tensor mul_cpu(const at::Tensor& a, const at::Tensor& b) {
+Tensor mul_cpu(const Tensor& a, const Tensor& b) {
   return muladd_cpu_impl</*kAddC=*/false>("mul", a, b, 0.0);
 }
 
 }  // namespace
 
-TORCH_LIBRARY_IMPL(hotloop, CPU, m) {
-  m.impl("muladd", &muladd_cpu);
-  m.impl("mul", &mul_cpu);
+HOTLOOP_LIBRARY_IMPL(CPU, m) {
+  m.impl("muladd", HOTLOOP_KERNEL(&muladd_cpu));
+  m.impl("mul", HOTLOOP_KERNEL(&mul_cpu));
 }
 
 }  // namespace hotloop

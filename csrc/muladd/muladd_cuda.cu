@@ -4,13 +4,6 @@
 // several loads are in flight, computed in float32 (float64 for float64). The
 // vector loop runs only when a, b and out are 16-byte aligned; the scalar loop
 // covers the tail (or everything, for unaligned inputs).
-#include <ATen/OpMathType.h>
-#include <ATen/core/Tensor.h>
-#include <ATen/ops/empty.h>
-#include <c10/cuda/CUDAException.h>
-#include <c10/cuda/CUDAGuard.h>
-#include <c10/cuda/CUDAStream.h>
-#include <torch/library.h>
 
 #include "../common/checks.h"
 #include "../common/cuda_utils.cuh"
@@ -32,9 +25,9 @@ __device__ __forceinline__ acc_t mul_add(acc_t a, acc_t b, acc_t c) {
 
 template <typename scalar_t, bool kAddC>
 __global__ void muladd_kernel(const scalar_t* __restrict__ a, const scalar_t* __restrict__ b,
-                              scalar_t* __restrict__ out, int64_t n, at::opmath_type<scalar_t> c,
+                              scalar_t* __restrict__ out, int64_t n, acc_type<scalar_t> c,
                               bool vectorized) {
-  using acc_t = at::opmath_type<scalar_t>;
+  using acc_t = acc_type<scalar_t>;
   constexpr int kVec = vector_size<scalar_t>();
   using Vec = AlignedVector<scalar_t, kVec>;
   const int64_t num_threads = static_cast<int64_t>(gridDim.x) * blockDim.x;
@@ -82,22 +75,22 @@ __global__ void muladd_kernel(const scalar_t* __restrict__ a, const scalar_t* __
 }
 
 template <bool kAddC>
-at::Tensor muladd_cuda_impl(const char* op, const at::Tensor& a, const at::Tensor& b, double c) {
+Tensor muladd_cuda_impl(const char* op, const Tensor& a, const Tensor& b, double c) {
   check_elementwise_inputs(op, a, b);
-  at::Tensor out = at::empty(a.sizes(), a.options());
+  Tensor out = empty_like_contiguous(a);
   const int64_t n = out.numel();
   if (n == 0) {
     return out;
   }
-  const c10::cuda::CUDAGuard guard(a.device());
-  const at::Tensor a_contig = a.contiguous();
-  const at::Tensor b_contig = b.contiguous();
-  const cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
+  const CudaDeviceGuard guard(a);
+  const Tensor a_contig = as_contiguous(a);
+  const Tensor b_contig = as_contiguous(b);
+  const cudaStream_t stream = current_stream();
   HOTLOOP_DISPATCH_FLOATING(a.scalar_type(), "muladd_cuda", [&] {
-    using acc_t = at::opmath_type<scalar_t>;
-    const scalar_t* a_ptr = a_contig.const_data_ptr<scalar_t>();
-    const scalar_t* b_ptr = b_contig.const_data_ptr<scalar_t>();
-    scalar_t* out_ptr = out.mutable_data_ptr<scalar_t>();
+    using acc_t = acc_type<scalar_t>;
+    const scalar_t* a_ptr = const_data<scalar_t>(a_contig);
+    const scalar_t* b_ptr = const_data<scalar_t>(b_contig);
+    scalar_t* out_ptr = mutable_data<scalar_t>(out);
     const bool vectorized =
         is_vector_aligned(a_ptr) && is_vector_aligned(b_ptr) && is_vector_aligned(out_ptr);
     const int64_t items = vectorized ? ceil_div(n, vector_size<scalar_t>() * kUnroll) : n;
@@ -105,24 +98,24 @@ at::Tensor muladd_cuda_impl(const char* op, const at::Tensor& a, const at::Tenso
     const int64_t blocks = std::min<int64_t>(ceil_div(items, kThreads), int64_t{num_sms()} * 16);
     muladd_kernel<scalar_t, kAddC><<<static_cast<unsigned>(blocks), kThreads, 0, stream>>>(
         a_ptr, b_ptr, out_ptr, n, static_cast<acc_t>(c), vectorized);
-    C10_CUDA_KERNEL_LAUNCH_CHECK();
+    HOTLOOP_KERNEL_LAUNCH_CHECK();
   });
   return out;
 }
 
-at::Tensor muladd_cuda(const at::Tensor& a, const at::Tensor& b, double c) {
+Tensor muladd_cuda(const Tensor& a, const Tensor& b, double c) {
   return muladd_cuda_impl</*kAddC=*/true>("muladd", a, b, c);
 }
 
-at::Tensor mul_cuda(const at::Tensor& a, const at::Tensor& b) {
+Tensor mul_cuda(const Tensor& a, const Tensor& b) {
   return muladd_cuda_impl</*kAddC=*/false>("mul", a, b, 0.0);
 }
 
 }  // namespace
 
-TORCH_LIBRARY_IMPL(hotloop, CUDA, m) {
-  m.impl("muladd", &muladd_cuda);
-  m.impl("mul", &mul_cuda);
+HOTLOOP_LIBRARY_IMPL(CUDA, m) {
+  m.impl("muladd", HOTLOOP_KERNEL(&muladd_cuda));
+  m.impl("mul", HOTLOOP_KERNEL(&mul_cuda));
 }
 
 }  // namespace hotloop

@@ -3,20 +3,14 @@
 // y = x * rstd [* weight], rstd = 1 / sqrt(mean(x^2 over the last dim) + eps),
 // accumulated in float32 (float64 for float64 inputs). The normalised value stays
 // in float32 until it has been multiplied by the weight; only then is it rounded.
-#include <ATen/OpMathType.h>
-#include <ATen/Parallel.h>
-#include <ATen/core/Tensor.h>
-#include <ATen/ops/empty.h>
-#include <ATen/ops/zeros.h>
-#include <torch/library.h>
-
 #include <algorithm>
 #include <cmath>
 #include <optional>
 #include <tuple>
+#include <vector>
 
-#include "../common/checks.h"
 #include "../common/cpu_loops.h"
+#include "rms_norm_checks.h"
 
 namespace hotloop {
 namespace {
@@ -38,9 +32,9 @@ acc_t row_rstd(const scalar_t* x, int64_t hidden, acc_t eps) {
 template <typename scalar_t>
 void rms_norm_cpu_kernel(const scalar_t* x, const scalar_t* weight, scalar_t* y, int64_t rows,
                          int64_t hidden, double eps) {
-  using acc_t = at::opmath_type<scalar_t>;
+  using acc_t = acc_type<scalar_t>;
   const acc_t eps_acc = static_cast<acc_t>(eps);
-  at::parallel_for(0, rows, rows_per_task(hidden), [&](int64_t begin, int64_t end) {
+  parallel_for(0, rows, rows_per_task(hidden), [&](int64_t begin, int64_t end) {
     for (int64_t row = begin; row < end; ++row) {
       const scalar_t* x_row = x + row * hidden;
       scalar_t* y_row = y + row * hidden;
@@ -63,12 +57,12 @@ void rms_norm_cpu_kernel(const scalar_t* x, const scalar_t* weight, scalar_t* y,
 template <typename scalar_t>
 void rms_norm_backward_cpu_kernel(const scalar_t* grad_out, const scalar_t* x,
                                   const scalar_t* weight, scalar_t* grad_x,
-                                  at::opmath_type<scalar_t>* weight_partials, int64_t num_chunks,
+                                  acc_type<scalar_t>* weight_partials, int64_t num_chunks,
                                   int64_t rows, int64_t hidden, double eps) {
-  using acc_t = at::opmath_type<scalar_t>;
+  using acc_t = acc_type<scalar_t>;
   const acc_t eps_acc = static_cast<acc_t>(eps);
   const acc_t inv_hidden = acc_t(1) / static_cast<acc_t>(hidden);
-  at::parallel_for(0, num_chunks, 1, [&](int64_t chunk_begin, int64_t chunk_end) {
+  parallel_for(0, num_chunks, 1, [&](int64_t chunk_begin, int64_t chunk_end) {
     for (int64_t chunk = chunk_begin; chunk < chunk_end; ++chunk) {
       acc_t* dw = weight != nullptr ? weight_partials + chunk * hidden : nullptr;
       const int64_t row_begin = rows * chunk / num_chunks;
@@ -101,78 +95,92 @@ void rms_norm_backward_cpu_kernel(const scalar_t* grad_out, const scalar_t* x,
   });
 }
 
-at::Tensor rms_norm_cpu(const at::Tensor& x, const std::optional<at::Tensor>& weight, double eps) {
+Tensor rms_norm_cpu(const Tensor& x, const std::optional<Tensor>& weight, double eps) {
   check_rms_norm_inputs("rms_norm", x, weight);
-  at::Tensor y = at::empty(x.sizes(), x.options());
+  Tensor y = rms_norm_output(x);
   if (x.numel() == 0) {
     return y;
   }
-  const at::Tensor x_contig = x.contiguous();
-  const at::Tensor w_contig = weight.has_value() ? weight->contiguous() : at::Tensor();
+  const Tensor x_contig = as_contiguous(x);
+  const std::optional<Tensor> w_contig =
+      weight.has_value() ? std::optional<Tensor>(as_contiguous(*weight)) : std::nullopt;
+  const Tensor y_contig = y.is_contiguous() ? y : empty_like_contiguous(x);
   const int64_t hidden = x.size(-1);
   const int64_t rows = x.numel() / hidden;
   HOTLOOP_DISPATCH_FLOATING(x.scalar_type(), "rms_norm", [&] {
-    rms_norm_cpu_kernel<scalar_t>(
-        x_contig.const_data_ptr<scalar_t>(),
-        w_contig.defined() ? w_contig.const_data_ptr<scalar_t>() : nullptr,
-        y.mutable_data_ptr<scalar_t>(), rows, hidden, eps);
+    rms_norm_cpu_kernel<scalar_t>(const_data<scalar_t>(x_contig),
+                                  w_contig ? const_data<scalar_t>(*w_contig) : nullptr,
+                                  mutable_data<scalar_t>(y_contig), rows, hidden, eps);
   });
-  return y;
+  return finish_rms_norm_output(y, y_contig);
 }
 
-std::tuple<at::Tensor, at::Tensor> rms_norm_backward_cpu(const at::Tensor& grad_out,
-                                                         const at::Tensor& x,
-                                                         const std::optional<at::Tensor>& weight,
-                                                         double eps) {
+// grad_weight[j] = sum over chunks of partials[chunk][j], in chunk order (deterministic).
+template <typename scalar_t>
+void sum_weight_partials(const acc_type<scalar_t>* partials, int64_t num_chunks, int64_t hidden,
+                         scalar_t* grad_weight) {
+  using acc_t = acc_type<scalar_t>;
+  parallel_for(0, hidden, kGrainSize, [&](int64_t begin, int64_t end) {
+    for (int64_t j = begin; j < end; ++j) {
+      acc_t total = 0;
+      for (int64_t chunk = 0; chunk < num_chunks; ++chunk) {
+        total += partials[chunk * hidden + j];
+      }
+      grad_weight[j] = static_cast<scalar_t>(total);
+    }
+  });
+}
+
+std::tuple<Tensor, Tensor> rms_norm_backward_cpu(const Tensor& grad_out, const Tensor& x,
+                                                 const std::optional<Tensor>& weight, double eps) {
   constexpr const char* op = "rms_norm_backward";
   check_rms_norm_backward_inputs(op, grad_out, x, weight);
 
-  at::Tensor grad_x = at::empty(x.sizes(), x.options());
+  Tensor grad_x = empty_like_contiguous(x);
+  const int64_t hidden = x.size(-1);
+  const int64_t rows = hidden == 0 ? 0 : x.numel() / hidden;
   if (!weight.has_value()) {
     if (x.numel() > 0) {
-      const at::Tensor x_contig = x.contiguous();
-      const at::Tensor go_contig = grad_out.contiguous();
-      const int64_t hidden = x.size(-1);
-      const int64_t rows = x.numel() / hidden;
-      HOTLOOP_DISPATCH_FLOATING(x.scalar_type(), "rms_norm_backward", [&] {
-        rms_norm_backward_cpu_kernel<scalar_t>(go_contig.const_data_ptr<scalar_t>(),
-                                               x_contig.const_data_ptr<scalar_t>(), nullptr,
-                                               grad_x.mutable_data_ptr<scalar_t>(), nullptr,
+      const Tensor x_contig = as_contiguous(x);
+      const Tensor go_contig = as_contiguous(grad_out);
+      HOTLOOP_DISPATCH_FLOATING(x.scalar_type(), op, [&] {
+        rms_norm_backward_cpu_kernel<scalar_t>(const_data<scalar_t>(go_contig),
+                                               const_data<scalar_t>(x_contig), nullptr,
+                                               mutable_data<scalar_t>(grad_x), nullptr,
                                                std::min<int64_t>(rows, 64), rows, hidden, eps);
       });
     }
-    return {grad_x, at::empty({0}, x.options())};
+    return {grad_x, empty_on(x, {0}, x.scalar_type())};
   }
 
   if (x.numel() == 0) {
     // No rows (or hidden == 0): the weight gradient is a sum over nothing.
-    return {grad_x, at::zeros(weight->sizes(), weight->options())};
+    return {grad_x, zeros_on(*weight, sizes_of(*weight), weight->scalar_type())};
   }
-  const at::Tensor x_contig = x.contiguous();
-  const at::Tensor go_contig = grad_out.contiguous();
-  const at::Tensor w_contig = weight->contiguous();
-  const int64_t hidden = x.size(-1);
-  const int64_t rows = x.numel() / hidden;
+  const Tensor x_contig = as_contiguous(x);
+  const Tensor go_contig = as_contiguous(grad_out);
+  const Tensor w_contig = as_contiguous(*weight);
+  Tensor grad_weight = empty_on(*weight, sizes_of(*weight), weight->scalar_type());
   // A fixed chunk count (not the thread count) keeps grad_weight deterministic.
   const int64_t num_chunks = std::min<int64_t>(rows, 64);
-  const auto acc_dtype = at::toOpMathType(x.scalar_type());
-  at::Tensor weight_partials = at::zeros({num_chunks, hidden}, x.options().dtype(acc_dtype));
-  HOTLOOP_DISPATCH_FLOATING(x.scalar_type(), "rms_norm_backward", [&] {
+  const Tensor weight_partials =
+      zeros_on(x, {num_chunks, hidden}, acc_dtype_of(x.scalar_type()));
+  HOTLOOP_DISPATCH_FLOATING(x.scalar_type(), op, [&] {
+    auto* partials = mutable_data<acc_type<scalar_t>>(weight_partials);
     rms_norm_backward_cpu_kernel<scalar_t>(
-        go_contig.const_data_ptr<scalar_t>(), x_contig.const_data_ptr<scalar_t>(),
-        w_contig.const_data_ptr<scalar_t>(), grad_x.mutable_data_ptr<scalar_t>(),
-        weight_partials.mutable_data_ptr<at::opmath_type<scalar_t>>(), num_chunks, rows, hidden,
-        eps);
+        const_data<scalar_t>(go_contig), const_data<scalar_t>(x_contig),
+        const_data<scalar_t>(w_contig), mutable_data<scalar_t>(grad_x), partials, num_chunks,
+        rows, hidden, eps);
+    sum_weight_partials<scalar_t>(partials, num_chunks, hidden, mutable_data<scalar_t>(grad_weight));
   });
-  at::Tensor grad_weight = weight_partials.sum(0).to(weight->scalar_type()).view(weight->sizes());
   return {grad_x, grad_weight};
 }
 
 }  // namespace
 
-TORCH_LIBRARY_IMPL(hotloop, CPU, m) {
-  m.impl("rms_norm", &rms_norm_cpu);
-  m.impl("rms_norm_backward", &rms_norm_backward_cpu);
+HOTLOOP_LIBRARY_IMPL(CPU, m) {
+  m.impl("rms_norm", HOTLOOP_KERNEL(&rms_norm_cpu));
+  m.impl("rms_norm_backward", HOTLOOP_KERNEL(&rms_norm_backward_cpu));
 }
 
 }  // namespace hotloop

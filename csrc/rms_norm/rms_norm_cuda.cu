@@ -11,22 +11,14 @@
 // generic kernel with scalar loads that handles any hidden size, re-reading the
 // row (mostly from L1/L2) for the second pass.
 // Sums are float32 (float64 for float64).
-#include <ATen/OpMathType.h>
-#include <ATen/core/Tensor.h>
-#include <ATen/ops/empty.h>
-#include <ATen/ops/zeros.h>
-#include <c10/cuda/CUDAException.h>
-#include <c10/cuda/CUDAGuard.h>
-#include <c10/cuda/CUDAStream.h>
-#include <torch/library.h>
 
 #include <optional>
 #include <tuple>
 
-#include "../common/checks.h"
 #include "../common/cuda_utils.cuh"
 #include "../common/row_launch.cuh"
 #include "../common/scalar_rows.cuh"
+#include "rms_norm_checks.h"
 
 namespace hotloop {
 namespace {
@@ -48,8 +40,8 @@ __global__ void __launch_bounds__(kVectorsPerThread >= 8 ? kForwardMaxThreadsAt8
                                                          : kMaxThreadsPerBlock)
     rms_norm_vector_kernel(const scalar_t* __restrict__ x, const scalar_t* __restrict__ weight,
                            scalar_t* __restrict__ y, int64_t rows, int64_t hidden,
-                           at::opmath_type<scalar_t> eps) {
-  using acc_t = at::opmath_type<scalar_t>;
+                           acc_type<scalar_t> eps) {
+  using acc_t = acc_type<scalar_t>;
   constexpr int kVec = vector_size<scalar_t>();
   using Vec = AlignedVector<scalar_t, kVec>;
   const int num_vectors = static_cast<int>(hidden / kVec);
@@ -110,8 +102,8 @@ template <typename scalar_t, int kElemsPerThread>
 __global__ void __launch_bounds__(scalar_max_threads(kElemsPerThread))
     rms_norm_scalar_kernel(const scalar_t* __restrict__ x, const scalar_t* __restrict__ weight,
                            scalar_t* __restrict__ y, int64_t rows, int64_t hidden,
-                           at::opmath_type<scalar_t> eps) {
-  using acc_t = at::opmath_type<scalar_t>;
+                           acc_type<scalar_t> eps) {
+  using acc_t = acc_type<scalar_t>;
   const int hidden_int = static_cast<int>(hidden);
   const acc_t inv_hidden = acc_t(1) / static_cast<acc_t>(hidden);
   const int stride = scalar_stride<kElemsPerThread>();
@@ -150,8 +142,8 @@ template <typename scalar_t>
 __global__ void __launch_bounds__(kMaxThreadsPerBlock)
     rms_norm_generic_kernel(const scalar_t* __restrict__ x, const scalar_t* __restrict__ weight,
                             scalar_t* __restrict__ y, int64_t rows, int64_t hidden,
-                            at::opmath_type<scalar_t> eps) {
-  using acc_t = at::opmath_type<scalar_t>;
+                            acc_type<scalar_t> eps) {
+  using acc_t = acc_type<scalar_t>;
   const acc_t inv_hidden = acc_t(1) / static_cast<acc_t>(hidden);
   for (int64_t block_row = static_cast<int64_t>(blockIdx.x) * blockDim.y; block_row < rows;
        block_row += static_cast<int64_t>(gridDim.x) * blockDim.y) {
@@ -179,11 +171,11 @@ __global__ void __launch_bounds__(kMaxThreadsPerBlock)
 template <typename scalar_t>
 void launch_rms_norm(const scalar_t* x, const scalar_t* weight, scalar_t* y, int64_t rows,
                      int64_t hidden, double eps) {
-  using acc_t = at::opmath_type<scalar_t>;
+  using acc_t = acc_type<scalar_t>;
   const bool aligned = is_vector_aligned(x) && is_vector_aligned(y) &&
                        (weight == nullptr || is_vector_aligned(weight));
   const RowLaunch plan = plan_row_launch(hidden, vector_size<scalar_t>(), aligned, kForwardLimits);
-  const cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
+  const cudaStream_t stream = current_stream();
   const acc_t eps_acc = static_cast<acc_t>(eps);
   if (plan.vectors_per_thread == 0) {
     const RowLaunch scalar_plan = plan_scalar_row_launch(hidden);
@@ -193,7 +185,7 @@ void launch_rms_norm(const scalar_t* x, const scalar_t* weight, scalar_t* y, int
           <<<grid, scalar_plan.block(), 0, stream>>>(x, weight, y, rows, hidden, eps_acc);
     });
     if (launched) {
-      C10_CUDA_KERNEL_LAUNCH_CHECK();
+      HOTLOOP_KERNEL_LAUNCH_CHECK();
       return;
     }
   }
@@ -210,11 +202,11 @@ void launch_rms_norm(const scalar_t* x, const scalar_t* weight, scalar_t* y, int
     HOTLOOP_LAUNCH(8)
 #undef HOTLOOP_LAUNCH
     default:
-      TORCH_INTERNAL_ASSERT(plan.vectors_per_thread == 0);
+      HOTLOOP_INTERNAL_ASSERT(plan.vectors_per_thread == 0);
       rms_norm_generic_kernel<scalar_t>
           <<<grid, plan.block(), 0, stream>>>(x, weight, y, rows, hidden, eps_acc);
   }
-  C10_CUDA_KERNEL_LAUNCH_CHECK();
+  HOTLOOP_KERNEL_LAUNCH_CHECK();
 }
 
 // ---------------------------------------------------------------------------
@@ -272,9 +264,9 @@ __global__ void __launch_bounds__(kVectorsPerThread >= kBackwardWideVectors
                                     const scalar_t* __restrict__ x,
                                     const scalar_t* __restrict__ weight,
                                     scalar_t* __restrict__ grad_x,
-                                    at::opmath_type<scalar_t>* __restrict__ weight_partials,
-                                    int64_t rows, int64_t hidden, at::opmath_type<scalar_t> eps) {
-  using acc_t = at::opmath_type<scalar_t>;
+                                    acc_type<scalar_t>* __restrict__ weight_partials,
+                                    int64_t rows, int64_t hidden, acc_type<scalar_t> eps) {
+  using acc_t = acc_type<scalar_t>;
   constexpr int kVec = vector_size<scalar_t>();
   constexpr int kRows = backward_rows_per_step<kVectorsPerThread>();
   using Vec = AlignedVector<scalar_t, kVec>;
@@ -443,9 +435,9 @@ __global__ void __launch_bounds__(scalar_max_threads(kElemsPerThread))
                                     const scalar_t* __restrict__ x,
                                     const scalar_t* __restrict__ weight,
                                     scalar_t* __restrict__ grad_x,
-                                    at::opmath_type<scalar_t>* __restrict__ weight_partials,
-                                    int64_t rows, int64_t hidden, at::opmath_type<scalar_t> eps) {
-  using acc_t = at::opmath_type<scalar_t>;
+                                    acc_type<scalar_t>* __restrict__ weight_partials,
+                                    int64_t rows, int64_t hidden, acc_type<scalar_t> eps) {
+  using acc_t = acc_type<scalar_t>;
   constexpr int kFixedThreads = scalar_fixed_threads(kElemsPerThread);
   const int stride = scalar_stride<kElemsPerThread>();
   // Element i of this thread is column threadIdx.x + i * stride of the row.
@@ -532,9 +524,9 @@ __global__ void __launch_bounds__(kMaxThreadsPerBlock)
                                      const scalar_t* __restrict__ x,
                                      const scalar_t* __restrict__ weight,
                                      scalar_t* __restrict__ grad_x,
-                                     at::opmath_type<scalar_t>* __restrict__ weight_partials,
-                                     int64_t rows, int64_t hidden, at::opmath_type<scalar_t> eps) {
-  using acc_t = at::opmath_type<scalar_t>;
+                                     acc_type<scalar_t>* __restrict__ weight_partials,
+                                     int64_t rows, int64_t hidden, acc_type<scalar_t> eps) {
+  using acc_t = acc_type<scalar_t>;
   const acc_t inv_hidden = acc_t(1) / static_cast<acc_t>(hidden);
   const int64_t slot = static_cast<int64_t>(blockIdx.x) * blockDim.y + threadIdx.y;
   acc_t* partial_row = weight_partials != nullptr ? weight_partials + slot * hidden : nullptr;
@@ -577,10 +569,10 @@ constexpr int kSumColumns = 32;
 constexpr int kSumRowGroups = 8;
 
 template <typename scalar_t>
-__global__ void sum_partials_kernel(const at::opmath_type<scalar_t>* __restrict__ partials,
+__global__ void sum_partials_kernel(const acc_type<scalar_t>* __restrict__ partials,
                                     scalar_t* __restrict__ grad_weight, int64_t num_partials,
                                     int64_t hidden) {
-  using acc_t = at::opmath_type<scalar_t>;
+  using acc_t = acc_type<scalar_t>;
   __shared__ acc_t sums[kSumRowGroups][kSumColumns + 1];
   const int64_t col = static_cast<int64_t>(blockIdx.x) * kSumColumns + threadIdx.x;
   acc_t sum = 0;
@@ -604,7 +596,7 @@ __global__ void sum_partials_kernel(const at::opmath_type<scalar_t>* __restrict_
 template <typename Kernel>
 int64_t persistent_blocks(Kernel kernel, const RowLaunch& plan, int64_t rows) {
   int blocks_per_sm = 0;
-  C10_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(
+  HOTLOOP_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(
       &blocks_per_sm, kernel, plan.threads_per_row * plan.rows_per_block, 0));
   const int64_t full_gpu = static_cast<int64_t>(std::max(blocks_per_sm, 1)) * num_sms();
   return std::max<int64_t>(1, std::min(full_gpu, ceil_div(rows, plan.rows_per_block)));
@@ -613,15 +605,15 @@ int64_t persistent_blocks(Kernel kernel, const RowLaunch& plan, int64_t rows) {
 template <typename scalar_t>
 void launch_rms_norm_backward(const scalar_t* grad_out, const scalar_t* x, const scalar_t* weight,
                               scalar_t* grad_x, scalar_t* grad_weight, int64_t rows, int64_t hidden,
-                              double eps, const at::TensorOptions& options) {
-  using acc_t = at::opmath_type<scalar_t>;
+                              double eps, const Tensor& like) {
+  using acc_t = acc_type<scalar_t>;
   const bool aligned = is_vector_aligned(grad_out) && is_vector_aligned(x) &&
                        is_vector_aligned(grad_x) &&
                        (weight == nullptr || is_vector_aligned(weight));
   const RowLaunch plan = plan_backward_launch(hidden, vector_size<scalar_t>(), aligned);
-  const cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
+  const cudaStream_t stream = current_stream();
   const acc_t eps_acc = static_cast<acc_t>(eps);
-  const auto acc_dtype = c10::CppTypeToScalarType<acc_t>::value;
+  const ScalarType acc_dtype = acc_dtype_of(like.scalar_type());
 
   // The vector kernels write one partial row per block, overwriting it; the
   // scalar kernels one per row slot, overwriting it; the generic kernel
@@ -629,24 +621,24 @@ void launch_rms_norm_backward(const scalar_t* grad_out, const scalar_t* x, const
   enum class Partials { kPerBlock, kPerSlot, kPerSlotZeroed };
   auto launch = [&](auto kernel, const RowLaunch& launch_plan, Partials kind) {
     const int64_t blocks = persistent_blocks(kernel, launch_plan, rows);
-    at::Tensor partials;
+    std::optional<Tensor> partials;
     acc_t* partials_ptr = nullptr;
     const int64_t num_partials =
         kind == Partials::kPerBlock ? blocks : blocks * launch_plan.rows_per_block;
     if (weight != nullptr) {
       partials = kind == Partials::kPerSlotZeroed
-                     ? at::zeros({num_partials, hidden}, options.dtype(acc_dtype))
-                     : at::empty({num_partials, hidden}, options.dtype(acc_dtype));
-      partials_ptr = partials.mutable_data_ptr<acc_t>();
+                     ? zeros_on(like, {num_partials, hidden}, acc_dtype)
+                     : empty_on(like, {num_partials, hidden}, acc_dtype);
+      partials_ptr = mutable_data<acc_t>(*partials);
     }
     kernel<<<dim3(static_cast<unsigned>(blocks)), launch_plan.block(), 0, stream>>>(
         grad_out, x, weight, grad_x, partials_ptr, rows, hidden, eps_acc);
-    C10_CUDA_KERNEL_LAUNCH_CHECK();
+    HOTLOOP_KERNEL_LAUNCH_CHECK();
     if (weight != nullptr) {
       const dim3 sum_grid(static_cast<unsigned>(ceil_div(hidden, kSumColumns)));
       sum_partials_kernel<scalar_t><<<sum_grid, dim3(kSumColumns, kSumRowGroups), 0, stream>>>(
           partials_ptr, grad_weight, num_partials, hidden);
-      C10_CUDA_KERNEL_LAUNCH_CHECK();
+      HOTLOOP_KERNEL_LAUNCH_CHECK();
     }
   };
 
@@ -659,7 +651,7 @@ void launch_rms_norm_backward(const scalar_t* grad_out, const scalar_t* x, const
              Partials::kPerBlock);
       return;
     default:
-      TORCH_INTERNAL_ASSERT(plan.vectors_per_thread == 0);
+      HOTLOOP_INTERNAL_ASSERT(plan.vectors_per_thread == 0);
   }
   const RowLaunch scalar_plan = plan_scalar_row_launch(hidden);
   const bool launched = launch_scalar_rows<scalar_t>(scalar_plan, [&](auto elems) {
@@ -675,67 +667,62 @@ void launch_rms_norm_backward(const scalar_t* grad_out, const scalar_t* x, const
 // Operators
 // ---------------------------------------------------------------------------
 
-at::Tensor rms_norm_cuda(const at::Tensor& x, const std::optional<at::Tensor>& weight, double eps) {
+Tensor rms_norm_cuda(const Tensor& x, const std::optional<Tensor>& weight, double eps) {
   check_rms_norm_inputs("rms_norm", x, weight);
-  at::Tensor y = at::empty(x.sizes(), x.options());
+  Tensor y = rms_norm_output(x);
   if (x.numel() == 0) {
     return y;
   }
-  const c10::cuda::CUDAGuard guard(x.device());
-  const at::Tensor x_contig = x.contiguous();
-  const at::Tensor w_contig = weight.has_value() ? weight->contiguous() : at::Tensor();
+  const CudaDeviceGuard guard(x);
+  const Tensor x_contig = as_contiguous(x);
+  const std::optional<Tensor> w_contig =
+      weight.has_value() ? std::optional<Tensor>(as_contiguous(*weight)) : std::nullopt;
+  const Tensor y_contig = y.is_contiguous() ? y : empty_like_contiguous(x);
   const int64_t hidden = x.size(-1);
   const int64_t rows = x.numel() / hidden;
   HOTLOOP_DISPATCH_FLOATING(x.scalar_type(), "rms_norm_cuda", [&] {
-    launch_rms_norm<scalar_t>(x_contig.const_data_ptr<scalar_t>(),
-                              w_contig.defined() ? w_contig.const_data_ptr<scalar_t>() : nullptr,
-                              y.mutable_data_ptr<scalar_t>(), rows, hidden, eps);
+    launch_rms_norm<scalar_t>(const_data<scalar_t>(x_contig),
+                              w_contig ? const_data<scalar_t>(*w_contig) : nullptr,
+                              mutable_data<scalar_t>(y_contig), rows, hidden, eps);
   });
-  return y;
+  return finish_rms_norm_output(y, y_contig);
 }
 
-std::tuple<at::Tensor, at::Tensor> rms_norm_backward_cuda(const at::Tensor& grad_out,
-                                                          const at::Tensor& x,
-                                                          const std::optional<at::Tensor>& weight,
-                                                          double eps) {
+std::tuple<Tensor, Tensor> rms_norm_backward_cuda(const Tensor& grad_out, const Tensor& x,
+                                                  const std::optional<Tensor>& weight, double eps) {
   constexpr const char* op = "rms_norm_backward";
   check_rms_norm_backward_inputs(op, grad_out, x, weight);
 
-  at::Tensor grad_x = at::empty(x.sizes(), x.options());
-  at::Tensor grad_weight;
-  if (!weight.has_value()) {
-    grad_weight = at::empty({0}, x.options());
-  } else if (x.numel() == 0) {
-    // No rows (or hidden == 0): the weight gradient is a sum over nothing.
-    grad_weight = at::zeros(weight->sizes(), weight->options());
-  } else {
-    grad_weight = at::empty(weight->sizes(), weight->options());
-  }
+  Tensor grad_x = empty_like_contiguous(x);
+  Tensor grad_weight = !weight.has_value() ? empty_on(x, {0}, x.scalar_type())
+                       // No rows (or hidden == 0): the weight gradient is a sum over nothing.
+                       : x.numel() == 0
+                           ? zeros_on(*weight, sizes_of(*weight), weight->scalar_type())
+                           : empty_on(*weight, sizes_of(*weight), weight->scalar_type());
   if (x.numel() == 0) {
     return {grad_x, grad_weight};
   }
-  const c10::cuda::CUDAGuard guard(x.device());
-  const at::Tensor x_contig = x.contiguous();
-  const at::Tensor go_contig = grad_out.contiguous();
-  const at::Tensor w_contig = weight.has_value() ? weight->contiguous() : at::Tensor();
+  const CudaDeviceGuard guard(x);
+  const Tensor x_contig = as_contiguous(x);
+  const Tensor go_contig = as_contiguous(grad_out);
+  const std::optional<Tensor> w_contig =
+      weight.has_value() ? std::optional<Tensor>(as_contiguous(*weight)) : std::nullopt;
   const int64_t hidden = x.size(-1);
   const int64_t rows = x.numel() / hidden;
   HOTLOOP_DISPATCH_FLOATING(x.scalar_type(), "rms_norm_backward_cuda", [&] {
     launch_rms_norm_backward<scalar_t>(
-        go_contig.const_data_ptr<scalar_t>(), x_contig.const_data_ptr<scalar_t>(),
-        w_contig.defined() ? w_contig.const_data_ptr<scalar_t>() : nullptr,
-        grad_x.mutable_data_ptr<scalar_t>(),
-        w_contig.defined() ? grad_weight.mutable_data_ptr<scalar_t>() : nullptr, rows, hidden, eps,
-        x.options());
+        const_data<scalar_t>(go_contig), const_data<scalar_t>(x_contig),
+        w_contig ? const_data<scalar_t>(*w_contig) : nullptr, mutable_data<scalar_t>(grad_x),
+        w_contig ? mutable_data<scalar_t>(grad_weight) : nullptr, rows, hidden, eps, x);
   });
   return {grad_x, grad_weight};
 }
 
 }  // namespace
 
-TORCH_LIBRARY_IMPL(hotloop, CUDA, m) {
-  m.impl("rms_norm", &rms_norm_cuda);
-  m.impl("rms_norm_backward", &rms_norm_backward_cuda);
+HOTLOOP_LIBRARY_IMPL(CUDA, m) {
+  m.impl("rms_norm", HOTLOOP_KERNEL(&rms_norm_cuda));
+  m.impl("rms_norm_backward", HOTLOOP_KERNEL(&rms_norm_backward_cuda));
 }
 
 }  // namespace hotloop

@@ -21,22 +21,39 @@ def kernel_for_capability(archs: list[str], capability: tuple[int, int]) -> str 
     return max(ptx, key=lambda a: int(a[8:]), default=None)
 
 
+def describe_kind(info: dict) -> str:
+    """Which kind of wheel this is and which torch releases it serves."""
+    if info.get("abi") == "stable":
+        return (
+            f"stable ABI: loads into every torch {info['requires_torch'].removeprefix('torch')} "
+            f"with CUDA {(info['cuda_version'] or 'none').split('.')[0]} (one wheel per CUDA major)"
+        )
+    return f"pinned: loads only into torch {info['torch_minor']}.* ({info['requires_torch']})"
+
+
 def report() -> int:
     import torch
 
     print(f"torch        {torch.__version__} (CUDA {torch.version.cuda or 'none: CPU build'})")
     try:
         import hotloop
-    except ImportError as err:
+    except ImportError as err:  # no build info at all: an unbuilt source tree
         print(f"hotloop      cannot be imported:\n  {err}")
         print("verdict      BROKEN")
         return 1
     info = hotloop.BUILD_INFO
     print(f"hotloop      {info['version']} from {hotloop.__file__}")
-    print(f"built for    torch {info['torch_version']}, CUDA {info['cuda_version'] or 'none'}")
+    print(f"kind         {describe_kind(info)}")
+    print(f"built with   torch {info['torch_version']}, CUDA {info['cuda_version'] or 'none'}")
     print(f"archs        {' '.join(info['archs']) or 'none (CPU kernels only)'}")
     print(f"C++11 ABI    {info['cxx11_abi']}")
     print(f"commit       {info['git_commit'][:12]}, built {info['build_time']}")
+
+    if hotloop.LOAD_ERROR is not None:
+        print(f"problem      the ops can't load into this torch:\n  {hotloop.LOAD_ERROR}")
+        print("verdict      BROKEN")
+        return 1
+    print(f"library      {hotloop.library_path()}")
 
     problems = []
     x = torch.randn(4, 8)

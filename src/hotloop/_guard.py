@@ -1,61 +1,115 @@
 """Import-time check that this build of hotloop fits the running torch.
 
-A wheel built against one torch minor (or CUDA major) links against that torch's C++
-ABI; loading it into another torch fails with an ``undefined symbol`` at best. This
-module compares the build info with the running torch *before* ``_C`` is loaded and
-turns a mismatch into an ImportError that says what to install.
+A pinned wheel is built on torch's C++ API (ATen) and loads into one torch minor only;
+a stable wheel is built on the LibTorch stable ABI and loads into every torch from its
+floor on. Either way the CUDA major must match torch's. Loading into a torch that does
+not fit fails with an ``undefined symbol`` at best, so this module compares the build
+info with the running torch *before* the ops library is loaded, and turns a mismatch
+into an ImportError that says what was found, what is needed and what to install.
 """
 
 from __future__ import annotations
 
-import importlib
-from types import ModuleType
-from typing import Any
+from pathlib import Path
+from typing import Any, Optional
+
+from hotloop import _variant
+
+OPS_LIBRARY = "libhotloop_ops.so"
+# The per-CUDA-major pages of hotloop's index, as `python -m scripts.index` lays them out.
+INDEX_PAGE = "<hotloop index>/{cuda}/simple/"
 
 
-def torch_minor(version: str) -> str:
-    """'2.11.0+cu130' -> '2.11'."""
-    return ".".join(version.split("+")[0].split(".")[:2])
+def library_path() -> Path:
+    """The compiled ops: a shared library without Python symbols.
+
+    ``torch.ops.load_library(hotloop.library_path())`` registers the ops in a process
+    that has torch (``import hotloop`` does that); a C++ program dlopens it.
+    """
+    return Path(__file__).resolve().parent / OPS_LIBRARY
 
 
-def cuda_major(version: str | None) -> str | None:
-    return version.split(".")[0] if version else None
+def torch_build(torch_cuda: Optional[str], torch_hip: Optional[str]) -> str:
+    if torch_cuda:
+        return f"CUDA {torch_cuda}"
+    if torch_hip:
+        return f"ROCm {torch_hip}"
+    return "a CPU-only build"
 
 
-def variant_label(torch_version: str, cuda_version: str | None) -> str:
-    """The wheel's local version label for a torch: 'pt211cu130' or 'pt211cpu'."""
-    minor = torch_minor(torch_version).replace(".", "")
-    return f"pt{minor}cu{cuda_version.replace('.', '')}" if cuda_version else f"pt{minor}cpu"
-
-
-def install_hint(build_info: dict[str, Any], torch_version: str, torch_cuda: str | None) -> str:
-    base = build_info["version"].split("+")[0]
-    wanted = f"hotloop=={base}+{variant_label(torch_version, torch_cuda)}"
-    built_for = f"torch=={build_info['torch_minor']}.*"
-    return (
-        f'install the hotloop wheel built for your torch: pip install --force-reinstall "{wanted}" '
-        f"(from the index that serves hotloop's variants), "
-        f'or install the torch this wheel was built for: pip install "{built_for}"'
-    )
+def built_variant(build_info: dict[str, Any]) -> _variant.Variant:
+    return _variant.parse_version(build_info["version"])
 
 
 def find_mismatch(
-    build_info: dict[str, Any], torch_version: str, torch_cuda: str | None
-) -> str | None:
+    build_info: dict[str, Any],
+    torch_version: str,
+    torch_cuda: Optional[str],
+    torch_hip: Optional[str] = None,
+) -> Optional[str]:
     """Why this build can't load into the given torch, or None when it can."""
-    built = f"hotloop {build_info['version']} was built for torch {build_info['torch_version']}"
-    running = f"this environment has torch {torch_version}"
-    if torch_minor(torch_version) != build_info["torch_minor"]:
+    variant = built_variant(build_info)
+    built = f"hotloop {build_info['version']} was built for {_serves(variant)}"
+    running = f"this environment has torch {torch_version} ({torch_build(torch_cuda, torch_hip)})"
+    minor = _variant.torch_minor(torch_version)
+    if variant.kind == _variant.STABLE and minor < _variant.STABLE_ABI_FLOOR:
+        return (
+            f"{built}, but {running}: the stable ABI it uses exists from torch "
+            f"{_variant.minor_text(_variant.STABLE_ABI_FLOOR)} on."
+        )
+    if variant.kind == _variant.PINNED and minor != variant.torch:
         return f"{built}, but {running}: torch's C++ ABI changes between minor versions."
     wheel_cuda = build_info["cuda_version"]
     if wheel_cuda and not torch_cuda:
-        return f"{built} (CUDA {wheel_cuda}), but {running}, a CPU-only build."
-    if wheel_cuda and cuda_major(wheel_cuda) != cuda_major(torch_cuda):
-        return (
-            f"{built} (CUDA {wheel_cuda}), but {running} (CUDA {torch_cuda}): "
-            "the CUDA major versions differ."
-        )
+        return f"{built}, but {running}: its GPU kernels need a CUDA build of torch."
+    if wheel_cuda and _variant.cuda_major(wheel_cuda) != _variant.cuda_major(torch_cuda):
+        return f"{built}, but {running}: the CUDA major versions differ."
     return None
+
+
+def _serves(variant: _variant.Variant) -> str:
+    device = f"CUDA {variant.cuda_major}" if variant.cuda else "CPU"
+    if variant.kind == _variant.STABLE:
+        floor = _variant.minor_text(_variant.STABLE_ABI_FLOOR)
+        return f"torch >= {floor} with {device} (stable ABI)"
+    assert variant.torch is not None
+    return f"torch {_variant.minor_text(variant.torch)}.* with {device}"
+
+
+def install_hint(
+    build_info: dict[str, Any],
+    torch_version: str,
+    torch_cuda: Optional[str],
+    torch_hip: Optional[str] = None,
+) -> str:
+    """What to install instead: a released wheel that fits this torch, or why there is none.
+
+    Only variants the build matrix released are suggested (``released_variants`` in the
+    build info, written by the release build); a development build knows none.
+    """
+    released = [_variant.parse_label(label) for label in build_info.get("released_variants", [])]
+    release = torch_version.split("+")[0]
+    fits = [v for v in released if torch_cuda and v.serves(torch_version, torch_cuda)]
+    if fits:
+        best = max(fits, key=lambda v: v.kind == _variant.STABLE)
+        page = INDEX_PAGE.format(cuda=f"cu{best.cuda_major}")
+        return (
+            f'install the hotloop wheel built for your torch, keeping torch as it is: pip install '
+            f'"hotloop=={best.version}" "torch=={release}" --extra-index-url {page}'
+        )
+    built_for = built_variant(build_info)
+    keep_wheel = f'or install a torch this wheel fits: pip install "{built_for.requires_torch}"'
+    if torch_hip:
+        reason = "hotloop has no ROCm wheels"
+    elif not released:
+        reason = "this is a development build that lists no released wheels"
+    else:
+        listed = ", ".join(f"{v.label} ({_serves(v)})" for v in released)
+        reason = f"no released hotloop wheel fits torch {torch_version}; released: {listed}"
+    return (
+        f"{reason}. Build hotloop from source against your torch "
+        f"(pip install --no-binary hotloop hotloop), {keep_wheel}"
+    )
 
 
 def read_build_info() -> dict[str, Any]:
@@ -70,21 +124,24 @@ def read_build_info() -> dict[str, Any]:
     return BUILD_INFO
 
 
-def load_extension() -> ModuleType:
-    """Check the build against the running torch, then load ``hotloop._C``."""
+def load_extension() -> None:
+    """Check the build against the running torch, then load the ops into it."""
     import torch
 
     build_info = read_build_info()
-    mismatch = find_mismatch(build_info, torch.__version__, torch.version.cuda)
+    hip = getattr(torch.version, "hip", None)
+    mismatch = find_mismatch(build_info, torch.__version__, torch.version.cuda, hip)
     if mismatch:
-        hint = install_hint(build_info, torch.__version__, torch.version.cuda)
+        hint = install_hint(build_info, torch.__version__, torch.version.cuda, hip)
         raise ImportError(f"{mismatch} To fix: {hint}.")
+    path = library_path()
     try:
-        return importlib.import_module("hotloop._C")
-    except (ImportError, OSError) as err:
+        torch.ops.load_library(str(path))
+        import hotloop._C  # noqa: F401  (the limited-API module the wheel's tag stands for)
+    except (ImportError, OSError, RuntimeError) as err:
         raise ImportError(
             f"hotloop {build_info['version']} (built for torch {build_info['torch_version']}) "
-            f"failed to load its extension with torch {torch.__version__}: {err}. The wheel may "
+            f"failed to load {path} into torch {torch.__version__}: {err}. The wheel may "
             "be damaged or built by a different toolchain; reinstall it with "
             f'pip install --force-reinstall "hotloop=={build_info["version"]}"'
         ) from err

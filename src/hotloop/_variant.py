@@ -101,10 +101,22 @@ class Variant:
         return torch_cuda is not None and cuda_major(torch_cuda) == self.cuda_major
 
 
-def variant_for(torch_version: str, cuda: Optional[str]) -> Variant:
-    """The variant built for (and serving) a torch release with that CUDA (None: CPU)."""
-    if kind_for(torch_version) == STABLE:
+def variant_for(torch_version: str, cuda: Optional[str], kind: Optional[str] = None) -> Variant:
+    """The variant built for (and serving) a torch release with that CUDA (None: CPU).
+
+    ``kind`` forces a pinned build where a stable one would serve (to compare the two);
+    a stable build below the floor is refused.
+    """
+    kind = kind or kind_for(torch_version)
+    if kind == STABLE:
+        if kind_for(torch_version) != STABLE:
+            raise ValueError(
+                f"torch {torch_version} is older than the stable-ABI floor "
+                f"{minor_text(STABLE_ABI_FLOOR)}: only a pinned build serves it"
+            )
         return Variant(STABLE, cuda_major(cuda))
+    if kind != PINNED:
+        raise ValueError(f"kind must be {STABLE!r} or {PINNED!r}, got {kind!r}")
     return Variant(PINNED, cuda, torch_minor(torch_version))
 
 

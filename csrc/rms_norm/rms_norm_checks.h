@@ -1,0 +1,39 @@
+// Input checks of rms_norm and rms_norm_backward, shared by the CPU and CUDA files.
+#pragma once
+
+#include <optional>
+
+#include "../common/checks.h"
+
+namespace hotloop {
+
+inline void check_rms_norm_inputs(const char* op, const Tensor& x,
+                                  const std::optional<Tensor>& weight) {
+  check_norm_input(op, "x", x);
+  if (weight.has_value()) {
+    check_norm_weight(op, *weight, x);
+  }
+}
+
+// rms_norm's inputs, plus a grad_out that matches x.
+inline void check_rms_norm_backward_inputs(const char* op, const Tensor& grad_out, const Tensor& x,
+                                           const std::optional<Tensor>& weight) {
+  check_rms_norm_inputs(op, x, weight);
+  check_same_device(op, "x", x, "grad_out", grad_out);
+  check_same_dtype(op, "x", x, "grad_out", grad_out);
+  check_same_shape(op, "x", x, "grad_out", grad_out);
+}
+
+// y for rms_norm(x): laid out like x (torch.empty_like's preserve_format, so a
+// channels_last x gives a channels_last y, as torch's own norms do).
+inline Tensor rms_norm_output(const Tensor& x) { return empty_preserving_layout(x); }
+
+// Hands back y, copying the contiguous result into it when y is laid out otherwise.
+inline Tensor finish_rms_norm_output(Tensor y, const Tensor& y_contig) {
+  if (!y.is_contiguous()) {
+    copy_into(y, y_contig);
+  }
+  return y;
+}
+
+}  // namespace hotloop

@@ -1,0 +1,186 @@
+"""The import-time guard and `python -m hotloop`, against the installed build info."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+import torch
+
+import hotloop
+from hotloop import _guard
+from hotloop.__main__ import kernel_for_capability
+
+RELEASED = ["pt28cu128", "pt29cu128", "stable.cu12", "stable.cu13"]
+STABLE = {
+    "version": "0.1.0+stable.cu13",
+    "abi": "stable",
+    "requires_torch": "torch>=2.10",
+    "torch_version": "2.11.0+cu130",
+    "torch_minor": "2.11",
+    "cuda_version": "13.0",
+    "released_variants": RELEASED,
+}
+PINNED = {
+    **STABLE,
+    "version": "0.1.0+pt29cu128",
+    "abi": "pinned",
+    "requires_torch": "torch==2.9.*",
+    "torch_version": "2.9.1+cu128",
+    "torch_minor": "2.9",
+    "cuda_version": "12.8",
+}
+
+
+@pytest.mark.parametrize(
+    ("build", "torch_version", "torch_cuda", "torch_hip", "expected"),
+    [
+        (STABLE, "2.11.0+cu130", "13.0", None, None),
+        (STABLE, "2.15.0", "13.2", None, None),  # newer than the build: the point of it
+        (STABLE, "2.10.0+cu130", "13.0", None, None),
+        (STABLE, "2.9.1", "13.0", None, "exists from torch 2.10 on"),
+        (STABLE, "2.11.0+cpu", None, None, "a CPU-only build"),
+        (STABLE, "2.11.0+rocm7.0", None, "7.0", "ROCm 7.0"),
+        (STABLE, "2.10.0", "12.8", None, "CUDA major versions differ"),
+        (PINNED, "2.9.1", "12.8", None, None),
+        (PINNED, "2.9.0+cu126", "12.6", None, None),
+        (PINNED, "2.10.0", "12.8", None, "changes between minor versions"),
+        (PINNED, "2.9.1+cu130", "13.0", None, "CUDA major versions differ"),
+    ],
+)
+def test_find_mismatch(build, torch_version, torch_cuda, torch_hip, expected) -> None:
+    mismatch = _guard.find_mismatch(build, torch_version, torch_cuda, torch_hip)
+    if expected is None:
+        assert mismatch is None
+    else:
+        assert expected in mismatch
+        assert torch_version in mismatch
+        assert build["version"] in mismatch
+
+
+def test_a_cpu_build_loads_into_a_cuda_torch() -> None:
+    cpu_build = {**STABLE, "version": "0.1.0+stable.cpu", "cuda_version": None}
+    assert _guard.find_mismatch(cpu_build, "2.14.1", "13.0") is None
+
+
+@pytest.mark.parametrize(
+    ("torch_version", "torch_cuda", "wheel", "page"),
+    [
+        ("2.9.1", "12.8", "0.1.0+pt29cu128", "cu12"),
+        ("2.10.0", "12.8", "0.1.0+stable.cu12", "cu12"),
+        ("2.15.0", "13.2", "0.1.0+stable.cu13", "cu13"),
+        ("2.11.0+cu128", "12.8", "0.1.0+stable.cu12", "cu12"),  # a CUDA 12 build of torch 2.11
+    ],
+)
+def test_install_hint_names_a_released_wheel_and_keeps_torch(
+    torch_version: str, torch_cuda: str, wheel: str, page: str
+) -> None:
+    hint = _guard.install_hint(STABLE, torch_version, torch_cuda)
+    assert f'"hotloop=={wheel}"' in hint
+    assert f'"torch=={torch_version}"' in hint
+    assert f"/{page}/simple/" in hint
+
+
+@pytest.mark.parametrize(
+    ("torch_version", "torch_cuda", "torch_hip", "says"),
+    [
+        ("2.13.0+cpu", None, None, "no released hotloop wheel fits torch 2.13.0+cpu"),
+        ("2.11.0+cu118", "11.8", None, "no released hotloop wheel fits"),  # no CUDA 11 wheels
+        ("2.7.1", "12.6", None, "no released hotloop wheel fits"),
+        ("2.11.0+rocm7.0", None, "7.0", "hotloop has no ROCm wheels"),
+    ],
+)
+def test_install_hint_never_names_a_wheel_that_is_not_built(
+    torch_version: str, torch_cuda: str | None, torch_hip: str | None, says: str
+) -> None:
+    hint = _guard.install_hint(STABLE, torch_version, torch_cuda, torch_hip)
+    assert says in hint
+    assert "hotloop==" not in hint
+    assert 'pip install "torch>=2.10"' in hint
+
+
+def test_a_development_build_says_it_knows_no_released_wheels() -> None:
+    hint = _guard.install_hint({**STABLE, "released_variants": []}, "2.9.1", "12.8")
+    assert "development build" in hint
+    assert "hotloop==" not in hint
+
+
+def run_with_torch_version(version: str, cuda: str | None, *args: str) -> subprocess.CompletedProcess:
+    """`python ARGS` in a fresh interpreter whose torch claims another version."""
+    code = (
+        "import runpy, sys, torch\n"
+        f"torch.__version__ = {version!r}\n"
+        f"torch.version.cuda = {cuda!r}\n"
+        f"sys.argv = {['-m', *args]!r}\n"
+        "sys.orig_argv = [sys.executable, *sys.argv]\n"
+        "runpy.run_module(sys.argv[1], run_name='__main__', alter_sys=True)\n"
+        if args
+        else f"import torch\ntorch.__version__ = {version!r}\ntorch.version.cuda = {cuda!r}\n"
+        "import hotloop\n"
+    )
+    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+
+
+def test_import_into_a_torch_the_wheel_does_not_serve_raises_import_error() -> None:
+    result = run_with_torch_version("2.9.1", torch.version.cuda)
+    assert result.returncode != 0
+    assert "ImportError" in result.stderr
+    assert "2.9.1" in result.stderr
+    assert hotloop.BUILD_INFO["version"] in result.stderr
+    assert "pip install" in result.stderr
+    assert "undefined symbol" not in result.stderr
+
+
+def test_doctor_reports_a_torch_the_wheel_does_not_serve_instead_of_crashing() -> None:
+    result = run_with_torch_version("2.9.1", torch.version.cuda, "hotloop")
+    assert result.returncode == 1, result.stdout + result.stderr
+    assert "Traceback" not in result.stderr, result.stderr
+    assert hotloop.BUILD_INFO["version"] in result.stdout
+    assert "the ops can't load into this torch" in result.stdout
+    assert "verdict      BROKEN" in result.stdout
+
+
+@pytest.mark.skipif(hotloop.BUILD_INFO["cuda_version"] is None, reason="a CPU build loads anywhere")
+def test_cuda_build_with_cpu_torch_raises_import_error() -> None:
+    result = run_with_torch_version(torch.__version__.split("+")[0] + "+cpu", None)
+    assert "CPU-only" in result.stderr
+
+
+@pytest.mark.parametrize(
+    ("capability", "expected"),
+    [
+        ((8, 0), "sm_80"),
+        ((8, 6), "sm_86"),
+        ((8, 7), "sm_86"),  # Orin: runs the sm_86 cubin
+        ((9, 0), "sm_90"),
+        ((12, 1), "sm_120"),
+        ((13, 0), "compute_120"),  # a future GPU: PTX only
+        ((7, 5), None),
+    ],
+)
+def test_kernel_for_capability(capability: tuple[int, int], expected: str | None) -> None:
+    archs = ["sm_80", "sm_86", "sm_89", "sm_90", "sm_100", "sm_120", "compute_120"]
+    assert kernel_for_capability(archs, capability) == expected
+
+
+def test_python_m_hotloop_reports_ok() -> None:
+    result = subprocess.run([sys.executable, "-m", "hotloop"], capture_output=True, text=True)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert hotloop.BUILD_INFO["version"] in result.stdout
+    assert "kind " in result.stdout
+    assert "verdict      OK" in result.stdout
+
+
+def test_library_path_loads_with_torch_ops_load_library() -> None:
+    path = hotloop.library_path()
+    assert path.is_file()
+    code = (
+        "import torch\n"
+        f"torch.ops.load_library({str(path)!r})\n"
+        "x = torch.randn(3, 8)\n"
+        "torch.testing.assert_close(torch.ops.hotloop.rms_norm(x, None, 1e-6),\n"
+        "                           torch.nn.functional.rms_norm(x, (8,), eps=1e-6))\n"
+    )
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr
