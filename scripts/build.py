@@ -15,7 +15,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from scripts import toolchain, tools
+from scripts import matrix, toolchain, tools
 from scripts.interpreters import Interpreter, find_interpreters
 from scripts.matrix import Row
 
@@ -155,6 +155,7 @@ def build_env(
     env.update(
         {
             "HOTLOOP_CUDA": "1",
+            "HOTLOOP_ABI": row.kind,
             "CUDA_HOME": str(cuda_home),
             "TORCH_CUDA_ARCH_LIST": row.arch_list,
             "HOTLOOP_SYSROOT": str(sysroot),
@@ -162,6 +163,10 @@ def build_env(
             "NVCC_THREADS": os.environ.get("NVCC_THREADS", "2"),
             "SOURCE_DATE_EPOCH": source_date_epoch(),
             "HOTLOOP_GIT_COMMIT": git_commit(),
+            # The guard suggests only wheels the release builds.
+            "HOTLOOP_RELEASED_VARIANTS": ",".join(
+                r.variant for r in matrix.build_rows(matrix.load_rows())
+            ),
             # We wrap compilers in ccache ourselves (torch >= 2.14 would too, older ones don't).
             "TORCH_NO_COMPILER_WRAPPER": "1",
             "UV_PYTHON_DOWNLOADS": "never",

@@ -55,7 +55,10 @@ def seconds(value: float | None) -> str:
 def tests_cell(tests: Sequence[dict[str, Any]]) -> str:
     if not tests:
         return "skipped"
-    return ", ".join(f"{t['python']} {t['status']}" for t in tests)
+    return ", ".join(
+        (f"torch {t['torch']} " if "torch" in t else "") + f"{t['python']} {t['status']}"
+        for t in tests
+    )
 
 
 def render_table(cells: Sequence[CellReport]) -> str:

@@ -1,6 +1,11 @@
-"""``nox -s wheels``: build, repair, audit and test one wheel per selected matrix row.
+"""``nox -s wheels``: build, repair, audit and test the wheels serving the selected rows.
 
     python -m scripts.wheels [--torch 2.11 | --all] [--python 3.12] [--skip-tests] [--out DIR]
+
+A row's wheel is built against the row's ``build_torch``: rows from the stable-ABI floor on
+share one wheel per CUDA major, built once; older rows each get their own pinned wheel. The
+wheel is then tested with the torch of every selected row it serves (``--torch 2.15`` builds
+the CUDA 13 stable wheel against torch 2.11 and tests it with torch 2.15).
 
 Wheels that passed everything land in ``--out`` (default ``wheelhouse/``), next to
 ``<variant>.json`` per cell and ``report.json`` / ``report.md`` for the run. A failed cell
@@ -39,22 +44,34 @@ def remove_variant_wheels(out_dir: Path, variant: str) -> None:
         old.unlink()
 
 
+def wanted_pythons(row: matrix.Row, pythons: Sequence[str] | None) -> list[str]:
+    wanted = [p for p in row.pythons if not pythons or p in pythons]
+    if not wanted:
+        raise RuntimeError(
+            f"torch {row.torch} supports Python {', '.join(row.pythons)}; "
+            f"none of --python {' '.join(pythons or [])}"
+        )
+    return wanted
+
+
 def run_cell(
-    row: matrix.Row, out_dir: Path, pythons: Sequence[str] | None, skip_tests: bool
+    row: matrix.Row,
+    out_dir: Path,
+    pythons: Sequence[str] | None,
+    skip_tests: bool,
+    test_rows: Sequence[matrix.Row] = (),
 ) -> CellReport:
+    """Build ``row``'s wheel (``row`` is a build row), then test it with each of ``test_rows``
+    (default: ``row`` itself)."""
+    test_rows = list(test_rows) or [row]
     cell = CellReport(row.variant, row.torch, row.cuda)
     start = time.monotonic()
     workdir = toolchain.cache_dir() / "work" / row.variant
     remove_variant_wheels(out_dir, row.variant)
     try:
         cell.stage = "toolchain"
-        wanted = [p for p in row.pythons if not pythons or p in pythons]
-        if not wanted and not skip_tests:
-            raise RuntimeError(
-                f"torch {row.torch} supports Python {', '.join(row.pythons)}; "
-                f"none of --python {' '.join(pythons or [])}"
-            )
-        found = find_interpreters(row.pythons)
+        wanted = {} if skip_tests else {r.torch: wanted_pythons(r, pythons) for r in test_rows}
+        found = find_interpreters(sorted({p for r in test_rows for p in r.pythons} | set(row.pythons)))
         interp = build.pick_build_python(row, found)
         cell.build_python = f"{interp.version} ({interp.path})"
 
@@ -85,23 +102,25 @@ def run_cell(
         )
 
         cell.stage = "test"
-        if not skip_tests:
-            chosen = {v: found[v] for v in wanted}
+        failed = []
+        for torch_version, versions in wanted.items():
+            chosen = {v: found[v] for v in versions}
             for v, i in chosen.items():
                 log(
-                    f"{row.variant}: Python {v}: "
+                    f"{row.variant}: torch {torch_version}, Python {v}: "
                     + (f"{i.path} (from {i.source})" if i else "not found")
                 )
-            tests = run_op_tests(row.torch, repaired, chosen, workdir / "tests")
-            cell.tests = [t.as_dict() for t in tests]
-            failed = [t for t in tests if t.status != "passed"]
-            if failed:
-                raise RuntimeError(
-                    f"{repaired.name}: tests: "
-                    + "; ".join(
-                        f"Python {t.python} {t.status}: {t.summary} (log {t.log})" for t in failed
-                    )
+            tests = run_op_tests(torch_version, repaired, chosen, workdir / "tests" / torch_version)
+            cell.tests += [{**t.as_dict(), "torch": torch_version} for t in tests]
+            failed += [(torch_version, t) for t in tests if t.status != "passed"]
+        if failed:
+            raise RuntimeError(
+                f"{repaired.name}: tests: "
+                + "; ".join(
+                    f"torch {v} Python {t.python} {t.status}: {t.summary} (log {t.log})"
+                    for v, t in failed
                 )
+            )
         cell.stage = "done"
         shutil.copy2(repaired, out_dir / repaired.name)
         cell.status = "passed"
@@ -134,12 +153,26 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     os.environ.setdefault("UV_PYTHON_DOWNLOADS", "never")
 
-    rows = matrix.select_rows(matrix.load_rows(), args.torch, args.all)
+    every = matrix.load_rows()
+    rows = matrix.select_rows(every, args.torch, args.all)
+    builds = matrix.build_rows(rows, every)
     out_dir = args.out.resolve()
     out_dir.mkdir(parents=True, exist_ok=True)
     started = time.monotonic()
-    log("cells: " + ", ".join(r.variant for r in rows) + f"; output: {out_dir}")
-    cells = [run_cell(row, out_dir, args.python, args.skip_tests) for row in rows]
+    for builder in builds:
+        served = ", ".join(r.torch for r in rows if r.variant == builder.variant)
+        log(f"{builder.variant}: built against torch {builder.torch}, tested with torch {served}")
+    log(f"output: {out_dir}")
+    cells = [
+        run_cell(
+            builder,
+            out_dir,
+            args.python,
+            args.skip_tests,
+            [r for r in rows if r.variant == builder.variant],
+        )
+        for builder in builds
+    ]
     meta = {
         "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
         "commit": build.git_commit(),
