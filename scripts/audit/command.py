@@ -102,10 +102,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         verdict = audit_file(path, rows, provided, abi3=not args.skip_abi3audit)
         verdicts.append(verdict)
         if verdict.ok:
-            print(f"{verdict.wheel}: ok ({', '.join(sorted(verdict.max_versions.values()))})")
+            needs = ", ".join(sorted(verdict.max_versions.values()))
+            # flush: a wheel's verdict stays in order with the failures on stderr
+            print(f"{verdict.wheel}: ok ({needs})", flush=True)
         else:
             print("\n".join(verdict.problems), file=sys.stderr)
-            print(f"{verdict.wheel}: FAILED", file=sys.stderr)
+            print(f"{verdict.wheel}: FAILED", file=sys.stderr, flush=True)
     failed = [v.wheel for v in verdicts if not v.ok]
     passed = len(verdicts) - len(failed)
     print(f"audited {len(verdicts)} wheel(s): {passed} ok, {len(failed)} failed")
