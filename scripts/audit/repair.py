@@ -1,0 +1,79 @@
+"""The external tools of the release step: auditwheel repair and abi3audit, then the rules."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+from scripts.audit.libraries import torch_provided_libs
+from scripts.audit.rules import PLATFORM, AuditReport, check_wheel, raise_on_violations
+from scripts.audit.wheelfile import AuditError
+from scripts.matrix import Row
+
+# auditwheel --exclude patterns: torch's and the CUDA runtime's sonames, which torch's
+# installation provides; the libraries a torch site lists are added per run.
+AUDITWHEEL_EXCLUDES = ("libtorch*.so", "libc10*.so", "libcudart.so.*")
+
+
+def auditwheel_command(wheel: Path, out_dir: Path, extra_excludes: Sequence[str] = ()) -> list[str]:
+    cmd = [sys.executable, "-m", "auditwheel", "repair", "--plat", PLATFORM, "-w", str(out_dir)]
+    for pattern in (*AUDITWHEEL_EXCLUDES, *extra_excludes):
+        cmd += ["--exclude", pattern]
+    return [*cmd, str(wheel)]
+
+
+def repair_wheel(
+    wheel: Path, out_dir: Path, provided_by_torch: Sequence[str] = ()
+) -> tuple[Path, str]:
+    """``auditwheel repair`` -> (repaired wheel, auditwheel's output)."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    for old in out_dir.glob("*.whl"):
+        old.unlink()
+    proc = subprocess.run(
+        auditwheel_command(wheel, out_dir, provided_by_torch), capture_output=True, text=True
+    )
+    output = (proc.stdout + proc.stderr).strip()
+    if proc.returncode != 0:
+        raise AuditError(
+            f"{wheel.name}: auditwheel: repair failed (exit {proc.returncode}):\n{output}"
+        )
+    wheels = sorted(out_dir.glob("*.whl"))
+    if len(wheels) != 1:
+        raise AuditError(
+            f"{wheel.name}: auditwheel: expected one repaired wheel, got {[w.name for w in wheels]}"
+        )
+    return wheels[0], output
+
+
+def run_abi3audit(wheel: Path) -> str:
+    proc = subprocess.run(
+        [sys.executable, "-m", "abi3audit", "--strict", "--report", str(wheel)],
+        capture_output=True,
+        text=True,
+    )
+    output = (proc.stdout + proc.stderr).strip()
+    if proc.returncode != 0:
+        raise AuditError(
+            f"{wheel.name}: abi3audit: --strict failed (exit {proc.returncode}):\n{output}"
+        )
+    return output
+
+
+def repair_and_audit(
+    wheel: Path, out_dir: Path, row: Row, site_packages: Path
+) -> tuple[Path, AuditReport]:
+    """auditwheel repair (torch's libraries excluded), abi3audit --strict, then every rule.
+
+    ``site_packages`` holds the torch the wheel was built against: what it installs is
+    excluded from the repair and forbidden inside the wheel.
+    """
+    provided = torch_provided_libs(site_packages)
+    repaired, aw_output = repair_wheel(wheel, out_dir, provided)
+    abi3 = run_abi3audit(repaired)
+    report = check_wheel(repaired, row, provided)
+    report.auditwheel_output = aw_output
+    report.abi3audit_output = abi3
+    raise_on_violations(repaired.name, report)
+    return repaired, report
