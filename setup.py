@@ -238,7 +238,11 @@ def ops_library(kind: str, with_cuda: bool) -> Extension:
         sources,
         include_dirs=[str(csrc)],
         extra_compile_args=compile_args,
-        extra_link_args=["-Wl,--strip-debug", *sysroot_ldflags],
+        extra_link_args=[
+            "-Wl,--strip-debug",
+            f"-Wl,--version-script={csrc / 'exports.map'}",
+            *sysroot_ldflags,
+        ],
     )
     if kind == variant_rule.STABLE:
         ext.libraries = STABLE_LIBRARIES["cuda" if with_cuda else "cpu"]

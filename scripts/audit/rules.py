@@ -28,8 +28,8 @@ from scripts.matrix import Row, build_row_of, load_rows
 
 PROJECT = "hotloop"
 PLATFORM = "manylinux_2_28_x86_64"
-# The extension module Python imports (``hotloop/_C.abi3.so``).
-EXTENSION = re.compile(rf"{PROJECT}/_C(?:\.[^/]*)?\.so")
+# The ops library (no Python symbols; ``import hotloop`` loads it with torch.ops.load_library).
+OPS_LIBRARY = re.compile(rf"{PROJECT}/libhotloop_ops\.so")
 # Shown per library when torch-abi-audit finds unstable symbols; the count says the rest.
 SHOWN_SYMBOLS = 5
 
@@ -368,10 +368,10 @@ def check_torch_stable_abi(it: Inspection) -> Iterator[str]:
                 "reaches torch only through torch/csrc/stable and the aoti_torch_* shim "
                 "(build with -DTORCH_STABLE_ONLY)"
             )
-        elif EXTENSION.fullmatch(name) and abi.stable_shim_count == 0:
+        elif OPS_LIBRARY.fullmatch(name) and abi.stable_shim_count == 0:
             yield (
                 f"{name} references no stable-ABI shim symbol (aoti_torch_*, torch_*), yet a "
-                "stable wheel's extension registers its ops through that shim: either this is "
+                "stable wheel's ops library registers its ops through that shim: either this is "
                 "not a stable build, or nm could not read the file (GNU binutils >= 2.37)"
             )
 

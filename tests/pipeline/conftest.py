@@ -138,6 +138,7 @@ def wheel_factory(
         files: dict[str, bytes | str] = {
             "hotloop/__init__.py": "",
             "hotloop/_C.abi3.so": elf_libs["good"],
+            "hotloop/libhotloop_ops.so": elf_libs["good"],
             "hotloop/_build_info.py": build_info
             if build_info is not None
             else build_info_source(newest_row),

@@ -73,7 +73,8 @@ def compile_cxx(tmp: Path, name: str, source: str) -> bytes:
 
 @pytest.fixture(scope="session")
 def elf_libs(elf_libs, tmp_path_factory):
-    """conftest's libraries plus torch-facing ones; "good" (every wheel's _C) uses the shim."""
+    """conftest's libraries plus torch-facing ones; "good" (every wheel's ops library and _C)
+    uses the shim."""
     tmp = tmp_path_factory.mktemp("torch_elf")
     libs = dict(elf_libs)
     libs["no_torch"] = elf_libs["good"]
@@ -520,7 +521,7 @@ def test_parse_version():
 
 
 @STABLE_ONLY
-@pytest.mark.parametrize("member", ["hotloop/_C.abi3.so", "hotloop/_helper.so"])
+@pytest.mark.parametrize("member", ["hotloop/libhotloop_ops.so", "hotloop/_helper.so"])
 def test_stable_wheel_with_unstable_symbols(wheel_factory, newest_row, elf_libs, member):
     report = audit.check_wheel(wheel_factory(extra={member: elf_libs["unstable"]}), newest_row)
     assert rules(report) == {"torch-stable-abi"}
@@ -532,15 +533,15 @@ def test_stable_wheel_with_unstable_symbols(wheel_factory, newest_row, elf_libs,
 
 @PINNED_ONLY
 def test_pinned_wheel_may_use_libtorch_cpp_symbols(wheel_factory, newest_row, elf_libs):
-    wheel = wheel_factory(extra={"hotloop/_C.abi3.so": elf_libs["unstable"]})
+    wheel = wheel_factory(extra={"hotloop/libhotloop_ops.so": elf_libs["unstable"]})
     assert audit.check_wheel(wheel, newest_row).violations == []
 
 
 @STABLE_ONLY
-def test_stable_extension_must_use_the_shim(wheel_factory, newest_row, elf_libs):
-    # An extension without a single shim symbol is no stable build, or nm could not read it.
+def test_stable_ops_library_must_use_the_shim(wheel_factory, newest_row, elf_libs):
+    # An ops library without a single shim symbol is no stable build, or nm could not read it.
     report = audit.check_wheel(
-        wheel_factory(extra={"hotloop/_C.abi3.so": elf_libs["no_torch"]}), newest_row
+        wheel_factory(extra={"hotloop/libhotloop_ops.so": elf_libs["no_torch"]}), newest_row
     )
     assert rules(report) == {"torch-stable-abi"}
     assert "references no stable-ABI shim symbol" in report.violations[0]
