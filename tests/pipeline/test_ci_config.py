@@ -36,7 +36,7 @@ def cibw() -> dict:
 
 def test_wheels_workflow_takes_its_matrix_from_the_table() -> None:
     text = workflow_text("wheels.yml")
-    assert "python -m scripts.matrix --github-json" in text
+    assert "python -m scripts.matrix table --github-json" in text
     assert "matrix: ${{ fromJSON(needs.matrix.outputs.matrix) }}" in text
     # Every matrix.<key> the workflow reads is one scripts.matrix emits.
     keys = set(re.findall(r"(?<![/\w.])matrix\.([\w-]+)", text))
@@ -54,7 +54,7 @@ def test_workflows_hard_code_no_rows(name: str) -> None:
 
 def test_github_json_lists_every_row() -> None:
     proc = subprocess.run(
-        [sys.executable, "-m", "scripts.matrix", "--github-json"],
+        [sys.executable, "-m", "scripts.matrix", "table", "--github-json"],
         cwd=REPO,
         capture_output=True,
         text=True,
