@@ -52,7 +52,7 @@ def test_workflows_hard_code_no_rows(name: str) -> None:
             assert value not in text, f"{name} hard-codes {value!r}: it belongs to matrix.toml"
 
 
-def test_github_json_lists_every_row() -> None:
+def test_github_json_builds_one_wheel_per_variant_serving_every_row() -> None:
     proc = subprocess.run(
         [sys.executable, "-m", "scripts.matrix", "table", "--github-json"],
         cwd=REPO,
@@ -61,7 +61,9 @@ def test_github_json_lists_every_row() -> None:
         check=True,
     )
     include = json.loads(proc.stdout)["include"]
-    assert [cell["torch"] for cell in include] == [row.torch for row in ROWS]
+    assert [cell["torch"] for cell in include] == [row.torch for row in matrix.build_rows(ROWS)]
+    served = [torch for cell in include for torch in cell["serves"].split()]
+    assert served == [row.torch for row in ROWS]
 
 
 @pytest.mark.parametrize("row", ROWS, ids=[r.variant for r in ROWS])
