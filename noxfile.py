@@ -120,10 +120,12 @@ def publish(session: nox.Session) -> None:
 
 @nox.session(name="matrix", python=SESSION_PYTHON)
 def matrix_session(session: nox.Session) -> None:
-    """Compatibility matrix: every row's wheel x every Python, plus wrong-torch cells.
+    """Compatibility matrix: each wheel x every torch it serves x every Python, plus wrong-torch
+    cells.
 
-    Writes docs/compatibility.md and .json. Options after ``--``: ``--torch 2.11`` (repeatable),
-    ``--python 3.12``, ``--jobs 2``, ``--deadline HH:MM`` (see ``python -m scripts.compat -h``).
+    Writes docs/compatibility.md and .json. Options after ``--``: ``--torch 2.15`` (repeatable),
+    ``--python 3.12``, ``--jobs 2``, ``--deadline HH:MM``, ``--dry-run`` (see
+    ``python -m scripts.matrix -h``).
     """
     session.install(*tools.PIPELINE)
-    session.run("python", "-m", "scripts.compat", *session.posargs)
+    session.run("python", "-m", "scripts.matrix", *session.posargs)

@@ -1,7 +1,7 @@
 """cibuildwheel and GitHub Actions glue: the same pipeline as ``nox -s wheels`` on CI runners.
 
 cibuildwheel reads its static configuration from ``[tool.cibuildwheel]`` in pyproject.toml;
-everything that differs per matrix cell comes from ``scripts/matrix.toml`` through the
+everything that differs per matrix cell comes from ``scripts/matrix/matrix.toml`` through the
 environment that :func:`cell_environment` builds (the GitHub workflow never lists rows).
 Inside PyTorch's manylinux_2_28 builder image the hooks call back into this module:
 

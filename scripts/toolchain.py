@@ -1,6 +1,6 @@
 """Toolchain for manylinux_2_28 CUDA builds without Docker, assembled from public packages.
 
-* CUDA toolkit: NVIDIA's PyPI packages pinned per CUDA version (``scripts/matrix.toml``),
+* CUDA toolkit: NVIDIA's PyPI packages pinned per CUDA version (``scripts/matrix/matrix.toml``),
   installed once with ``uv pip install --target`` and merged into one ``CUDA_HOME`` tree
   (``bin/nvcc``, ``include/``, ``lib64/``, ``nvvm/``) that torch's cpp_extension accepts.
 * glibc 2.31 sysroot from Debian bullseye (``libc6``, ``libc6-dev``, ``linux-libc-dev``) fetched

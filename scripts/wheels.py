@@ -144,7 +144,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument(
         "--torch", action="append", help="torch version or minor of a row (repeatable)"
     )
-    parser.add_argument("--all", action="store_true", help="every row of scripts/matrix.toml")
+    parser.add_argument(
+        "--all", action="store_true", help="every row of scripts/matrix/matrix.toml"
+    )
     parser.add_argument("--python", action="append", help="test only these Pythons (repeatable)")
     parser.add_argument("--skip-tests", action="store_true", help="build, repair and audit only")
     parser.add_argument(

@@ -36,7 +36,7 @@ def cibw() -> dict:
 
 def test_wheels_workflow_takes_its_matrix_from_the_table() -> None:
     text = workflow_text("wheels.yml")
-    assert "python -m scripts.matrix --github-json" in text
+    assert "python -m scripts.matrix table --github-json" in text
     assert "matrix: ${{ fromJSON(needs.matrix.outputs.matrix) }}" in text
     # Every matrix.<key> the workflow reads is one scripts.matrix emits.
     keys = set(re.findall(r"(?<![/\w.])matrix\.([\w-]+)", text))
@@ -52,16 +52,18 @@ def test_workflows_hard_code_no_rows(name: str) -> None:
             assert value not in text, f"{name} hard-codes {value!r}: it belongs to matrix.toml"
 
 
-def test_github_json_lists_every_row() -> None:
+def test_github_json_builds_one_wheel_per_variant_serving_every_row() -> None:
     proc = subprocess.run(
-        [sys.executable, "-m", "scripts.matrix", "--github-json"],
+        [sys.executable, "-m", "scripts.matrix", "table", "--github-json"],
         cwd=REPO,
         capture_output=True,
         text=True,
         check=True,
     )
     include = json.loads(proc.stdout)["include"]
-    assert [cell["torch"] for cell in include] == [row.torch for row in ROWS]
+    assert [cell["torch"] for cell in include] == [row.torch for row in matrix.build_rows(ROWS)]
+    served = [torch for cell in include for torch in cell["serves"].split()]
+    assert served == [row.torch for row in ROWS]
 
 
 @pytest.mark.parametrize("row", ROWS, ids=[r.variant for r in ROWS])

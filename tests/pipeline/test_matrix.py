@@ -1,12 +1,19 @@
-"""The build matrix table: rows, selection, labels, and the GitHub matrix."""
+"""The build matrix table (scripts.matrix.table, re-exported as scripts.matrix): rows,
+selection, labels, and the GitHub matrix."""
 
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 
 from scripts import matrix
+from scripts.matrix import table
+
+REPO = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture(scope="module")
@@ -87,7 +94,7 @@ def test_selection(rows):
 
 
 def test_github_json_equals_table(rows, capsys):
-    assert matrix.main(["--github-json"]) == 0
+    assert table.main(["--github-json"]) == 0
     data = json.loads(capsys.readouterr().out)
     builds = matrix.build_rows(rows)
     assert [c["torch"] for c in data["include"]] == [r.torch for r in builds]
@@ -100,7 +107,7 @@ def test_github_json_equals_table(rows, capsys):
 
 
 def test_github_json_selection(capsys):
-    assert matrix.main(["--github-json", "--torch", "2.15"]) == 0
+    assert table.main(["--github-json", "--torch", "2.15"]) == 0
     cells = json.loads(capsys.readouterr().out)["include"]
     assert [(c["variant"], c["torch"], c["serves"]) for c in cells] == [
         ("stable.cu13", "2.11.0", "2.15.0")
@@ -117,3 +124,31 @@ def test_variant_wheels_are_that_labels_only(tmp_path):
     for name in names:
         (tmp_path / name).write_bytes(b"")
     assert [w.name for w in matrix.variant_wheels(tmp_path, "stable.cu13")] == sorted(names[:2])
+
+
+def test_the_table_imports_without_the_run() -> None:
+    """The workflow's matrix job reads the table with a bare Python: importing it must not
+    pull in the compatibility run (which needs the pipeline's tools)."""
+    code = (
+        "import sys; from scripts import matrix; matrix.load_rows(); "
+        "print(sorted(m for m in sys.modules if m.startswith('scripts.matrix')))"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, check=True
+    ).stdout
+    assert out.strip() == "['scripts.matrix', 'scripts.matrix.table']"
+
+
+def test_python_m_scripts_matrix_table_prints_the_rows() -> None:
+    proc = subprocess.run(
+        [sys.executable, "-W", "error", "-m", "scripts.matrix", "table", "--all"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    lines = proc.stdout.splitlines()
+    assert len(lines) == len(matrix.load_rows())
+    assert lines[-1].startswith("stable.cu13  torch 2.15.0")
+    assert "served by the wheel built against torch 2.11.0" in lines[-1]
+    assert proc.stderr == ""

@@ -1,7 +1,8 @@
-"""The build matrix: typed access to ``scripts/matrix.toml``.
+"""The build matrix: typed access to ``matrix.toml`` beside this file.
 
-``python -m scripts.matrix`` prints the selected rows; ``--github-json`` prints the
-``strategy.matrix`` object GitHub Actions consumes (``{"include": [...]}``).
+Imported as ``scripts.matrix`` (the package re-exports it). ``python -m scripts.matrix table``
+prints the selected rows; ``--github-json`` prints the ``strategy.matrix`` object GitHub
+Actions consumes (``{"include": [...]}``, one entry per wheel).
 """
 
 from __future__ import annotations
@@ -136,7 +137,7 @@ def load_rows(path: Path = MATRIX_FILE) -> list[Row]:
         cuda = builder["cuda"]
         if cuda not in toolkits:
             raise ValueError(
-                f'{path}: torch {builder["torch"]} is built with CUDA {cuda}, '
+                f"{path}: torch {builder['torch']} is built with CUDA {cuda}, "
                 f'no [toolkits."{cuda}"]'
             )
         rows.append(
@@ -177,7 +178,7 @@ def select_rows(
     if not torch:
         return [rows[-1]]
     wanted = [torch] if isinstance(torch, str) else list(torch)
-    chosen = []
+    chosen: list[Row] = []
     for want in wanted:
         match = [r for r in rows if want in (r.torch, r.torch_minor)]
         if not match:
@@ -199,7 +200,7 @@ def github_matrix(rows: Sequence[Row], all_rows: Sequence[Row] | None = None) ->
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m scripts.matrix", description=__doc__)
+    parser = argparse.ArgumentParser(prog="python -m scripts.matrix table", description=__doc__)
     parser.add_argument("--torch", action="append", help="torch version or minor (repeatable)")
     parser.add_argument("--all", action="store_true", help="every row (default: newest)")
     parser.add_argument("--github-json", action="store_true", help="GitHub Actions matrix JSON")
