@@ -1,18 +1,28 @@
 #!/usr/bin/env bash
-# A GPU session on the lent device machine, from the repository root:
-#   bash benchmarks/device_run.sh tests|bench WHEEL_DIR OUT_DIR
-# It installs the carried wheel the way a user would (no source tree on sys.path), then
-#   tests: python -m hotloop, the whole op suite on CUDA, compute-sanitizer memcheck;
-#   bench: benchmarks/bench_rms_norm.py.
-# Extra wheels (Liger-Kernel for the benchmark) are taken from .whl/ when present.
+# Test or benchmark a built hotloop wheel on this machine's GPU, installed the way a user
+# installs it (into its own folder, no source tree on sys.path), with the torch already
+# installed here:
+#
+#   bash benchmarks/device_run.sh tests WHEEL OUT_DIR   # python -m hotloop, tests/ops on CUDA,
+#                                                      # compute-sanitizer memcheck
+#   bash benchmarks/device_run.sh bench WHEEL OUT_DIR [benchmark options]
+#
+# For a machine without network access: wheels the benchmark needs besides torch (e.g.
+# Liger-Kernel) are taken from .whl/ when that folder exists. Run from the repository root.
 set -uo pipefail
-phase=$1 wheels=$2 out=$3
+phase=${1:-} wheel=${2:-} out=${3:-}
+if [ -z "$out" ] || [ ! -f "$wheel" ]; then
+  echo "usage: $0 tests|bench WHEEL OUT_DIR [benchmark options] (WHEEL must exist)" >&2
+  exit 2
+fi
+shift 3
 repo=$(pwd)
-site=/tmp/hotloop-site
+site=$(mktemp -d /tmp/hotloop-site.XXXXXX)
 extra=()
 [ -d .whl ] && extra=(.whl/*.whl)
-python3 -m pip install -q --no-index --no-deps --no-compile --target "$site" \
-  "$wheels"/hotloop-*+pt211cu130-*.whl "${extra[@]}" || exit 1
+mkdir -p "$out"
+python3 -m pip install -q --no-index --no-deps --no-compile --target "$site" "$wheel" "${extra[@]}" \
+  || exit 1
 export PYTHONPATH=$site PYTHONUNBUFFERED=1
 status=0
 case $phase in
@@ -26,8 +36,8 @@ case $phase in
     [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
     ;;
   bench)
-    python3 benchmarks/bench_rms_norm.py --out "$out" 2>&1 | tee "$out/bench.log" || status=1
+    python3 benchmarks/bench_rms_norm.py --out "$out" "$@" 2>&1 | tee "$out/bench.log" || status=1
     ;;
-  *) echo "usage: $0 tests|bench WHEEL_DIR OUT_DIR" >&2; exit 2 ;;
+  *) echo "usage: $0 tests|bench WHEEL OUT_DIR [benchmark options]" >&2; exit 2 ;;
 esac
 exit $status

@@ -150,6 +150,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--python", action="append", help="test only these Pythons (repeatable)")
     parser.add_argument("--skip-tests", action="store_true", help="build, repair and audit only")
     parser.add_argument(
+        "--pinned",
+        action="store_true",
+        help="build pinned (ATen) wheels for the selected rows, even where the stable wheel "
+        "serves them: to compare the two kinds (not released)",
+    )
+    parser.add_argument(
         "--out", type=Path, default=DEFAULT_OUT, help="output folder (default: wheelhouse/)"
     )
     args = parser.parse_args(argv)
@@ -157,6 +163,9 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     every = matrix.load_rows()
     rows = matrix.select_rows(every, args.torch, args.all)
+    if args.pinned:
+        rows = [row.pinned() for row in rows]
+        every = rows
     builds = matrix.build_rows(rows, every)
     out_dir = args.out.resolve()
     out_dir.mkdir(parents=True, exist_ok=True)

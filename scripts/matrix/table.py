@@ -11,7 +11,7 @@ import argparse
 import json
 import sys
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -40,6 +40,13 @@ class Row:
     arch_list: str
     toolkit: tuple[str, ...]
     build_torch: str
+    # "pinned" forces an ATen build where the table says stable (to compare the two);
+    # None follows the variant rule.
+    abi: str | None = None
+
+    def pinned(self) -> Row:
+        """This row as a pinned build against its own torch (``nox -s wheels -- --pinned``)."""
+        return replace(self, build_torch=self.torch, abi=variant_rule.PINNED)
 
     @property
     def torch_minor(self) -> str:
@@ -50,7 +57,7 @@ class Row:
     @property
     def kind(self) -> str:
         """``"stable"`` or ``"pinned"``: which kind of wheel serves this torch."""
-        return variant_rule.kind_for(self.torch)
+        return self.abi or variant_rule.kind_for(self.torch)
 
     @property
     def is_build(self) -> bool:
@@ -60,7 +67,11 @@ class Row:
     @property
     def variant(self) -> str:
         """Local version label of the wheel serving this row: ``stable.cu13``, ``pt29cu128``."""
-        return variant_label(self.torch, self.cuda)
+        return self._variant.label
+
+    @property
+    def _variant(self) -> Any:
+        return variant_rule.variant_for(self.torch, self.cuda, self.kind)
 
     @property
     def version(self) -> str:
@@ -70,7 +81,7 @@ class Row:
     @property
     def requires_torch(self) -> str:
         """The Requires-Dist the wheel must carry: ``torch>=2.10`` or ``torch==2.9.*``."""
-        return variant_rule.variant_for(self.torch, self.cuda).requires_torch
+        return self._variant.requires_torch
 
     @property
     def archs(self) -> list[str]:
