@@ -191,10 +191,26 @@ def test_every_action_is_pinned_to_a_commit_sha() -> None:
     uses = all_uses()
     assert uses
     for name, ref, comment in uses:
-        if ref.startswith("$/"):  # this repository's own reusable workflow
+        if ref.startswith("./"):  # this repository's own workflow: no ref, checked below
             continue
         assert re.fullmatch(r"[\w.-]+/[\w./-]+@[0-9a-f]{40}", ref), f"{name}: {ref} not pinned"
         assert re.match(r"\s+#\s*v\d", comment), f"{name}: {ref} has no '# vX' comment"
+
+
+def test_local_workflows_are_called_by_their_path_in_this_repository() -> None:
+    """A reusable workflow of this repository is called as ``./.github/workflows/X.yml``.
+
+    GitHub also accepts ``$/...`` (github.com only, since 2026-07), but actionlint does not,
+    so one gate cannot check it; a misspelt path (``.github/...``, ``$./...``) makes GitHub
+    reject the caller, so the release never starts.
+    """
+    local = [(name, ref) for name, ref, _ in all_uses() if "@" not in ref]
+    assert local, "publish.yml calls wheels.yml: expected at least one local workflow"
+    for name, ref in local:
+        assert ref.startswith("./.github/workflows/"), (
+            f"{name}: 'uses: {ref}' is neither owner/repo/path@sha nor ./.github/workflows/X.yml"
+        )
+        assert (REPO / ref).is_file(), f"{name}: 'uses: {ref}' names a file that does not exist"
 
 
 def test_one_sha_per_action() -> None:
