@@ -177,7 +177,7 @@ def select_rows(
     if not torch:
         return [rows[-1]]
     wanted = [torch] if isinstance(torch, str) else list(torch)
-    chosen = []
+    chosen: list[Row] = []
     for want in wanted:
         match = [r for r in rows if want in (r.torch, r.torch_minor)]
         if not match:

