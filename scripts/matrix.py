@@ -136,7 +136,7 @@ def load_rows(path: Path = MATRIX_FILE) -> list[Row]:
         cuda = builder["cuda"]
         if cuda not in toolkits:
             raise ValueError(
-                f'{path}: torch {builder["torch"]} is built with CUDA {cuda}, '
+                f"{path}: torch {builder['torch']} is built with CUDA {cuda}, "
                 f'no [toolkits."{cuda}"]'
             )
         rows.append(
