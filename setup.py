@@ -13,8 +13,8 @@ HOTLOOP_CUDA          auto (default) | 1 | 0: build the CUDA kernels. auto build
                       without one; 0 builds the CPU kernels only.
 CUDA_HOME             toolkit root (bin/nvcc, include/).
 TORCH_CUDA_ARCH_LIST  GPU architectures, torch's syntax ("8.0;9.0+PTX").
-HOTLOOP_SYSROOT       glibc sysroot to compile and link against (keeps the extension's
-                      symbol versions within manylinux_2_28; CONTRIBUTING.md explains).
+HOTLOOP_SYSROOT       glibc sysroot to compile and link against (docs/toolchain.md: it keeps
+                      the extension's symbol versions within manylinux_2_28).
 NVCC_THREADS          nvcc --threads (default 2).
 SOURCE_DATE_EPOCH     build time recorded in hotloop/_build_info.py.
 HOTLOOP_GIT_COMMIT    commit recorded in the build info when git can't tell (an sdist).

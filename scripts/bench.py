@@ -15,10 +15,10 @@ import argparse
 from collections.abc import Sequence
 from pathlib import Path
 
-from scripts import matrix, toolchain
+from scripts import matrix, toolchain, tools
 
 # Installed next to the wheel: the plot, and the implementation compared against.
-TOOLS = ("matplotlib", "liger-kernel==0.8.5")
+TOOLS = tools.group("bench")
 BENCHMARK = "benchmarks/bench_rms_norm.py"
 
 

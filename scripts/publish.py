@@ -25,10 +25,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import urlsplit
 
+from scripts import tools
 from scripts.index import find_wheels
 
-# What the publish session installs; the tests use the same pins.
-TOOLS = ("twine==7.0.0",)
+# What the publish session installs (pyproject.toml's `publish` group); the tests use it too.
+TOOLS = tools.group("publish")
 UPLOAD_TIMEOUT_S = 600
 FAILURE_LINES = 12
 

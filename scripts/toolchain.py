@@ -5,7 +5,7 @@
   (``bin/nvcc``, ``include/``, ``lib64/``, ``nvvm/``) that torch's cpp_extension accepts.
 * glibc 2.31 sysroot from Debian bullseye (``libc6``, ``libc6-dev``, ``linux-libc-dev``) fetched
   with ``apt-get download`` against the mirror this machine's apt already uses, absolute symlinks
-  made relative, the host's libstdc++ 12 headers copied in (shared/DESIGN.md records why).
+  made relative, the host's libstdc++ 12 headers copied in (docs/toolchain.md says why).
 * ccache: Debian's package (and ``libhiredis``) extracted into the cache, no root install.
 
 Everything lives under :func:`cache_dir` and is reused; each piece has a stamp file written

@@ -16,7 +16,8 @@ _PATH = Path(__file__).resolve().parent.parent / "src" / "hotloop" / "_variant.p
 
 def _load():
     spec = importlib.util.spec_from_file_location("hotloop_variant_rule", _PATH)
-    assert spec is not None and spec.loader is not None
+    assert spec is not None
+    assert spec.loader is not None
     module = importlib.util.module_from_spec(spec)
     # dataclasses look the module up in sys.modules while the class body runs.
     sys.modules[spec.name] = module

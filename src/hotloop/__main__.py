@@ -66,7 +66,7 @@ def report() -> int:
         name = torch.cuda.get_device_name()
         capability = torch.cuda.get_device_capability()
         kernel = kernel_for_capability(info["archs"], capability)
-        how = {None: "NO kernel for it"}.get(kernel, f"runs {kernel}")
+        how = "NO kernel for it" if kernel is None else f"runs {kernel}"
         if kernel and kernel.startswith("compute_"):
             how += " (PTX, JIT-compiled by the driver on first use)"
         print(f"GPU          {name}, sm_{capability[0]}{capability[1]}: {how}")

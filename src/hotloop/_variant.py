@@ -22,11 +22,10 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
-from typing import Optional, Tuple
 
 BASE_VERSION = "0.1.0"
 # The oldest torch the stable-ABI wheel loads into (its TORCH_TARGET_VERSION).
-STABLE_ABI_FLOOR: Tuple[int, int] = (2, 10)
+STABLE_ABI_FLOOR: tuple[int, int] = (2, 10)
 
 STABLE = "stable"
 PINNED = "pinned"
@@ -35,18 +34,18 @@ _PINNED_LABEL = re.compile(r"pt(?P<major>[1-9])(?P<minor>[0-9]{1,2})(?P<device>c
 _STABLE_LABEL = re.compile(r"stable\.(?P<device>cpu|cu[1-9][0-9])")
 
 
-def torch_minor(version: str) -> Tuple[int, int]:
+def torch_minor(version: str) -> tuple[int, int]:
     """``"2.11.0+cu130"`` -> ``(2, 11)``."""
     major, minor = version.split("+")[0].split(".")[:2]
     return int(major), int(minor)
 
 
-def minor_text(minor: Tuple[int, int]) -> str:
+def minor_text(minor: tuple[int, int]) -> str:
     """``(2, 11)`` -> ``"2.11"``."""
     return f"{minor[0]}.{minor[1]}"
 
 
-def cuda_major(cuda: Optional[str]) -> Optional[str]:
+def cuda_major(cuda: str | None) -> str | None:
     """``"13.0"`` -> ``"13"``; None (a CPU build) stays None."""
     return cuda.split(".")[0] if cuda else None
 
@@ -61,8 +60,8 @@ class Variant:
     """One build variant: the local version label and what it says about the wheel."""
 
     kind: str
-    cuda: Optional[str]  # "13" for stable (a CUDA major), "12.8" for pinned; None: CPU
-    torch: Optional[Tuple[int, int]] = None  # the pinned minor; None for stable
+    cuda: str | None  # "13" for stable (a CUDA major), "12.8" for pinned; None: CPU
+    torch: tuple[int, int] | None = None  # the pinned minor; None for stable
 
     @property
     def label(self) -> str:
@@ -86,10 +85,10 @@ class Variant:
         return f"torch=={minor_text(self.torch)}.*"
 
     @property
-    def cuda_major(self) -> Optional[str]:
+    def cuda_major(self) -> str | None:
         return cuda_major(self.cuda)
 
-    def serves(self, torch_version: str, torch_cuda: Optional[str]) -> bool:
+    def serves(self, torch_version: str, torch_cuda: str | None) -> bool:
         """Whether this variant's wheel loads into that torch (version and CUDA)."""
         if self.kind == STABLE:
             if torch_minor(torch_version) < STABLE_ABI_FLOOR:
@@ -101,7 +100,7 @@ class Variant:
         return torch_cuda is not None and cuda_major(torch_cuda) == self.cuda_major
 
 
-def variant_for(torch_version: str, cuda: Optional[str], kind: Optional[str] = None) -> Variant:
+def variant_for(torch_version: str, cuda: str | None, kind: str | None = None) -> Variant:
     """The variant built for (and serving) a torch release with that CUDA (None: CPU).
 
     ``kind`` forces a pinned build where a stable one would serve (to compare the two);

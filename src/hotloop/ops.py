@@ -15,7 +15,7 @@ from torch import Tensor
 try:
     from hotloop import triton_rms_norm
 except ImportError as err:  # Triton ships with CUDA builds of torch only
-    triton_rms_norm = None
+    triton_rms_norm = None  # type: ignore[assignment]
     _TRITON_MISSING: ImportError | None = err
 
 __all__ = ["fused_add_rms_norm", "mul", "muladd", "rms_norm"]

