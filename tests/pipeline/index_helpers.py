@@ -20,6 +20,7 @@ import shutil
 import socket
 import subprocess
 import sys
+import threading
 import time
 import urllib.error
 import urllib.request
@@ -389,6 +390,31 @@ def serve(cmd: Sequence[str | Path], port: int, log: Path) -> Iterator[str]:
             except subprocess.TimeoutExpired:
                 proc.kill()
                 proc.wait(timeout=10)
+
+
+@contextlib.contextmanager
+def silent_server() -> Iterator[str]:
+    """A server on 127.0.0.1 that accepts connections and never answers; yields its URL."""
+    listener = socket.create_server(("127.0.0.1", 0))
+    accepted: list[socket.socket] = []
+    stop = threading.Event()
+
+    def accept() -> None:
+        listener.settimeout(0.2)
+        while not stop.is_set():
+            with contextlib.suppress(socket.timeout):
+                accepted.append(listener.accept()[0])
+
+    thread = threading.Thread(target=accept, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{listener.getsockname()[1]}/"
+    finally:
+        stop.set()
+        thread.join()
+        for connection in accepted:
+            connection.close()
+        listener.close()
 
 
 def static_server(site: Path, log: Path) -> contextlib.AbstractContextManager[str]:

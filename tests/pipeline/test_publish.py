@@ -3,7 +3,9 @@ from it in fresh venvs holding the real torch 2.11."""
 
 from __future__ import annotations
 
+import base64
 import secrets
+import time
 import urllib.error
 import urllib.request
 import uuid
@@ -13,6 +15,7 @@ import pytest
 from index_helpers import (
     REPO,
     TORCH_VARIANT,
+    VARIANTS,
     installed_hotloop,
     isolated_env,
     make_tiny_wheel,
@@ -22,6 +25,7 @@ from index_helpers import (
     pip_install,
     pypiserver,
     run,
+    silent_server,
     uv_pip_install,
     write_htpasswd,
 )
@@ -82,7 +86,7 @@ def uploaded(tools, server, wheel_dir: Path):
 def test_upload_puts_every_variant_on_the_server(uploaded, server, wheel_dir: Path) -> None:
     _, packages, password = server
     assert uploaded.returncode == 0, uploaded.stdout + uploaded.stderr
-    assert "publish: 2 of 2 wheel(s) on 127.0.0.1" in uploaded.stdout
+    assert f"publish: {len(VARIANTS)} of {len(VARIANTS)} wheel(s) on 127.0.0.1" in uploaded.stdout
     for wheel in wheel_dir.glob("*.whl"):
         assert (packages / wheel.name).read_bytes() == wheel.read_bytes()
     assert password not in uploaded.stdout + uploaded.stderr
@@ -190,11 +194,31 @@ def test_classify(output: str, outcome: str) -> None:
     assert publish.classify(0, output, skip_existing=False) == publish.UPLOADED
 
 
-def test_repository_url_with_credentials_is_refused() -> None:
-    with pytest.raises(publish.PublishError, match="carries credentials"):
-        publish.check_repository_url("https://user:secret@index.invalid/legacy/")
-    with pytest.raises(publish.PublishError, match="http"):
+def test_repository_url_without_a_scheme_is_refused() -> None:
+    with pytest.raises(publish.PublishError, match="must be an http"):
         publish.check_repository_url("index.invalid/legacy/")
+
+
+@pytest.mark.parametrize(
+    "url",
+    [
+        "ftp://alice:sekrit123@index.invalid/",
+        "https//alice:sekrit123@index.invalid/",  # the typo: no URL at all, still a password
+        "https://alice:sekrit123@index.invalid/legacy/",
+        "alice:sekrit123@index.invalid",
+        "https://index.invalid/?next=alice:sekrit123@x",
+    ],
+)
+def test_credentials_in_the_url_are_refused_first_and_never_shown(
+    url: str, tmp_path: Path, capsys: pytest.CaptureFixture
+) -> None:
+    # No wheels there: the URL is refused before anything else is looked at.
+    status = publish.main(["--repository-url", url, "--wheels", str(tmp_path / "none")])
+    assert status == 1
+    out, err = capsys.readouterr()
+    assert "holds '@', as in user:password@host" in err
+    assert "sekrit123" not in out + err
+    assert "alice" not in out + err
 
 
 def test_mask_secrets() -> None:
@@ -202,6 +226,67 @@ def test_mask_secrets() -> None:
         publish.mask_secrets("pw=abc123 and abc123", ["abc123", None, ""])
         == "pw=******** and ********"
     )
+
+
+def test_mask_secrets_hides_the_basic_authorization_form() -> None:
+    token = base64.b64encode(b"hotloop-ci:abc123").decode()
+    text = f"sent Authorization: Basic {token}\nheaders={{'authorization': 'Bearer xyz'}}\n{token}"
+    masked = publish.mask_secrets(text, publish.credential_forms("hotloop-ci", "abc123"))
+    assert token not in masked
+    assert "xyz" not in masked
+    assert "Authorization: Basic ********" in masked
+
+
+def test_an_invalid_wheel_name_is_not_published(
+    tmp_path: Path, capsys: pytest.CaptureFixture
+) -> None:
+    wheel = make_tiny_wheel(tmp_path / "w", TORCH_VARIANT)
+    wheel.rename(wheel.with_name("X (1).whl"))
+    status = publish.main(
+        ["--repository-url", "http://127.0.0.1:9/", "--wheels", str(wheel.parent)]
+    )
+    assert status == 1
+    out, err = capsys.readouterr()
+    assert "'X (1).whl' is not a wheel file name" in err
+    assert "publish: 0 of 0 wheel(s) on 127.0.0.1" in out
+
+
+def test_two_different_files_with_one_name_are_a_clear_error(
+    tmp_path: Path, capsys: pytest.CaptureFixture
+) -> None:
+    make_tiny_wheel(tmp_path / "a", TORCH_VARIANT)
+    make_tiny_wheel(tmp_path / "b", TORCH_VARIANT, requires_python=">=3.10")
+    args = ["--repository-url", "http://127.0.0.1:9/", "--wheels", str(tmp_path)]
+    assert publish.main(args) == 1
+    out, err = capsys.readouterr()
+    assert "two different files named 'hotloop-0.1.0+stable.cu13-" in err
+    assert "Traceback" not in out + err
+
+
+def test_an_index_that_never_answers_is_reported_per_wheel(tools, wheel_dir: Path) -> None:
+    with silent_server() as url:
+        started = time.monotonic()
+        proc = run(
+            [
+                tools[0], "-m", "scripts.publish", "--repository-url", url,
+                "--wheels", wheel_dir, "--timeout", "2",
+            ],
+            env=isolated_env(TWINE_USERNAME=USER, TWINE_PASSWORD="pw"),
+            cwd=REPO,
+            check=False,
+        )  # fmt: skip
+        elapsed = time.monotonic() - started
+    assert proc.returncode == 1
+    first, *others = sorted(p.name for p in wheel_dir.glob("*.whl"))
+    assert f"{first}: no answer from the index in time (no answer within 2 s (ReadTimeout))" in (
+        proc.stdout
+    )
+    for name in others:
+        assert f"{name}: not sent (the run stopped before it)" in proc.stdout
+    assert f"publish: 0 of {len(VARIANTS)} wheel(s) on 127.0.0.1" in proc.stdout
+    assert "the index did not answer" in proc.stdout
+    assert "Traceback" not in proc.stdout + proc.stderr
+    assert elapsed < 60
 
 
 def test_server_answer() -> None:
