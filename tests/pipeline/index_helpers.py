@@ -86,6 +86,7 @@ def make_tiny_wheel(
     tag: str = "cp39-abi3-manylinux_2_28_x86_64",
     requires_torch: str | None = None,
     extra_metadata: str = "",
+    extra_files: dict[str, str | bytes] | None = None,
 ) -> Path:
     """An installable ``<name>-<version>+<variant>-<tag>.whl``.
 
@@ -108,8 +109,9 @@ def make_tiny_wheel(
         f"Requires-Dist: {requires_torch}\n"
         f"{extra_metadata}"
     )
-    contents = {
+    contents: dict[str, str | bytes] = {
         f"{package}/__init__.py": f'__version__ = "{full_version}"\nVARIANT = "{variant}"\n',
+        **(extra_files or {}),
         f"{dist_info}/METADATA": metadata,
         f"{dist_info}/WHEEL": (
             f"Wheel-Version: 1.0\nGenerator: tests\nRoot-Is-Purelib: false\nTag: {tag}\n"

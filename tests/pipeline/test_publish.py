@@ -4,11 +4,17 @@ from it in fresh venvs holding the real torch 2.11."""
 from __future__ import annotations
 
 import base64
+import csv
+import hashlib
+import io
 import secrets
+import shutil
+import sys
 import time
 import urllib.error
 import urllib.request
 import uuid
+import zipfile
 from pathlib import Path
 
 import pytest
@@ -30,7 +36,9 @@ from index_helpers import (
     write_htpasswd,
 )
 
-from scripts import publish
+from scripts import publish, pypi_release
+
+WHEEL_TAG = "cp39-abi3-manylinux_2_28_x86_64"
 
 USER = "hotloop-ci"
 
@@ -293,3 +301,119 @@ def test_server_answer() -> None:
     output = "WARNING  Error during upload.\nERROR    HTTPError: 403 Forbidden from http://127.0.0.1:1/\n"
     assert publish.server_answer(output) == "403 Forbidden"
     assert publish.server_answer("ERROR    NonInteractive: Credential not found") is None
+
+
+# --------------------------------------------------------------------------- the PyPI upload
+
+
+def record_rows(zf: zipfile.ZipFile, name: str) -> list[list[str]]:
+    return [row for row in csv.reader(io.StringIO(zf.read(name).decode())) if row]
+
+
+@pytest.fixture(scope="module")
+def pypi_upload(tmp_path_factory: pytest.TempPathFactory, wheel_dir: Path) -> Path:
+    """``python -m scripts.pypi_release`` over every variant, with a binary member added to
+    the stable CUDA 13 wheel (and its RECORD line) like the real extension."""
+    root = tmp_path_factory.mktemp("pypi")
+    wheels = root / "wheels"
+    shutil.copytree(wheel_dir, wheels)
+    make_tiny_wheel(
+        wheels,
+        "stable.cu13",
+        extra_files={"hotloop/_C.abi3.so": bytes(range(256)) * 512},
+        # A README body, as the real METADATA has: twine check --strict wants one, and a
+        # "Version: 0.1.0+stable.cu13" line in it is text, not the header.
+        extra_metadata="Description-Content-Type: text/markdown\n\n# hotloop\n\n"
+        "Version: 0.1.0+stable.cu13\n",
+    )
+    proc = run(
+        [sys.executable, "-m", "scripts.pypi_release", "--wheels", wheels, "--out", root / "out"],
+        cwd=REPO,
+    )
+    assert proc.stdout.count("pypi_release: ") == 1, proc.stdout
+    return root
+
+
+def test_pypi_upload_is_the_stable_cuda13_wheel_under_the_public_version(
+    pypi_upload: Path,
+) -> None:
+    source = pypi_upload / "wheels" / f"hotloop-0.1.0+stable.cu13-{WHEEL_TAG}.whl"
+    (public,) = (pypi_upload / "out").iterdir()
+    assert public.name == f"hotloop-0.1.0-{WHEEL_TAG}.whl"
+    old, new = "hotloop-0.1.0+stable.cu13.dist-info/", "hotloop-0.1.0.dist-info/"
+    with zipfile.ZipFile(source) as a, zipfile.ZipFile(public) as b:
+        assert [i.filename.replace(old, new) for i in a.infolist()] == b.namelist()
+        for info in a.infolist():
+            mine = b.getinfo(info.filename.replace(old, new))
+            assert (mine.date_time, mine.external_attr) == (info.date_time, info.external_attr)
+            if info.filename in (old + "METADATA", old + "RECORD"):
+                continue
+            assert b.read(mine) == a.read(info), info.filename  # byte-identical
+        metadata = b.read(new + "METADATA")
+        assert metadata == a.read(old + "METADATA").replace(
+            b"Version: 0.1.0+stable.cu13\n", b"Version: 0.1.0\n", 1
+        )
+        assert metadata.endswith(b"\n\nVersion: 0.1.0+stable.cu13\n")
+        # RECORD: the renamed files, every hash right.
+        rows = record_rows(b, new + "RECORD")
+        assert sorted(row[0] for row in rows) == sorted(b.namelist())
+        for path, digest, size in rows:
+            if path == new + "RECORD":
+                assert (digest, size) == ("", "")
+                continue
+            data = b.read(path)
+            expected = base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b"=")
+            assert digest == "sha256=" + expected.decode(), path
+            assert int(size) == len(data)
+
+
+def test_pypi_upload_passes_twine_check_and_installs(
+    pypi_upload: Path, tools: tuple[Path, str], tmp_path: Path
+) -> None:
+    (public,) = (pypi_upload / "out").iterdir()
+    checked = run([tools[0], "-m", "twine", "check", "--strict", public])
+    assert "PASSED" in checked.stdout
+    uv = tools[1]
+    run([uv, "venv", "-q", "--seed", "-p", sys.executable, tmp_path / "venv"])
+    python = tmp_path / "venv" / "bin" / "python"
+    run([python, "-m", "pip", "install", "--no-deps", "--no-cache-dir", public])
+    code = (
+        "import importlib.metadata as m, hotloop\n"
+        "print(m.version('hotloop'), m.requires('hotloop'), hotloop.VARIANT)"
+    )
+    assert run([python, "-c", code]).stdout.split() == ["0.1.0", "['torch>=2.10']", "stable.cu13"]
+
+
+def test_pypi_upload_never_overwrites(pypi_upload: Path, capsys: pytest.CaptureFixture) -> None:
+    (public,) = (pypi_upload / "out").iterdir()
+    before = public.read_bytes()
+    args = ["--wheels", str(pypi_upload / "wheels"), "--out", str(pypi_upload / "out")]
+    assert pypi_release.main(args) == 1
+    assert "exists already; a release file is never overwritten" in capsys.readouterr().err
+    assert public.read_bytes() == before
+
+
+@pytest.mark.parametrize(
+    ("variants", "message"),
+    [(("pt29cu128", "stable.cu12"), "no stable.cu13 wheel under")],
+)
+def test_pypi_upload_needs_the_stable_cuda13_wheel(
+    tmp_path: Path, variants: tuple[str, ...], message: str, capsys: pytest.CaptureFixture
+) -> None:
+    make_variant_wheels(tmp_path / "w", variants)
+    args = ["--wheels", str(tmp_path / "w"), "--out", str(tmp_path / "out")]
+    assert pypi_release.main(args) == 1
+    assert message in capsys.readouterr().err
+    assert not (tmp_path / "out").exists()
+
+
+def test_pypi_upload_refuses_a_wheel_whose_record_is_wrong(
+    tmp_path: Path, capsys: pytest.CaptureFixture
+) -> None:
+    wheel = make_tiny_wheel(tmp_path / "w", "stable.cu13")
+    with zipfile.ZipFile(wheel, "a") as zf:  # a file RECORD does not list
+        zf.writestr("hotloop/added_later.py", "")
+    args = ["--wheels", str(wheel.parent), "--out", str(tmp_path / "out")]
+    assert pypi_release.main(args) == 1
+    assert "RECORD does not list the wheel's files" in capsys.readouterr().err
+    assert not (tmp_path / "out").exists()
