@@ -419,6 +419,7 @@ def test_out_with_files_it_did_not_write_is_refused(tmp_path: Path, wheel_dir: P
 def test_wheels_inside_out_are_never_deleted(tmp_path: Path, wheel_dir: Path) -> None:
     """``--wheels site/incoming --out site``: the incoming folder (and its notes) stay."""
     out = tmp_path / "site"
+    index.build_index([wheel_dir], out)
     incoming = out / "incoming"
     shutil.copytree(wheel_dir, incoming)
     (incoming / "notes.txt").write_text("release notes\n")
