@@ -50,7 +50,7 @@ import shutil
 import sys
 import tempfile
 import zipfile
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from email.parser import Parser
 from email.policy import compat32
@@ -362,11 +362,12 @@ def landing_page(wheels: Sequence[IndexedWheel], base_url: str | None) -> str:
     if base_url is None:
         lines.append(f"<p>{BASE_URL_PLACEHOLDER} stands for the address of this page.</p>")
     lines += ["<table>", "<tr><th>your torch</th><th>index</th><th>install</th></tr>"]
-    for group in _by_cuda_group(wheels):
-        commands = [pip_command(f"{base}/{group}/simple/"), uv_command(f"{base}/{group}/simple/")]
+    for cuda_group in _by_cuda_group(wheels):
+        url = f"{base}/{cuda_group}/simple/"
+        commands = [pip_command(url), uv_command(url)]
         lines.append(
-            f"<tr><td>{_e(_group_title(group))}</td>"
-            f'<td><a href="{_e(group)}/simple/">{_e(group)}/simple/</a></td>'
+            f"<tr><td>{_e(_group_title(cuda_group))}</td>"
+            f'<td><a href="{_e(cuda_group)}/simple/">{_e(cuda_group)}/simple/</a></td>'
             f"<td><pre>{'<br>'.join(_e(c) for c in commands)}</pre></td></tr>"
         )
     lines += [
@@ -395,7 +396,9 @@ def landing_page(wheels: Sequence[IndexedWheel], base_url: str | None) -> str:
     return _page("hotloop wheels", lines, simple=False)
 
 
-def _grouped(wheels: Iterable[IndexedWheel], key) -> dict[str, list[IndexedWheel]]:
+def _grouped(
+    wheels: Iterable[IndexedWheel], key: Callable[[IndexedWheel], str]
+) -> dict[str, list[IndexedWheel]]:
     groups: dict[str, list[IndexedWheel]] = {}
     for wheel in sorted(wheels, key=lambda w: (key(w), w.filename)):
         groups.setdefault(key(wheel), []).append(wheel)
@@ -547,7 +550,11 @@ def _swap_in(staging: Path, out: Path) -> Path | None:
     # No atomic exchange here: two renames, with --out missing between them for an instant.
     aside = out.with_name(f".{out.name}.{secrets.token_hex(8)}.old")
     out.rename(aside)
-    staging.rename(out)
+    try:
+        staging.rename(out)
+    except BaseException:
+        aside.rename(out)  # the old index back where it was
+        raise
     return aside
 
 

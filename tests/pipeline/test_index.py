@@ -166,6 +166,18 @@ def test_cuda_pages_hold_the_stable_and_pinned_wheels_of_one_cuda_major(
         assert linked_wheels(page) == [wheel_name(label) for label in labels]
 
 
+def test_cpu_wheels_get_their_own_page(tmp_path: Path) -> None:
+    wheels = make_variant_wheels(tmp_path / "w", ("pt29cpu", "stable.cpu", "stable.cu13"))
+    out = tmp_path / "site"
+    index.build_index([wheels[0].parent], out)
+    page = out / "cpu" / "simple" / "hotloop" / "index.html"
+    assert linked_wheels(page) == [wheel_name("pt29cpu"), wheel_name("stable.cpu")]
+    assert linked_wheels(out / "cu13" / "simple" / "hotloop" / "index.html") == [
+        wheel_name("stable.cu13")
+    ]
+    assert "<td>CPU-only torch</td>" in (out / "index.html").read_text()
+
+
 def test_landing_page_lists_variants_and_commands(tmp_path: Path, wheel_dir: Path) -> None:
     out = tmp_path / "site"
     index.build_index([wheel_dir], out, base_url="https://example.org/hotloop/")
@@ -531,6 +543,26 @@ def test_replacing_without_an_atomic_exchange(
     index.build_index([wheel_dir], out)
     monkeypatch.setattr(index, "_exchange", lambda a, b: False)
     index.build_index([wheel_dir], out)
+    assert tree_bytes(out) == tree_bytes(site)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["site"]
+
+
+def test_a_failed_swap_without_exchange_puts_the_old_index_back(
+    tmp_path: Path, wheel_dir: Path, site: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    out = tmp_path / "site"
+    index.build_index([wheel_dir], out)
+    monkeypatch.setattr(index, "_exchange", lambda a, b: False)
+    rename = Path.rename
+
+    def staging_cannot_move(self: Path, target: Path) -> Path:
+        if self.name.endswith(".staging"):
+            raise OSError(5, "Input/output error")
+        return rename(self, target)
+
+    monkeypatch.setattr(Path, "rename", staging_cannot_move)
+    with pytest.raises(OSError, match="Input/output error"):
+        index.build_index([wheel_dir], out)
     assert tree_bytes(out) == tree_bytes(site)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["site"]
 
