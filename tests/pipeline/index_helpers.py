@@ -294,15 +294,18 @@ def add_dependency_stand_ins(python: Path, dist: str) -> list[str]:
 
 
 def torch_state(python: Path) -> dict[str, str]:
-    """torch's dist-info name (its version), RECORD and every file's inode, ctime and size: a
-    reinstall, even of the same version from uv's hardlinked cache, changes one of them."""
+    """torch's dist-info name (its version), RECORD and every file's inode, mtime and size.
+
+    A reinstall, even of the same version from uv's cache, writes a new RECORD file (new inode).
+    Not the ctime: the files are hardlinks into uv's cache, and any other venv made from it
+    changes their link count, hence their ctime."""
     purelib = site_packages(python)
     (dist_info,) = purelib.glob("torch-*.dist-info")
     record = (dist_info / "RECORD").read_text()
     files = hashlib.sha256()
     for row in csv.reader(record.splitlines()):
         st = os.lstat(purelib / row[0])
-        files.update(f"{row[0]} {st.st_ino} {st.st_ctime_ns} {st.st_size}\n".encode())
+        files.update(f"{row[0]} {st.st_ino} {st.st_mtime_ns} {st.st_size}\n".encode())
     return {
         "dist_info": dist_info.name,
         "record": hashlib.sha256(record.encode()).hexdigest(),
