@@ -18,10 +18,9 @@ because metadata cannot tell a CUDA 12 torch from a CUDA 13 one: both stable whe
 carries ``#sha256=``, ``data-requires-python`` and ``data-core-metadata`` /
 ``data-dist-info-metadata`` (the PEP 714 name and the PEP 658 one older pips read).
 
-Every name that becomes a path is checked first: the file name against the wheel file name
-rules (PEP 427) with a canonical PEP 440 version, the label against the variant grammar of
-``src/hotloop/_variant.py``, and the wheel's ``Requires-Dist`` on torch against what its label
-promises. Everything that reaches HTML is escaped as well.
+Every name that becomes a path is checked first (``scripts/wheelfile.py``: the file name, the
+label against the variant grammar, the label's torch pin against the wheel's METADATA), and
+everything that reaches HTML is escaped as well.
 
 ``--out`` is replaced as a whole and atomically (built in a unique staging folder, then
 swapped in with one rename), and only when it is missing, empty or an index this tool wrote:
@@ -41,7 +40,6 @@ import contextlib
 import ctypes
 import errno
 import fcntl
-import hashlib
 import html
 import os
 import re
@@ -49,15 +47,16 @@ import secrets
 import shutil
 import sys
 import tempfile
-import zipfile
 from collections.abc import Callable, Iterable, Iterator, Sequence
-from dataclasses import dataclass
-from email.parser import Parser
-from email.policy import compat32
 from pathlib import Path, PurePosixPath
 from urllib.parse import quote
 
-from scripts.variant import Variant, parse_label
+from scripts.wheelfile import (
+    WheelError,
+    WheelInfo,
+    describe_wheel,
+    find_wheels,
+)
 
 FILES_DIR = "files"
 MANIFEST = ".hotloop-index"
@@ -74,220 +73,23 @@ KEEP_TORCH = (
 )
 SHOW_TORCH_CUDA = "python -c 'import torch; print(torch.__version__, torch.version.cuda)'"
 
-_CHUNK = 1 << 20
-# A METADATA file is a few KiB; a larger one is a broken or hostile wheel, not read into memory.
-_METADATA_LIMIT = 1 << 20
-# The wheel file name (PEP 427 and the binary distribution format spec): the version and tags
-# never hold "-", the name never holds anything but letters, digits, "_" and ".".
-_WHEEL_NAME = re.compile(
-    r"(?P<name>[A-Za-z0-9](?:[A-Za-z0-9._]*[A-Za-z0-9])?)-(?P<version>[^-]+)"
-    r"(?:-(?P<build>[0-9][A-Za-z0-9_.]*))?"
-    r"-(?P<python>[A-Za-z0-9_.]+)-(?P<abi>[A-Za-z0-9_.]+)-(?P<platform>[A-Za-z0-9_.]+)\.whl"
-)
-# PEP 440's canonical form (its appendix B), with a canonical local label: what build tools
-# write into wheel names, and nothing that could be a path or markup.
-_CANONICAL_VERSION = re.compile(
-    r"(?:[1-9][0-9]*!)?(?:0|[1-9][0-9]*)(?:\.(?:0|[1-9][0-9]*))*"
-    r"(?:(?:a|b|rc)(?:0|[1-9][0-9]*))?(?:\.post(?:0|[1-9][0-9]*))?(?:\.dev(?:0|[1-9][0-9]*))?"
-    r"(?:\+[a-z0-9]+(?:\.[a-z0-9]+)*)?"
-)
-_REQUIREMENT_NAME = re.compile(r"\s*([A-Za-z0-9][A-Za-z0-9._-]*)")
 # Where the site will be served: shown in shell commands and HTML, so nothing a shell or a
 # browser would read as syntax.
 _BASE_URL = re.compile(r"https?://[A-Za-z0-9.-]+(?::[0-9]+)?(?:/[A-Za-z0-9._~%/-]*)?")
 
 
-class IndexBuildError(RuntimeError):
+class IndexBuildError(WheelError):
     """A wheel the index cannot hold, or an ``--out`` it must not write to."""
 
 
-@dataclass(frozen=True)
-class WheelName:
-    name: str
-    version: str
-    build: str | None
-    tag: str  # python-abi-platform
-
-
-@dataclass(frozen=True)
-class IndexedWheel:
-    filename: str
-    project: str  # PEP 503 normalised
-    version: str
-    label: str  # local version label, e.g. "stable.cu13"; "" for a public version
-    variant: Variant | None  # what the label says; None for a public version
-    sha256: str
-    metadata: bytes  # the wheel's .dist-info/METADATA, byte for byte
-    metadata_sha256: str
-    requires_python: str | None
-    requires_torch: str | None  # the Requires-Dist on torch, e.g. "torch>=2.10"
-    source: Path
-
-    @property
-    def cuda_group(self) -> str:
-        """The per-CUDA page that lists this wheel: ``cu13``, ``cu12`` or ``cpu``."""
-        assert self.variant is not None
-        major = self.variant.cuda_major
-        return f"cu{major}" if major else "cpu"
-
-
-def normalize(name: str) -> str:
-    """PEP 503 normalised project name: runs of ``-_.`` become ``-``, lower case."""
-    return re.sub(r"[-_.]+", "-", name).lower()
-
-
-def sha256_of(data: bytes) -> str:
-    return hashlib.sha256(data).hexdigest()
-
-
-def sha256_of_file(path: Path) -> str:
-    """The file's sha256, read in chunks: a CUDA wheel is hundreds of MB."""
-    digest = hashlib.sha256()
-    with path.open("rb") as f:
-        for chunk in iter(lambda: f.read(_CHUNK), b""):
-            digest.update(chunk)
-    return digest.hexdigest()
-
-
-def parse_wheel_name(filename: str) -> WheelName:
-    """The parts of a wheel file name; IndexBuildError unless every part is well formed."""
-    match = _WHEEL_NAME.fullmatch(filename)
-    if match is None:
-        raise IndexBuildError(
-            f"{filename!r} is not a wheel file name: expected "
-            "<name>-<version>[-<build>]-<python>-<abi>-<platform>.whl with letters, digits, "
-            "'_' and '.' only (PEP 427); rename it back to what the build wrote"
-        )
-    version = match["version"]
-    if _CANONICAL_VERSION.fullmatch(version) is None:
-        raise IndexBuildError(
-            f"{filename!r}: {version!r} is not a canonical PEP 440 version (e.g. 0.1.0+stable.cu13)"
-        )
-    tag = f"{match['python']}-{match['abi']}-{match['platform']}"
-    return WheelName(match["name"], version, match["build"], tag)
-
-
-def read_wheel_metadata(path: Path) -> bytes:
-    """The raw bytes of the wheel's one top-level ``*.dist-info/METADATA``, read from the zip
-    alone (the rest of the wheel is never loaded)."""
-    try:
-        with zipfile.ZipFile(path) as zf:
-            infos = [
-                i
-                for i in zf.infolist()
-                if i.filename.count("/") == 1
-                and i.filename.endswith("/METADATA")
-                and i.filename.split("/")[0].endswith(".dist-info")
-            ]
-            if len(infos) != 1:
-                found = [i.filename for i in infos]
-                raise IndexBuildError(
-                    f"{path.name}: expected one .dist-info/METADATA, found {found}"
-                )
-            with zf.open(infos[0]) as member:
-                data = member.read(_METADATA_LIMIT + 1)
-    except zipfile.BadZipFile as exc:
-        raise IndexBuildError(f"{path.name}: not a readable zip file ({exc})") from exc
-    if len(data) > _METADATA_LIMIT:
-        raise IndexBuildError(f"{path.name}: METADATA is larger than {_METADATA_LIMIT} bytes")
-    return data
-
-
-def torch_requirements(requires_dist: Iterable[str]) -> list[str]:
-    """The ``Requires-Dist`` values on torch, whitespace removed (``torch>=2.10``)."""
-    found = []
-    for value in requires_dist:
-        match = _REQUIREMENT_NAME.match(value)
-        if match and normalize(match.group(1)) == "torch":
-            found.append("".join(value.split()))
-    return found
-
-
-def describe_wheel(path: Path, require_label: bool = True) -> IndexedWheel:
-    """Check one wheel and read what the index needs from it.
-
-    ``require_label=False`` accepts a public version (the PyPI upload); a wheel that carries a
-    label is always checked against the variant grammar and its torch pin.
-    """
-    parts = parse_wheel_name(path.name)
-    version = parts.version
-    _, _, label = version.partition("+")
-    variant = None
-    if label:
-        try:
-            variant = parse_label(label)
-        except ValueError as exc:
-            raise IndexBuildError(f"{path.name}: {exc}") from exc
-    elif require_label:
-        raise IndexBuildError(
-            f"{path.name}: version {version!r} has no local label; every wheel in this index "
-            "carries its variant (e.g. 0.1.0+stable.cu13)"
-        )
-    metadata = read_wheel_metadata(path)
-    try:
-        text = metadata.decode("utf-8")
-    except UnicodeDecodeError as exc:
-        raise IndexBuildError(f"{path.name}: METADATA is not UTF-8 ({exc})") from exc
-    # Parsed from text, not bytes: the bytes parser turns non-ASCII values into Header objects.
-    headers = Parser(policy=compat32).parsestr(text, headersonly=True)
-    if normalize(str(headers.get("Name", ""))) != normalize(parts.name):
-        raise IndexBuildError(
-            f"{path.name}: METADATA names {headers.get('Name')!r}, the file name {parts.name!r}"
-        )
-    if headers.get("Version") != version:
-        raise IndexBuildError(
-            f"{path.name}: METADATA has version {headers.get('Version')!r}, "
-            f"the file name {version!r}"
-        )
-    pins = torch_requirements(str(v) for v in headers.get_all("Requires-Dist") or [])
-    if variant is not None and pins != ["".join(variant.requires_torch.split())]:
-        found = ", ".join(pins) if pins else "no requirement on torch"
-        raise IndexBuildError(
-            f"{path.name}: the label {label!r} promises Requires-Dist: {variant.requires_torch}, "
-            f"but METADATA has {found}; the wheel was built against another torch than its "
-            "name says: rebuild it"
-        )
-    if len(pins) > 1:
-        raise IndexBuildError(f"{path.name}: more than one requirement on torch: {pins}")
-    requires_python = headers.get("Requires-Python")
-    return IndexedWheel(
-        filename=path.name,
-        project=normalize(parts.name),
-        version=version,
-        label=label,
-        variant=variant,
-        sha256=sha256_of_file(path),
-        metadata=metadata,
-        metadata_sha256=sha256_of(metadata),
-        requires_python=str(requires_python) if requires_python is not None else None,
-        requires_torch=pins[0] if pins else None,
-        source=path,
-    )
-
-
-def find_wheels(sources: Iterable[Path]) -> list[Path]:
-    """Wheel files under each source (a folder, searched recursively, or a file), by name.
-
-    CI artifacts arrive one folder per matrix cell; the same file in two of them is kept
-    once, two different files with one name are an error.
-    """
-    by_name: dict[str, Path] = {}
-    for source in sources:
-        if not source.exists():
-            raise IndexBuildError(f"{source} does not exist")
-        found = [source] if source.is_file() else sorted(source.rglob("*.whl"))
-        for path in found:
-            seen = by_name.get(path.name)
-            if seen is not None and sha256_of_file(seen) != sha256_of_file(path):
-                raise IndexBuildError(
-                    f"two different files named {path.name!r}: {seen} and {path}; "
-                    "keep the one you mean to publish"
-                )
-            by_name.setdefault(path.name, path)
-    return [by_name[name] for name in sorted(by_name)]
-
-
 # --------------------------------------------------------------------------- pages
+
+
+def cuda_group(wheel: WheelInfo) -> str:
+    """The per-CUDA page that lists a wheel: ``cu13``, ``cu12`` or ``cpu``."""
+    assert wheel.variant is not None
+    major = wheel.variant.cuda_major
+    return f"cu{major}" if major else "cpu"
 
 
 def _e(text: str) -> str:
@@ -302,7 +104,7 @@ def _page(title: str, body_lines: Iterable[str], *, simple: bool = True) -> str:
     return "\n".join([*head, *(f"    {line}" for line in body_lines), "  </body>", "</html>", ""])
 
 
-def file_link(wheel: IndexedWheel, href_prefix: str) -> str:
+def file_link(wheel: WheelInfo, href_prefix: str) -> str:
     """One anchor: ``#sha256=``, requires-python and the PEP 658/714 metadata hash."""
     # "+" percent-encoded as PyTorch's index does: some static hosts (S3) read a raw "+" as a space.
     href = href_prefix + quote(wheel.filename)
@@ -319,7 +121,7 @@ def simple_root(projects: Iterable[str]) -> str:
     return _page("Simple index", links)
 
 
-def project_page(project: str, wheels: Sequence[IndexedWheel], href_prefix: str) -> str:
+def project_page(project: str, wheels: Sequence[WheelInfo], href_prefix: str) -> str:
     return _page(f"Links for {project}", (file_link(w, href_prefix) for w in wheels))
 
 
@@ -350,7 +152,7 @@ def _group_title(group: str) -> str:
     return _GROUP_TITLES.get(group, f"CUDA {group[2:]} torch")
 
 
-def landing_page(wheels: Sequence[IndexedWheel], base_url: str | None) -> str:
+def landing_page(wheels: Sequence[WheelInfo], base_url: str | None) -> str:
     base = base_url.rstrip("/") if base_url else BASE_URL_PLACEHOLDER
     lines = [
         "<h1>hotloop wheels</h1>",
@@ -397,27 +199,27 @@ def landing_page(wheels: Sequence[IndexedWheel], base_url: str | None) -> str:
 
 
 def _grouped(
-    wheels: Iterable[IndexedWheel], key: Callable[[IndexedWheel], str]
-) -> dict[str, list[IndexedWheel]]:
-    groups: dict[str, list[IndexedWheel]] = {}
+    wheels: Iterable[WheelInfo], key: Callable[[WheelInfo], str]
+) -> dict[str, list[WheelInfo]]:
+    groups: dict[str, list[WheelInfo]] = {}
     for wheel in sorted(wheels, key=lambda w: (key(w), w.filename)):
         groups.setdefault(key(wheel), []).append(wheel)
     return groups
 
 
-def _by_label(wheels: Iterable[IndexedWheel]) -> dict[str, list[IndexedWheel]]:
+def _by_label(wheels: Iterable[WheelInfo]) -> dict[str, list[WheelInfo]]:
     return _grouped(wheels, lambda w: w.label)
 
 
-def _by_cuda_group(wheels: Iterable[IndexedWheel]) -> dict[str, list[IndexedWheel]]:
-    return _grouped(wheels, lambda w: w.cuda_group)
+def _by_cuda_group(wheels: Iterable[WheelInfo]) -> dict[str, list[WheelInfo]]:
+    return _grouped(wheels, lambda w: cuda_group(w))
 
 
-def _by_project(wheels: Iterable[IndexedWheel]) -> dict[str, list[IndexedWheel]]:
+def _by_project(wheels: Iterable[WheelInfo]) -> dict[str, list[WheelInfo]]:
     return _grouped(wheels, lambda w: w.project)
 
 
-def render_tree(wheels: Sequence[IndexedWheel], base_url: str | None = None) -> dict[str, bytes]:
+def render_tree(wheels: Sequence[WheelInfo], base_url: str | None = None) -> dict[str, bytes]:
     """Every file of the site except the wheels themselves: relative path -> bytes."""
     files: dict[str, bytes] = {
         ".nojekyll": b"",
@@ -426,7 +228,7 @@ def render_tree(wheels: Sequence[IndexedWheel], base_url: str | None = None) -> 
     for wheel in wheels:
         files[f"{FILES_DIR}/{wheel.filename}.metadata"] = wheel.metadata
 
-    def add_simple(prefix: str, subset: Sequence[IndexedWheel], depth: int) -> None:
+    def add_simple(prefix: str, subset: Sequence[WheelInfo], depth: int) -> None:
         projects = _by_project(subset)
         files[f"{prefix}simple/index.html"] = simple_root(projects).encode()
         up = "../" * (depth + 2)
@@ -434,7 +236,7 @@ def render_tree(wheels: Sequence[IndexedWheel], base_url: str | None = None) -> 
             page = project_page(project, group, f"{up}{FILES_DIR}/")
             files[f"{prefix}simple/{project}/index.html"] = page.encode()
 
-    def add_find_links(folder: str, subset: Sequence[IndexedWheel]) -> None:
+    def add_find_links(folder: str, subset: Sequence[WheelInfo]) -> None:
         links = (file_link(w, f"../{FILES_DIR}/") for w in subset)
         files[f"{folder}/index.html"] = _page(
             f"hotloop {folder} wheels", links, simple=False
@@ -570,7 +372,7 @@ def _remove_owned(root: Path, owned: set[str]) -> list[str]:
     return [str(p.relative_to(root)) for p in root.rglob("*")] if root.exists() else []
 
 
-def _write_tree(staging: Path, wheels: Sequence[IndexedWheel], base_url: str | None) -> None:
+def _write_tree(staging: Path, wheels: Sequence[WheelInfo], base_url: str | None) -> None:
     tree = render_tree(wheels, base_url)
     for wheel in wheels:
         tree[f"{FILES_DIR}/{wheel.filename}"] = b""  # copied below; listed in the manifest
@@ -595,9 +397,7 @@ def check_base_url(base_url: str | None) -> str | None:
     return base_url
 
 
-def build_index(
-    sources: Sequence[Path], out: Path, base_url: str | None = None
-) -> list[IndexedWheel]:
+def build_index(sources: Sequence[Path], out: Path, base_url: str | None = None) -> list[WheelInfo]:
     """Write the site for the wheels under ``sources`` into ``out`` (replaced as a whole)."""
     out = check_out(out)
     check_base_url(base_url)
@@ -650,7 +450,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         wheels = build_index(args.wheels, args.out, args.base_url)
-    except (IndexBuildError, OSError) as exc:
+    except (WheelError, OSError) as exc:
         print(f"index: {exc}", file=sys.stderr)
         return 1
     for label, group in _by_label(wheels).items():

@@ -6,8 +6,9 @@
   or the system keyring. There is no option to pass a password, none is read from a file in the
   repository, and a URL with ``user:password@`` in it is refused before anything else and never
   shown. twine's output is shown with the password (plain and base64) masked.
-* The wheels are checked first: file names, labels and torch pins as ``scripts.index`` checks
-  them (a public version, for PyPI, may carry no label), then ``twine check``.
+* The wheels are checked first: file names, labels and torch pins as the index checks them
+  (``scripts/wheelfile.py``; a public version, for PyPI, may carry no label), then
+  ``twine check``.
 * Each wheel is uploaded on its own, so the report says per file what happened. A file the
   index already has is refused by the server (a version is never overwritten) and reported as
   such; ``--skip-existing`` (off by default) turns that refusal into a note.
@@ -30,7 +31,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import urlsplit
 
-from scripts.index import IndexBuildError, describe_wheel, find_wheels
+from scripts.wheelfile import WheelError, describe_wheel, find_wheels
 
 # What the publish session installs; the tests use the same pins.
 TOOLS = ("twine==7.0.0",)
@@ -217,7 +218,7 @@ def check_wheels(wheels: Sequence[Path]) -> None:
     try:
         for wheel in wheels:
             describe_wheel(wheel, require_label=False)
-    except IndexBuildError as exc:
+    except WheelError as exc:
         raise PublishError(str(exc)) from None
     try:
         proc = subprocess.run(
@@ -253,7 +254,7 @@ def publish(
     check_repository_url(url)
     try:
         wheels = find_wheels(sources)
-    except IndexBuildError as exc:
+    except WheelError as exc:
         raise PublishError(str(exc)) from None
     if not wheels:
         raise PublishError(f"no wheels under {', '.join(map(str, sources))}")

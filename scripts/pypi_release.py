@@ -32,13 +32,8 @@ import zipfile
 from collections.abc import Sequence
 from pathlib import Path
 
-from scripts.index import (
-    IndexBuildError,
-    describe_wheel,
-    find_wheels,
-    parse_wheel_name,
-)
 from scripts.variant import STABLE, Variant
+from scripts.wheelfile import WheelError, describe_wheel, find_wheels, parse_wheel_name
 
 # The variant PyPI serves: the stable-ABI wheel for CUDA 13.
 PYPI_VARIANT = Variant(STABLE, "13")
@@ -192,7 +187,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         written = pypi_wheels(args.wheels, args.out)
-    except (ReleaseError, IndexBuildError, OSError) as exc:
+    except (ReleaseError, WheelError, OSError) as exc:
         print(f"pypi_release: {exc}", file=sys.stderr)
         return 1
     for path in written:

@@ -41,7 +41,7 @@ from index_helpers import (
     write_wheel,
 )
 
-from scripts import index
+from scripts import index, wheelfile
 from scripts.variant import parse_label
 
 WHEEL_TAG = "cp39-abi3-manylinux_2_28_x86_64"
@@ -347,7 +347,7 @@ def test_non_ascii_metadata_is_kept_byte_for_byte(tmp_path: Path) -> None:
 def test_pages_escape_everything_they_show() -> None:
     """Defence in depth behind the name checks: what reaches HTML is escaped."""
     hostile = '"><script>alert(1)</script>'
-    wheel = index.IndexedWheel(
+    wheel = wheelfile.WheelInfo(
         filename=f"hotloop-0.1.0+stable.cu13-{hostile}.whl",
         project=f"hotloop{hostile}",
         version="0.1.0+stable.cu13",
@@ -378,7 +378,7 @@ def test_two_different_files_with_one_name_are_refused(tmp_path: Path) -> None:
     first = make_tiny_wheel(tmp_path / "a", "stable.cu13")
     make_tiny_wheel(tmp_path / "b", "stable.cu13", requires_python=">=3.10")
     with pytest.raises(
-        index.IndexBuildError, match=re.escape(f"two different files named '{first.name}'")
+        wheelfile.WheelError, match=re.escape(f"two different files named '{first.name}'")
     ):
         index.build_index([tmp_path / "a", tmp_path / "b"], tmp_path / "site")
 
@@ -386,7 +386,7 @@ def test_two_different_files_with_one_name_are_refused(tmp_path: Path) -> None:
 _PEAK_RSS = """
 import resource, sys
 from pathlib import Path
-from scripts import index
+from scripts import index, wheelfile
 index.build_index([Path(sys.argv[1])], Path(sys.argv[2]))
 print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss // 1024)
 """
