@@ -33,6 +33,7 @@ from index_helpers import (
     pip_install,
     run,
     run_shell,
+    site_packages,
     static_server,
     torch_state,
     uninstall_hotloop,
@@ -188,7 +189,9 @@ def test_landing_page_lists_variants_and_commands(tmp_path: Path, wheel_dir: Pat
             f"python -m pip install hotloop {keep_torch} --index-url "
             f"https://example.org/hotloop/{group}/simple/ --extra-index-url https://pypi.org/simple"
         ) in text
-        assert f"uv pip install hotloop {keep_torch} --index https://example.org/hotloop/{group}/"
+        assert (
+            f"uv pip install hotloop {keep_torch} --index https://example.org/hotloop/{group}/simple/"
+        ) in text
     for variant in VARIANTS:
         assert f'<a href="{variant}/">{variant}</a>' in text
         assert f"--index-url https://example.org/hotloop/{variant}/simple/" in text
@@ -697,8 +700,19 @@ def test_landing_page_command_fits_the_users_torch_and_keeps_it(
 def test_the_cuda_page_decides_what_metadata_cannot(
     site: Path, served_site, fake_pypi: str, user, uv: str, installer: str
 ) -> None:
-    """Both stable wheels say torch>=2.10: any torch from 2.10 on fits both. The page chooses."""
-    python = user("2.11.0")
+    """torch 2.10.0 from PyPI is a CUDA 12.8 build. Both stable wheels say torch>=2.10, so the
+    page of every variant gives it the higher label, stable.cu13, built for the other CUDA;
+    the cu12 page gives stable.cu12 (and the cu13 page stable.cu13)."""
+    python = user("2.10.0")
+    torch_metadata = next(site_packages(python).glob("torch-*.dist-info")) / "METADATA"
+    assert "Requires-Dist: nvidia-cuda-runtime-cu12==12.8" in torch_metadata.read_text()
+    url = f"{served_site[0]}/simple/"
+    if installer == "pip":
+        pip_install(python, "--index-url", url)
+    else:
+        uv_pip_install(uv, python, "--index-url", url)
+    assert installed_hotloop(python) == "0.1.0+stable.cu13"
+    uninstall_hotloop(python)
     for group in ("cu12", "cu13"):
         proc = install_as_a_user(site, served_site[0], group, installer, python, uv, fake_pypi)
         assert proc.returncode == 0, proc.stdout + proc.stderr
