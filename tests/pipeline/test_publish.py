@@ -174,6 +174,7 @@ def test_anonymous_upload_is_refused_by_the_server(server, tmp_path: Path) -> No
     )
     with pytest.raises(urllib.error.HTTPError) as refused:
         urllib.request.urlopen(request, timeout=30)
+    refused.value.close()  # the error holds the response and its socket
     assert refused.value.code in (401, 403)
     assert not (packages / wheel.name).exists()
 
