@@ -4,17 +4,23 @@
 
 * Credentials come from twine's own sources: ``TWINE_USERNAME`` / ``TWINE_PASSWORD`` (CI secrets)
   or the system keyring. There is no option to pass a password, none is read from a file in the
-  repository, and URLs with ``user:password@`` in them are refused. twine's output is shown with
-  the password masked.
+  repository, and a URL with ``user:password@`` in it is refused before anything else and never
+  shown. twine's output is shown with the password (plain and base64) masked.
+* The wheels are checked first: file names, labels and torch pins as the index checks them
+  (``scripts/wheelfile.py``; a public version, for PyPI, may carry no label), then
+  ``twine check``.
 * Each wheel is uploaded on its own, so the report says per file what happened. A file the
   index already has is refused by the server (a version is never overwritten) and reported as
   such; ``--skip-existing`` (off by default) turns that refusal into a note.
+* An index that does not answer within ``--timeout`` seconds (connect, and each read) stops the
+  run: the wheels not sent are listed. The summary is printed whatever happened.
 * The exit status is 0 only when every wheel is on the index afterwards.
 """
 
 from __future__ import annotations
 
 import argparse
+import base64
 import html
 import os
 import re
@@ -26,18 +32,62 @@ from pathlib import Path
 from urllib.parse import urlsplit
 
 from scripts import tools
-from scripts.index import find_wheels
+from scripts.wheelfile import WheelError, describe_wheel, find_wheels
 
 # What the publish session installs (pyproject.toml's `publish` group); the tests use it too.
 TOOLS = tools.group("publish")
-UPLOAD_TIMEOUT_S = 600
+# Connect timeout and longest silence between two reads from the index: not a limit on the
+# whole upload, so a large wheel on a slow link still goes through.
+DEFAULT_TIMEOUT_S = 60.0
+# Backstop for one twine run, whatever it waits on.
+UPLOAD_TIMEOUT_S = 3600
+CHECK_TIMEOUT_S = 600
 FAILURE_LINES = 12
+MASK = "********"
 
 UPLOADED = "uploaded"
 EXISTS = "already on the index (refused, not overwritten)"
 SKIPPED = "already on the index (skipped)"
 AUTH = "refused: the index did not accept the credentials"
+TIMEOUT = "no answer from the index in time"
+UNREACHABLE = "could not connect to the index"
+NOT_SENT = "not sent (the run stopped before it)"
 FAILED = "failed"
+# Outcomes that say the index itself is down: the other wheels would wait for nothing.
+_STOPS_THE_RUN = (TIMEOUT, UNREACHABLE)
+# Markers the twine wrapper below prints; twine itself would end in a traceback.
+_TIMEOUT_MARK = "hotloop-publish: timeout"
+_UNREACHABLE_MARK = "hotloop-publish: unreachable"
+
+# twine sends its requests without a timeout: a server that accepts the connection and never
+# answers holds an upload forever. This runs twine (pinned above) with requests' adapter given a
+# (connect, read) timeout wherever twine passes none, and turns the timeout into one line.
+_TWINE_WITH_TIMEOUTS = f"""
+import sys
+import requests
+import requests.adapters
+from twine.__main__ import main
+
+timeout = float(sys.argv[1])
+send = requests.adapters.HTTPAdapter.send
+
+def send_with_timeouts(self, request, **kwargs):
+    if kwargs.get("timeout") is None:
+        kwargs["timeout"] = (timeout, timeout)
+    return send(self, request, **kwargs)
+
+requests.adapters.HTTPAdapter.send = send_with_timeouts
+sys.argv = ["twine", *sys.argv[2:]]
+try:
+    code = main()
+except requests.exceptions.Timeout as exc:
+    print(f"{_TIMEOUT_MARK}: no answer within {{timeout:g}} s ({{type(exc).__name__}})")
+    code = 3
+except requests.exceptions.ConnectionError as exc:
+    print(f"{_UNREACHABLE_MARK}: {{type(exc).__name__}}: {{exc}}")
+    code = 4
+sys.exit(code)
+"""
 
 # twine's messages for a file the index already has: PyPI/warehouse answers 400 "File already
 # exists", pypiserver 409 Conflict, Artifactory/Nexus 403/400 with "already exists".
@@ -62,16 +112,36 @@ class PublishError(RuntimeError):
 
 
 def mask_secrets(text: str, secrets: Sequence[str | None]) -> str:
+    """``text`` without the secrets, in plain and in base64 (the form of a Basic
+    ``Authorization`` header), and without any ``Authorization`` header's value."""
+    text = re.sub(
+        r"(Authorization[\"']?\s*[:=]\s*[\"']?(?:Basic|Bearer|Token)\s+)[^\s\"',}]+",
+        rf"\g<1>{MASK}",
+        text,
+        flags=re.IGNORECASE,
+    )
     for secret in secrets:
         if secret:
-            text = text.replace(secret, "********")
+            text = text.replace(secret, MASK)
     return text
+
+
+def credential_forms(username: str | None, password: str | None) -> list[str]:
+    """The password and what a Basic ``Authorization`` header makes of it."""
+    if not password:
+        return []
+    pair = f"{username or ''}:{password}".encode()
+    return [password, base64.b64encode(pair).decode(), base64.urlsafe_b64encode(pair).decode()]
 
 
 def classify(returncode: int, output: str, skip_existing: bool) -> str:
     """Map one ``twine upload`` run to an outcome."""
     if returncode == 0:
         return UPLOADED
+    if _TIMEOUT_MARK in output:
+        return TIMEOUT
+    if _UNREACHABLE_MARK in output:
+        return UNREACHABLE
     output = " ".join(html.unescape(output).split())
     if any(re.search(p, output) for p in _EXISTS_PATTERNS):
         return SKIPPED if skip_existing else EXISTS
@@ -81,26 +151,36 @@ def classify(returncode: int, output: str, skip_existing: bool) -> str:
 
 
 def server_answer(output: str) -> str | None:
-    """The HTTP status twine reports (``"403 Forbidden"``), if any."""
+    """The HTTP status twine reports (``"403 Forbidden"``), or the timeout/connection line."""
+    for mark in (_TIMEOUT_MARK, _UNREACHABLE_MARK):
+        found = re.findall(rf"^{mark}: (.*)$", output, flags=re.MULTILINE)
+        if found:
+            return found[-1].strip()
     found = re.findall(r"HTTPError: (\d{3}\b[^\n]*?)(?: from |$)", output, flags=re.MULTILINE)
     return found[-1].strip() if found else None
 
 
 def check_repository_url(url: str) -> str:
+    """The URL, if it is an http(s) URL without credentials. Credentials are looked for first,
+    anywhere in the text (``https//user:pw@host`` is no URL but still holds a password), and a
+    refused URL is never shown."""
+    if "@" in url:
+        raise PublishError(
+            "--repository-url holds '@', as in user:password@host (not shown here); give "
+            "credentials through TWINE_USERNAME / TWINE_PASSWORD or the keyring instead"
+        )
     parts = urlsplit(url)
     if parts.scheme not in ("http", "https") or not parts.hostname:
-        raise PublishError(f"--repository-url must be an http(s) URL, got {url!r}")
-    if parts.username or parts.password:
         raise PublishError(
-            "--repository-url carries credentials; give them through TWINE_USERNAME / "
-            "TWINE_PASSWORD or the keyring instead"
+            f"--repository-url must be an http(s) URL with a host, got scheme "
+            f"{parts.scheme or 'none'!r} and host {parts.hostname or 'none'!r}"
         )
     return url
 
 
-def twine_command(url: str, wheel: Path) -> list[str]:
+def twine_command(url: str, wheel: Path, timeout: float) -> list[str]:
     return [
-        sys.executable, "-m", "twine", "--no-color", "upload",
+        sys.executable, "-c", _TWINE_WITH_TIMEOUTS, str(timeout), "--no-color", "upload",
         # --verbose: the server's reason ("... already exists") is only in the response body.
         "--non-interactive", "--disable-progress-bar", "--verbose",
         "--repository-url", url,
@@ -108,17 +188,24 @@ def twine_command(url: str, wheel: Path) -> list[str]:
     ]  # fmt: skip
 
 
-def upload_wheel(url: str, wheel: Path, skip_existing: bool = False) -> UploadResult:
-    proc = subprocess.run(
-        twine_command(url, wheel),
-        capture_output=True,
-        text=True,
-        timeout=UPLOAD_TIMEOUT_S,
-        # Wide output so the server's message is not broken across lines.
-        env={**os.environ, "TWINE_NON_INTERACTIVE": "1", "COLUMNS": "400"},
-    )
+def upload_wheel(
+    url: str, wheel: Path, skip_existing: bool = False, timeout: float = DEFAULT_TIMEOUT_S
+) -> UploadResult:
+    secrets = credential_forms(os.environ.get("TWINE_USERNAME"), os.environ.get("TWINE_PASSWORD"))
+    try:
+        proc = subprocess.run(
+            twine_command(url, wheel, timeout),
+            capture_output=True,
+            text=True,
+            timeout=UPLOAD_TIMEOUT_S,
+            # Wide output so the server's message is not broken across lines.
+            env={**os.environ, "TWINE_NON_INTERACTIVE": "1", "COLUMNS": "400"},
+        )
+    except subprocess.TimeoutExpired:
+        message = f"{_TIMEOUT_MARK}: twine still running after {UPLOAD_TIMEOUT_S} s, stopped"
+        return UploadResult(wheel.name, TIMEOUT, message)
     output = "\n".join(line.rstrip() for line in (proc.stdout + proc.stderr).splitlines())
-    output = mask_secrets(output, [os.environ.get("TWINE_PASSWORD")])
+    output = mask_secrets(output, secrets)
     if proc.returncode != 0 and any(re.search(p, output) for p in _NO_CREDENTIALS_PATTERNS):
         raise PublishError(
             "no credentials: set TWINE_USERNAME and TWINE_PASSWORD (in CI, from the "
@@ -128,32 +215,78 @@ def upload_wheel(url: str, wheel: Path, skip_existing: bool = False) -> UploadRe
 
 
 def check_wheels(wheels: Sequence[Path]) -> None:
-    proc = subprocess.run(
-        [sys.executable, "-m", "twine", "check", *map(str, wheels)],
-        capture_output=True,
-        text=True,
-        timeout=UPLOAD_TIMEOUT_S,
-    )
+    """The index's checks (names, labels, torch pins), then ``twine check``."""
+    try:
+        for wheel in wheels:
+            describe_wheel(wheel, require_label=False)
+    except WheelError as exc:
+        raise PublishError(str(exc)) from None
+    try:
+        proc = subprocess.run(
+            [sys.executable, "-m", "twine", "check", *map(str, wheels)],
+            capture_output=True,
+            text=True,
+            timeout=CHECK_TIMEOUT_S,
+        )
+    except subprocess.TimeoutExpired:
+        raise PublishError(f"twine check did not finish in {CHECK_TIMEOUT_S} s") from None
     if proc.returncode != 0:
         raise PublishError("twine check failed:\n" + proc.stdout + proc.stderr)
 
 
-def publish(url: str, sources: Sequence[Path], skip_existing: bool = False) -> list[UploadResult]:
+def report(result: UploadResult) -> None:
+    answer = "" if result.ok else server_answer(result.output)
+    print(f"{result.wheel}: {result.outcome}" + (f" ({answer})" if answer else ""), flush=True)
+    if result.outcome == FAILED:  # unexplained: show the end of twine's output
+        tail = result.output.strip().splitlines()[-FAILURE_LINES:]
+        print("\n".join("  " + line for line in tail), flush=True)
+
+
+def publish(
+    url: str,
+    sources: Sequence[Path],
+    skip_existing: bool = False,
+    timeout: float = DEFAULT_TIMEOUT_S,
+    results: list[UploadResult] | None = None,
+) -> list[UploadResult]:
+    """Upload every wheel under ``sources``; each result is appended to ``results`` as it
+    comes, so a caller still has them when a later step raises."""
+    results = [] if results is None else results
     check_repository_url(url)
-    wheels = find_wheels(sources)
+    try:
+        wheels = find_wheels(sources)
+    except WheelError as exc:
+        raise PublishError(str(exc)) from None
     if not wheels:
         raise PublishError(f"no wheels under {', '.join(map(str, sources))}")
     check_wheels(wheels)
-    results = []
+    stopped = False
     for wheel in wheels:
-        result = upload_wheel(url, wheel, skip_existing)
-        answer = "" if result.ok else server_answer(result.output)
-        print(f"{wheel.name}: {result.outcome}" + (f" ({answer})" if answer else ""), flush=True)
-        if result.outcome == FAILED:  # unexplained: show the end of twine's output
-            tail = result.output.strip().splitlines()[-FAILURE_LINES:]
-            print("\n".join("  " + line for line in tail), flush=True)
+        if stopped:
+            result = UploadResult(wheel.name, NOT_SENT, "")
+        else:
+            result = upload_wheel(url, wheel, skip_existing, timeout)
+            stopped = result.outcome in _STOPS_THE_RUN
         results.append(result)
+        report(result)
     return results
+
+
+def summary(results: Sequence[UploadResult], url: str) -> list[str]:
+    host = (urlsplit(url).hostname if "@" not in url else None) or "the index"
+    failed = [r for r in results if not r.ok]
+    lines = [f"publish: {len(results) - len(failed)} of {len(results)} wheel(s) on {host}"]
+    if any(r.outcome == EXISTS for r in results):
+        lines.append(
+            "publish: the index refused files it already has; a published version is never "
+            "replaced: bump the version to publish new builds"
+        )
+    if any(r.outcome in _STOPS_THE_RUN for r in results):
+        lines.append(
+            "publish: the index did not answer; the wheels after it were not sent. Check the "
+            "URL and the server, then run again (add --skip-existing to pass over those sent)"
+        )
+    return lines
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -169,23 +302,25 @@ def main(argv: Sequence[str] | None = None) -> int:
         "--skip-existing", action="store_true",
         help="report files the index already has as skipped instead of failing",
     )  # fmt: skip
+    parser.add_argument(
+        "--timeout", type=float, default=DEFAULT_TIMEOUT_S,
+        help="seconds to wait for the index to connect and for each answer (default: %(default)g)",
+    )  # fmt: skip
     args = parser.parse_args(argv)
     sources = args.wheels or [Path("wheelhouse")]
+    results: list[UploadResult] = []
+    status = 1
     try:
-        results = publish(args.repository_url, sources, args.skip_existing)
+        publish(args.repository_url, sources, args.skip_existing, args.timeout, results)
+        status = 0 if all(r.ok for r in results) else 1
     except PublishError as exc:
         print(f"publish: {exc}", file=sys.stderr)
-        return 1
-    host = urlsplit(args.repository_url).hostname
-    failed = [r for r in results if not r.ok]
-    done = len(results) - len(failed)
-    print(f"publish: {done} of {len(results)} wheel(s) on {host}")
-    if any(r.outcome == EXISTS for r in results):
-        print(
-            "publish: the index refused files it already has; a published version is never "
-            "replaced: bump the version to publish new builds"
-        )
-    return 1 if failed else 0
+    except KeyboardInterrupt:
+        print("publish: interrupted", file=sys.stderr)
+        status = 130
+    finally:
+        print("\n".join(summary(results, args.repository_url)), flush=True)
+    return status
 
 
 if __name__ == "__main__":

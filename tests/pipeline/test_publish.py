@@ -3,16 +3,25 @@ from it in fresh venvs holding the real torch 2.11."""
 
 from __future__ import annotations
 
+import base64
+import csv
+import hashlib
+import io
 import secrets
+import shutil
+import sys
+import time
 import urllib.error
 import urllib.request
 import uuid
+import zipfile
 from pathlib import Path
 
 import pytest
 from index_helpers import (
     REPO,
     TORCH_VARIANT,
+    VARIANTS,
     installed_hotloop,
     isolated_env,
     make_tiny_wheel,
@@ -22,11 +31,14 @@ from index_helpers import (
     pip_install,
     pypiserver,
     run,
+    silent_server,
     uv_pip_install,
     write_htpasswd,
 )
 
-from scripts import publish
+from scripts import publish, pypi_release
+
+WHEEL_TAG = "cp39-abi3-manylinux_2_28_x86_64"
 
 USER = "hotloop-ci"
 
@@ -82,7 +94,7 @@ def uploaded(tools, server, wheel_dir: Path):
 def test_upload_puts_every_variant_on_the_server(uploaded, server, wheel_dir: Path) -> None:
     _, packages, password = server
     assert uploaded.returncode == 0, uploaded.stdout + uploaded.stderr
-    assert "publish: 2 of 2 wheel(s) on 127.0.0.1" in uploaded.stdout
+    assert f"publish: {len(VARIANTS)} of {len(VARIANTS)} wheel(s) on 127.0.0.1" in uploaded.stdout
     for wheel in wheel_dir.glob("*.whl"):
         assert (packages / wheel.name).read_bytes() == wheel.read_bytes()
     assert password not in uploaded.stdout + uploaded.stderr
@@ -191,11 +203,31 @@ def test_classify(output: str, outcome: str) -> None:
     assert publish.classify(0, output, skip_existing=False) == publish.UPLOADED
 
 
-def test_repository_url_with_credentials_is_refused() -> None:
-    with pytest.raises(publish.PublishError, match="carries credentials"):
-        publish.check_repository_url("https://user:secret@index.invalid/legacy/")
-    with pytest.raises(publish.PublishError, match="http"):
+def test_repository_url_without_a_scheme_is_refused() -> None:
+    with pytest.raises(publish.PublishError, match="must be an http"):
         publish.check_repository_url("index.invalid/legacy/")
+
+
+@pytest.mark.parametrize(
+    "url",
+    [
+        "ftp://alice:sekrit123@index.invalid/",
+        "https//alice:sekrit123@index.invalid/",  # the typo: no URL at all, still a password
+        "https://alice:sekrit123@index.invalid/legacy/",
+        "alice:sekrit123@index.invalid",
+        "https://index.invalid/?next=alice:sekrit123@x",
+    ],
+)
+def test_credentials_in_the_url_are_refused_first_and_never_shown(
+    url: str, tmp_path: Path, capsys: pytest.CaptureFixture
+) -> None:
+    # No wheels there: the URL is refused before anything else is looked at.
+    status = publish.main(["--repository-url", url, "--wheels", str(tmp_path / "none")])
+    assert status == 1
+    out, err = capsys.readouterr()
+    assert "holds '@', as in user:password@host" in err
+    assert "sekrit123" not in out + err
+    assert "alice" not in out + err
 
 
 def test_mask_secrets() -> None:
@@ -205,7 +237,184 @@ def test_mask_secrets() -> None:
     )
 
 
+def test_mask_secrets_hides_the_basic_authorization_form() -> None:
+    token = base64.b64encode(b"hotloop-ci:abc123").decode()
+    text = f"sent Authorization: Basic {token}\nheaders={{'authorization': 'Bearer xyz'}}\n{token}"
+    masked = publish.mask_secrets(text, publish.credential_forms("hotloop-ci", "abc123"))
+    assert token not in masked
+    assert "xyz" not in masked
+    assert "Authorization: Basic ********" in masked
+
+
+def test_an_invalid_wheel_name_is_not_published(
+    tmp_path: Path, capsys: pytest.CaptureFixture
+) -> None:
+    wheel = make_tiny_wheel(tmp_path / "w", TORCH_VARIANT)
+    wheel.rename(wheel.with_name("X (1).whl"))
+    status = publish.main(
+        ["--repository-url", "http://127.0.0.1:9/", "--wheels", str(wheel.parent)]
+    )
+    assert status == 1
+    out, err = capsys.readouterr()
+    assert "'X (1).whl' is not a wheel file name" in err
+    assert "publish: 0 of 0 wheel(s) on 127.0.0.1" in out
+
+
+def test_two_different_files_with_one_name_are_a_clear_error(
+    tmp_path: Path, capsys: pytest.CaptureFixture
+) -> None:
+    make_tiny_wheel(tmp_path / "a", TORCH_VARIANT)
+    make_tiny_wheel(tmp_path / "b", TORCH_VARIANT, requires_python=">=3.10")
+    args = ["--repository-url", "http://127.0.0.1:9/", "--wheels", str(tmp_path)]
+    assert publish.main(args) == 1
+    out, err = capsys.readouterr()
+    assert "two different files named 'hotloop-0.1.0+stable.cu13-" in err
+    assert "Traceback" not in out + err
+
+
+def test_an_index_that_never_answers_is_reported_per_wheel(tools, wheel_dir: Path) -> None:
+    with silent_server() as url:
+        started = time.monotonic()
+        proc = run(
+            [
+                tools[0], "-m", "scripts.publish", "--repository-url", url,
+                "--wheels", wheel_dir, "--timeout", "2",
+            ],
+            env=isolated_env(TWINE_USERNAME=USER, TWINE_PASSWORD="pw"),
+            cwd=REPO,
+            check=False,
+        )  # fmt: skip
+        elapsed = time.monotonic() - started
+    assert proc.returncode == 1
+    first, *others = sorted(p.name for p in wheel_dir.glob("*.whl"))
+    assert f"{first}: no answer from the index in time (no answer within 2 s (ReadTimeout))" in (
+        proc.stdout
+    )
+    for name in others:
+        assert f"{name}: not sent (the run stopped before it)" in proc.stdout
+    assert f"publish: 0 of {len(VARIANTS)} wheel(s) on 127.0.0.1" in proc.stdout
+    assert "the index did not answer" in proc.stdout
+    assert "Traceback" not in proc.stdout + proc.stderr
+    assert elapsed < 60
+
+
 def test_server_answer() -> None:
     output = "WARNING  Error during upload.\nERROR    HTTPError: 403 Forbidden from http://127.0.0.1:1/\n"
     assert publish.server_answer(output) == "403 Forbidden"
     assert publish.server_answer("ERROR    NonInteractive: Credential not found") is None
+
+
+# --------------------------------------------------------------------------- the PyPI upload
+
+
+def record_rows(zf: zipfile.ZipFile, name: str) -> list[list[str]]:
+    return [row for row in csv.reader(io.StringIO(zf.read(name).decode())) if row]
+
+
+@pytest.fixture(scope="module")
+def pypi_upload(tmp_path_factory: pytest.TempPathFactory, wheel_dir: Path) -> Path:
+    """``python -m scripts.pypi_release`` over every variant, with a binary member added to
+    the stable CUDA 13 wheel (and its RECORD line) like the real extension."""
+    root = tmp_path_factory.mktemp("pypi")
+    wheels = root / "wheels"
+    shutil.copytree(wheel_dir, wheels)
+    make_tiny_wheel(
+        wheels,
+        "stable.cu13",
+        extra_files={"hotloop/_C.abi3.so": bytes(range(256)) * 512},
+        # A README body, as the real METADATA has: twine check --strict wants one, and a
+        # "Version: 0.1.0+stable.cu13" line in it is text, not the header.
+        extra_metadata="Description-Content-Type: text/markdown\n\n# hotloop\n\n"
+        "Version: 0.1.0+stable.cu13\n",
+    )
+    proc = run(
+        [sys.executable, "-m", "scripts.pypi_release", "--wheels", wheels, "--out", root / "out"],
+        cwd=REPO,
+    )
+    assert proc.stdout.count("pypi_release: ") == 1, proc.stdout
+    return root
+
+
+def test_pypi_upload_is_the_stable_cuda13_wheel_under_the_public_version(
+    pypi_upload: Path,
+) -> None:
+    source = pypi_upload / "wheels" / f"hotloop-0.1.0+stable.cu13-{WHEEL_TAG}.whl"
+    (public,) = (pypi_upload / "out").iterdir()
+    assert public.name == f"hotloop-0.1.0-{WHEEL_TAG}.whl"
+    old, new = "hotloop-0.1.0+stable.cu13.dist-info/", "hotloop-0.1.0.dist-info/"
+    with zipfile.ZipFile(source) as a, zipfile.ZipFile(public) as b:
+        assert [i.filename.replace(old, new) for i in a.infolist()] == b.namelist()
+        for info in a.infolist():
+            mine = b.getinfo(info.filename.replace(old, new))
+            assert (mine.date_time, mine.external_attr) == (info.date_time, info.external_attr)
+            if info.filename in (old + "METADATA", old + "RECORD"):
+                continue
+            assert b.read(mine) == a.read(info), info.filename  # byte-identical
+        metadata = b.read(new + "METADATA")
+        assert metadata == a.read(old + "METADATA").replace(
+            b"Version: 0.1.0+stable.cu13\n", b"Version: 0.1.0\n", 1
+        )
+        assert metadata.endswith(b"\n\nVersion: 0.1.0+stable.cu13\n")
+        # RECORD: the renamed files, every hash right.
+        rows = record_rows(b, new + "RECORD")
+        assert sorted(row[0] for row in rows) == sorted(b.namelist())
+        for path, digest, size in rows:
+            if path == new + "RECORD":
+                assert (digest, size) == ("", "")
+                continue
+            data = b.read(path)
+            expected = base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b"=")
+            assert digest == "sha256=" + expected.decode(), path
+            assert int(size) == len(data)
+
+
+def test_pypi_upload_passes_twine_check_and_installs(
+    pypi_upload: Path, tools: tuple[Path, str], tmp_path: Path
+) -> None:
+    (public,) = (pypi_upload / "out").iterdir()
+    checked = run([tools[0], "-m", "twine", "check", "--strict", public])
+    assert "PASSED" in checked.stdout
+    uv = tools[1]
+    run([uv, "venv", "-q", "--seed", "-p", sys.executable, tmp_path / "venv"])
+    python = tmp_path / "venv" / "bin" / "python"
+    run([python, "-m", "pip", "install", "--no-deps", "--no-cache-dir", public])
+    code = (
+        "import importlib.metadata as m, hotloop\n"
+        "print(m.version('hotloop'), m.requires('hotloop'), hotloop.VARIANT)"
+    )
+    assert run([python, "-c", code]).stdout.split() == ["0.1.0", "['torch>=2.10']", "stable.cu13"]
+
+
+def test_pypi_upload_never_overwrites(pypi_upload: Path, capsys: pytest.CaptureFixture) -> None:
+    (public,) = (pypi_upload / "out").iterdir()
+    before = public.read_bytes()
+    args = ["--wheels", str(pypi_upload / "wheels"), "--out", str(pypi_upload / "out")]
+    assert pypi_release.main(args) == 1
+    assert "exists already; a release file is never overwritten" in capsys.readouterr().err
+    assert public.read_bytes() == before
+
+
+@pytest.mark.parametrize(
+    ("variants", "message"),
+    [(("pt29cu128", "stable.cu12"), "no stable.cu13 wheel under")],
+)
+def test_pypi_upload_needs_the_stable_cuda13_wheel(
+    tmp_path: Path, variants: tuple[str, ...], message: str, capsys: pytest.CaptureFixture
+) -> None:
+    make_variant_wheels(tmp_path / "w", variants)
+    args = ["--wheels", str(tmp_path / "w"), "--out", str(tmp_path / "out")]
+    assert pypi_release.main(args) == 1
+    assert message in capsys.readouterr().err
+    assert not (tmp_path / "out").exists()
+
+
+def test_pypi_upload_refuses_a_wheel_whose_record_is_wrong(
+    tmp_path: Path, capsys: pytest.CaptureFixture
+) -> None:
+    wheel = make_tiny_wheel(tmp_path / "w", "stable.cu13")
+    with zipfile.ZipFile(wheel, "a") as zf:  # a file RECORD does not list
+        zf.writestr("hotloop/added_later.py", "")
+    args = ["--wheels", str(wheel.parent), "--out", str(tmp_path / "out")]
+    assert pypi_release.main(args) == 1
+    assert "RECORD does not list the wheel's files" in capsys.readouterr().err
+    assert not (tmp_path / "out").exists()

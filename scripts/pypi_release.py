@@ -1,0 +1,199 @@
+"""The PyPI upload: the default variant's wheel under the public version.
+
+``python -m scripts.pypi_release --wheels wheelhouse --out dist/pypi`` writes
+``hotloop-0.1.0-cp39-abi3-manylinux_2_28_x86_64.whl`` from
+``hotloop-0.1.0+stable.cu13-cp39-abi3-manylinux_2_28_x86_64.whl``.
+
+PyPI refuses local version labels, and one PyPI version holds one file per wheel tag: every
+hotloop variant has the same tag (``cp39-abi3-manylinux_2_28_x86_64``), so exactly one variant
+can be ``hotloop 0.1.0`` there. It is the stable CUDA 13 wheel, because PyPI's own torch is a
+CUDA 13 build from 2.11 on (2.11.0 is ``+cu130``, 2.15.0 CUDA 13.2): ``pip install hotloop``
+next to PyPI's torch gets the wheel that loads into it. The CUDA 12 stable wheel and the pinned
+wheels (torch 2.8, 2.9) stay on hotloop's own index, where their labels tell them apart.
+
+Only what the version is written in changes: the ``.dist-info`` folder's name, the ``Version:``
+line of METADATA and the RECORD lines of those two files. Every other member keeps its bytes,
+its date and its permissions. The input's RECORD is checked first (a wheel whose files do not
+match it is refused), nothing is overwritten, and the result is checked like the index checks
+a wheel.
+"""
+
+from __future__ import annotations
+
+import argparse
+import base64
+import csv
+import hashlib
+import io
+import re
+import shutil
+import sys
+import zipfile
+from collections.abc import Sequence
+from pathlib import Path
+
+from scripts.variant import STABLE, Variant
+from scripts.wheelfile import WheelError, describe_wheel, find_wheels, parse_wheel_name
+
+# The variant PyPI serves: the stable-ABI wheel for CUDA 13.
+PYPI_VARIANT = Variant(STABLE, "13")
+_CHUNK = 1 << 20
+
+
+class ReleaseError(RuntimeError):
+    pass
+
+
+def _record_hash(data: bytes) -> str:
+    digest = base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b"=").decode()
+    return f"sha256={digest}"
+
+
+def _member_hash(zf: zipfile.ZipFile, info: zipfile.ZipInfo) -> tuple[str, int]:
+    digest = hashlib.sha256()
+    with zf.open(info) as member:
+        for chunk in iter(lambda: member.read(_CHUNK), b""):
+            digest.update(chunk)
+    encoded = base64.urlsafe_b64encode(digest.digest()).rstrip(b"=").decode()
+    return f"sha256={encoded}", info.file_size
+
+
+def check_record(zf: zipfile.ZipFile, record_name: str) -> list[list[str]]:
+    """RECORD's rows, after checking that they name every member once with its right hash."""
+    rows = list(csv.reader(io.StringIO(zf.read(record_name).decode("utf-8"))))
+    listed = {row[0]: row for row in rows if row}
+    members = {i.filename: i for i in zf.infolist() if not i.is_dir()}
+    if set(listed) != set(members):
+        missing = sorted(set(members) - set(listed))
+        extra = sorted(set(listed) - set(members))
+        raise ReleaseError(
+            f"RECORD does not list the wheel's files: missing {missing}, extra {extra}"
+        )
+    for name, info in members.items():
+        if name == record_name:
+            continue
+        expected = listed[name][1:3]
+        if _member_hash(zf, info) != (expected[0], int(expected[1] or -1)):
+            raise ReleaseError(f"{name}: its hash or size does not match RECORD")
+    return [row for row in rows if row]
+
+
+def copy_member(
+    source: zipfile.ZipFile,
+    info: zipfile.ZipInfo,
+    target: zipfile.ZipFile,
+    new_info: zipfile.ZipInfo,
+) -> None:
+    """Stream one member's bytes (a CUDA extension is hundreds of MB) under ``new_info``."""
+    new_info.file_size = info.file_size
+    large = info.file_size > zipfile.ZIP64_LIMIT
+    with source.open(info) as src, target.open(new_info, "w", force_zip64=large) as dst:
+        shutil.copyfileobj(src, dst, _CHUNK)
+
+
+def public_metadata(metadata: bytes, version: str, public: str) -> bytes:
+    """METADATA with its ``Version:`` header set to ``public``; every other byte unchanged."""
+    end = metadata.find(b"\n\n")
+    headers, body = (metadata, b"") if end < 0 else (metadata[: end + 1], metadata[end + 1 :])
+    pattern = re.compile(rb"^Version: " + re.escape(version.encode()) + rb"(\r?)$", re.MULTILINE)
+    new_headers, count = pattern.subn(b"Version: " + public.encode() + rb"\1", headers)
+    if count != 1:
+        raise ReleaseError(f"METADATA has {count} 'Version: {version}' headers, expected one")
+    return new_headers + body
+
+
+def public_wheel(source: Path, out_dir: Path) -> Path:
+    """Write the public-version copy of ``source`` into ``out_dir``; refuse to overwrite."""
+    described = describe_wheel(source)
+    if described.label != PYPI_VARIANT.label:
+        raise ReleaseError(f"{source.name} is not the {PYPI_VARIANT.label} wheel")
+    parts = parse_wheel_name(source.name)
+    public = parts.version.split("+", 1)[0]
+    build = f"-{parts.build}" if parts.build else ""
+    target = out_dir / f"{parts.name}-{public}{build}-{parts.tag}.whl"
+    old_dist_info = f"{parts.name}-{parts.version}.dist-info/"
+    new_dist_info = f"{parts.name}-{public}.dist-info/"
+    record_name = old_dist_info + "RECORD"
+    metadata_name = old_dist_info + "METADATA"
+
+    def renamed(name: str) -> str:
+        return (
+            new_dist_info + name[len(old_dist_info) :] if name.startswith(old_dist_info) else name
+        )
+
+    with zipfile.ZipFile(source) as zf:
+        if record_name not in zf.namelist() or metadata_name not in zf.namelist():
+            raise ReleaseError(f"{source.name}: no {record_name} and {metadata_name}")
+        rows = check_record(zf, record_name)
+        metadata = public_metadata(zf.read(metadata_name), parts.version, public)
+        record = io.StringIO()
+        writer = csv.writer(record, lineterminator="\n")
+        for path, *rest in rows:
+            if path == metadata_name:
+                rest = [_record_hash(metadata), str(len(metadata))]
+            writer.writerow([renamed(path), *rest])
+        out_dir.mkdir(parents=True, exist_ok=True)
+        try:
+            handle = target.open("xb")  # never replaces a file, even one created meanwhile
+        except FileExistsError:
+            raise ReleaseError(
+                f"{target} exists already; a release file is never overwritten: move it away "
+                "or give another --out"
+            ) from None
+        try:
+            with handle, zipfile.ZipFile(handle, "w") as new:
+                for info in zf.infolist():
+                    new_info = zipfile.ZipInfo(renamed(info.filename), info.date_time)
+                    new_info.compress_type = info.compress_type
+                    new_info.external_attr = info.external_attr
+                    new_info.create_system = info.create_system
+                    if info.filename == metadata_name:
+                        new.writestr(new_info, metadata)
+                    elif info.filename == record_name:
+                        new.writestr(new_info, record.getvalue().encode())
+                    else:
+                        copy_member(zf, info, new, new_info)
+            with zipfile.ZipFile(target) as written:
+                check_record(written, new_dist_info + "RECORD")
+            result = describe_wheel(target, require_label=False)
+        except BaseException:
+            target.unlink()  # created by this run ("xb" above)
+            raise
+    if result.requires_torch != "".join(PYPI_VARIANT.requires_torch.split()):
+        target.unlink()
+        raise ReleaseError(f"{target.name}: Requires-Dist on torch is {result.requires_torch}")
+    return target
+
+
+def pypi_wheels(sources: Sequence[Path], out_dir: Path) -> list[Path]:
+    chosen = [p for p in find_wheels(sources) if f"+{PYPI_VARIANT.label}-" in p.name]
+    if not chosen:
+        raise ReleaseError(
+            f"no {PYPI_VARIANT.label} wheel under {', '.join(map(str, sources))}: PyPI gets "
+            f"the {PYPI_VARIANT.label} wheel only (build it with the CUDA 13 row)"
+        )
+    return [public_wheel(p, out_dir) for p in chosen]
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m scripts.pypi_release", description=__doc__.split("\n")[0]
+    )
+    parser.add_argument(
+        "--wheels", type=Path, action="append", required=True,
+        help="folder (searched recursively) or wheel file; repeatable",
+    )  # fmt: skip
+    parser.add_argument("--out", type=Path, required=True, help="folder for the PyPI upload")
+    args = parser.parse_args(argv)
+    try:
+        written = pypi_wheels(args.wheels, args.out)
+    except (ReleaseError, WheelError, OSError) as exc:
+        print(f"pypi_release: {exc}", file=sys.stderr)
+        return 1
+    for path in written:
+        print(f"pypi_release: {path}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
