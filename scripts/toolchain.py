@@ -513,7 +513,8 @@ def debian_mirror(sources: Sequence[AptSource]) -> AptSource:
             return src
     raise RuntimeError(
         "no Debian archive found in /etc/apt (sources.list or sources.list.d/*.sources); "
-        "the sysroot needs one to fetch bullseye's libc6"
+        "the sysroot (bullseye's libc6) and the CUDA 12 toolkit (Debian's nvidia-cuda-*) are "
+        "fetched from it"
     )
 
 
