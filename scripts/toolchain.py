@@ -328,7 +328,7 @@ def extract_deb_members(deb: Path, home: Path) -> list[str]:
                     member.linkname = linked
                 if hasattr(tarfile, "tar_filter"):
                     tar.extract(member, home, filter="tar")
-                else:  # Python < 3.12 without extraction filters
+                else:  # a Python without extraction filters (PEP 706)
                     tar.extract(member, home)
                 kept.append(target)
     if proc.returncode != 0:
@@ -400,9 +400,16 @@ def ensure_debian_toolkit(toolkit: Toolkit) -> Path:
     if root.exists():
         shutil.rmtree(root)
     root.mkdir(parents=True)
-    debs = apt_download(
-        [pin.spec for pin in toolkit.debs], toolkit.suite, root, components=toolkit.components
-    )
+    specs = [pin.spec for pin in toolkit.debs]
+    try:
+        debs = apt_download(specs, toolkit.suite, root, components=toolkit.components)
+    except subprocess.CalledProcessError as exc:
+        raise ToolkitError(
+            f"apt-get could not download {' '.join(specs)} from Debian {toolkit.suite} "
+            f"({' '.join(toolkit.components)}): exit {exc.returncode} (its output is above). "
+            "If the suite moved on to newer versions, pin those in scripts/matrix.toml "
+            "(apt-cache show <package> lists Version and SHA256)."
+        ) from exc
     check_debs(debs, toolkit.debs)
     for deb in debs:
         extract_deb_members(deb, home)

@@ -424,3 +424,17 @@ def test_override_of_another_release_is_refused(tmp_path, monkeypatch):
     monkeypatch.setenv("HOTLOOP_CUDA_HOME_12_8", str(fake_home(tmp_path / "c", "12.4")))
     with pytest.raises(toolchain.ToolkitError, match=r"HOTLOOP_CUDA_HOME_12_8.*is not CUDA 12\.8"):
         toolchain.ensure_cuda_toolkit("12.8", toolchain.Toolkit.from_table("12.8", DEBIAN_TABLE))
+
+
+def test_debian_toolkit_download_failure_says_what_to_pin(debian_toolkit, monkeypatch):
+    toolkit, _ = debian_toolkit()
+
+    def refused(packages, suite, workdir, mirror=None, components=("main",)):
+        raise subprocess.CalledProcessError(100, ["apt-get", "download", *packages])
+
+    monkeypatch.setattr(toolchain, "apt_download", refused)
+    with pytest.raises(toolchain.ToolkitError) as err:
+        toolchain.ensure_cuda_toolkit("12.8", toolkit)
+    assert "nvidia-cuda-toolkit=12.4.131~12.4.1-2" in str(err.value)
+    assert "from Debian trixie (main non-free): exit 100" in str(err.value)
+    assert "pin those in scripts/matrix.toml" in str(err.value)
