@@ -1,8 +1,12 @@
 """Toolchain for manylinux_2_28 CUDA builds without Docker, assembled from public packages.
 
-* CUDA toolkit: NVIDIA's PyPI packages pinned per CUDA version (``scripts/matrix/matrix.toml``),
-  installed once with ``uv pip install --target`` and merged into one ``CUDA_HOME`` tree
-  (``bin/nvcc``, ``include/``, ``lib64/``, ``nvvm/``) that torch's cpp_extension accepts.
+* CUDA toolkit, pinned per row CUDA in ``scripts/matrix/matrix.toml``, assembled into one
+  ``CUDA_HOME`` tree (``bin/nvcc``, ``include/``, ``lib64/``, ``nvvm/``) that torch's
+  cpp_extension accepts. 13.x: NVIDIA's PyPI packages, installed with ``uv pip install
+  --target`` and merged. 12.x: PyPI's 12.x nvcc wheels hold only ``ptxas``, so Debian's
+  ``nvidia-cuda-toolkit`` / ``nvidia-cuda-dev`` (non-free) and CCCL packages are fetched with
+  ``apt-get download``, checked against their pinned sha256 and only the files a build needs
+  unpacked, with an ``nvcc.profile`` relative to the binary.
 * glibc 2.31 sysroot from Debian bullseye (``libc6``, ``libc6-dev``, ``linux-libc-dev``) fetched
   with ``apt-get download`` against the mirror this machine's apt already uses, absolute symlinks
   made relative, the host's libstdc++ 12 headers copied in (docs/toolchain.md says why).
@@ -21,9 +25,11 @@ import re
 import shutil
 import subprocess
 import sys
-from collections.abc import Sequence
+import tarfile
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 REPO = Path(__file__).resolve().parent.parent
 SYSROOT_SUITE = "bullseye"  # glibc 2.31; buster (2.28) is no longer on the Debian mirror
@@ -99,7 +105,7 @@ def component_roots(site: Path) -> list[Path]:
 
 
 def override_env_var(cuda: str) -> str:
-    """``HOTLOOP_CUDA_HOME_12_8``: a toolkit to use instead of the PyPI packages."""
+    """``HOTLOOP_CUDA_HOME_12_8``: a toolkit to use instead of the pinned packages."""
     return "HOTLOOP_CUDA_HOME_" + cuda.replace(".", "_")
 
 
@@ -107,23 +113,87 @@ class ToolkitError(RuntimeError):
     pass
 
 
-def ensure_cuda_toolkit(cuda: str, packages: Sequence[str]) -> Path:
-    """Return a ``CUDA_HOME`` for ``cuda`` built from the pinned PyPI ``packages``.
+@dataclass(frozen=True)
+class DebPin:
+    """One Debian package of a toolkit, pinned by version and the sha256 of its ``.deb``."""
 
-    ``$HOTLOOP_CUDA_HOME_<major>_<minor>`` replaces the PyPI toolkit (for CI images that
-    carry one). PyPI's 12.x ``nvidia-cuda-nvcc-cu12`` wheels hold only ``ptxas`` (no
-    ``nvcc`` driver, ``cicc`` or ``cudafe++``), so 12.x rows need that override.
+    name: str
+    version: str
+    sha256: str
+
+    @property
+    def spec(self) -> str:
+        """What ``apt-get download`` takes: ``name=version``."""
+        return f"{self.name}={self.version}"
+
+
+@dataclass(frozen=True)
+class Toolkit:
+    """The compiler toolkit that builds the wheels of one row CUDA (``[toolkits."X.Y"]``).
+
+    ``nvcc`` is the compiler's release; it may be older than the row's CUDA (torch's runtime),
+    e.g. Debian's nvcc 12.4 builds the CUDA 12.8 rows. Either ``packages`` (PyPI pins) or
+    ``debs`` (Debian pins from ``suite``/``components``) says where it comes from.
+    """
+
+    nvcc: str
+    packages: tuple[str, ...] = ()
+    debs: tuple[DebPin, ...] = ()
+    suite: str = ""
+    components: tuple[str, ...] = ()
+    arch_list: str | None = None
+
+    @classmethod
+    def from_table(cls, cuda: str, table: Mapping[str, Any]) -> Toolkit:
+        """Parse a ``[toolkits."<cuda>"]`` table of ``scripts/matrix.toml``."""
+        debian = table.get("debian", {})
+        toolkit = cls(
+            nvcc=table.get("nvcc", cuda),
+            packages=tuple(table.get("packages", ())),
+            debs=tuple(DebPin(**pin) for pin in debian.get("packages", ())),
+            suite=debian.get("suite", ""),
+            components=tuple(debian.get("components", ("main",))),
+            arch_list=table.get("arch_list"),
+        )
+        if bool(toolkit.packages) == bool(toolkit.debs):
+            raise ValueError(
+                f'[toolkits."{cuda}"] needs exactly one of packages = [...] (PyPI) or '
+                f'[toolkits."{cuda}".debian] packages = [...] (Debian); found '
+                f"{len(toolkit.packages)} PyPI and {len(toolkit.debs)} Debian packages"
+            )
+        if toolkit.debs and not toolkit.suite:
+            raise ValueError(f'[toolkits."{cuda}".debian] has packages but no suite')
+        return toolkit
+
+
+def check_nvcc_release(nvcc: Path, release: str, what: str) -> None:
+    """Raise unless ``nvcc --version`` says ``release <release>``."""
+    out = run([nvcc, "--version"], capture_output=True, text=True).stdout
+    if f"release {release}," not in out:
+        raise ToolkitError(f"{what}: {nvcc} is not CUDA {release}:\n{out}")
+
+
+def ensure_cuda_toolkit(cuda: str, toolkit: Toolkit) -> Path:
+    """Return a ``CUDA_HOME`` that builds the CUDA ``cuda`` rows, from ``toolkit``'s pins.
+
+    ``$HOTLOOP_CUDA_HOME_<major>_<minor>`` (the row's CUDA, e.g. a real 12.8 toolkit in CI
+    images) replaces the pinned packages.
     """
     override = os.environ.get(override_env_var(cuda))
     if override:
         home = Path(override)
-        out = run([home / "bin" / "nvcc", "--version"], capture_output=True, text=True).stdout
-        if f"release {cuda}" not in out:
-            raise ToolkitError(f"{override_env_var(cuda)}={home}: nvcc is not CUDA {cuda}:\n{out}")
+        check_nvcc_release(home / "bin" / "nvcc", cuda, override_env_var(cuda))
         return home
+    if toolkit.debs:
+        return ensure_debian_toolkit(toolkit)
+    return ensure_pypi_toolkit(cuda, toolkit.nvcc, toolkit.packages)
+
+
+def ensure_pypi_toolkit(cuda: str, release: str, packages: Sequence[str]) -> Path:
+    """A ``CUDA_HOME`` merged from NVIDIA's pinned PyPI ``packages``."""
     key = _toolkit_key(packages)
     digest = hashlib.sha256(key.encode()).hexdigest()[:10]
-    root = cache_dir() / "cuda" / f"{cuda}-{digest}"
+    root = cache_dir() / "cuda" / f"{release}-{digest}"
     home = root / "home"
     if _stamped(root, key):
         return home
@@ -167,9 +237,190 @@ def ensure_cuda_toolkit(cuda: str, packages: Sequence[str]) -> Path:
             f"(bin/ holds only {shipped}); point {override_env_var(cuda)} at a CUDA {cuda} "
             "toolkit to build this row"
         )
-    out = run([nvcc, "--version"], capture_output=True, text=True).stdout
-    if f"release {cuda}" not in out:
-        raise RuntimeError(f"{nvcc} is not CUDA {cuda}:\n{out}")
+    check_nvcc_release(nvcc, release, f"CUDA {cuda}")
+    _stamp(root, key)
+    return home
+
+
+# --------------------------------------------------------------------------- Debian toolkit
+
+# Where the files of Debian's CUDA packages go in CUDA_HOME, by path prefix inside the .deb.
+# Debian splits nvcc between /usr/lib/nvidia-cuda-toolkit/bin (the nvcc driver, cicc, and
+# crt/ with the device-link stubs) and /usr/bin (ptxas, fatbinary, ...); one bin/ holds them.
+DEB_LAYOUT = (
+    ("usr/lib/nvidia-cuda-toolkit/bin/", "bin/"),
+    ("usr/lib/nvidia-cuda-toolkit/libdevice/", "nvvm/libdevice/"),
+    ("usr/bin/", "bin/"),
+    ("usr/include/", "include/"),
+    ("usr/lib/x86_64-linux-gnu/", "lib64/"),
+)
+# What is kept of each prefix. Left out: Debian's /usr/bin/nvcc (a shell wrapper with absolute
+# paths that would replace the real driver), its gcc/g++ version pickers (nvcc would find them
+# first on the PATH its profile sets), the profiler and the sanitizer.
+DEB_DRIVER = frozenset({"nvcc", "cicc"})
+DEB_TOOLS = frozenset(
+    {"ptxas", "fatbinary", "nvlink", "cudafe++", "bin2c", "cuobjdump", "nvdisasm", "nvprune",
+     "cu++filt"}
+)  # fmt: skip
+# Headers of the math libraries (cuBLAS, cuSPARSE, ...): torch's own nvidia-* packages carry
+# the 12.8 ones its runtime uses, and the build puts those on CPATH; the toolkit keeps only
+# the runtime, the device headers and CCCL, like the 13.x PyPI toolkit.
+DEB_LIBRARY_HEADERS = (
+    "cublas", "cufft", "curand", "cusolver", "cusparse", "npp", "nvjpeg", "nvblas", "cuda-gdb",
+)  # fmt: skip
+# Libraries a build links: the CUDA runtime (torch's libcudart.so.12 is loaded at run time),
+# the device runtime for -rdc, the driver stub.
+DEB_LIBS = ("libcudart.so", "libcudart_static.a", "libcudadevrt.a", "stubs/libcuda.so")
+
+
+def _deb_keeps(prefix: str, rel: str) -> bool:
+    if prefix == "usr/lib/nvidia-cuda-toolkit/bin/":
+        return rel in DEB_DRIVER or rel.startswith("crt/")
+    if prefix == "usr/bin/":
+        return rel in DEB_TOOLS
+    if prefix == "usr/include/":
+        return not rel.startswith(DEB_LIBRARY_HEADERS)
+    if prefix == "usr/lib/x86_64-linux-gnu/":
+        return rel.startswith(DEB_LIBS)
+    return True
+
+
+# Debian's nvcc.profile has absolute /usr/lib/nvidia-cuda-toolkit paths; this one is relative
+# to the binary ($(_HERE_)), so the tree works wherever the cache is. ``+=`` prepends.
+NVCC_PROFILE = """\
+TOP = $(_HERE_)/..
+NVVMIR_LIBRARY_DIR = $(TOP)/nvvm/libdevice
+PATH += $(_HERE_):
+INCLUDES += "-I$(TOP)/include" $(_SPACE_)
+LIBRARIES =+ $(_SPACE_) "-L$(TOP)/lib64/stubs" "-L$(TOP)/lib64"
+CUDAFE_FLAGS +=
+PTXAS_FLAGS +=
+"""
+
+
+def deb_member_target(name: str) -> str | None:
+    """Where a ``.deb`` member lands in ``CUDA_HOME`` (relative), or ``None`` to drop it."""
+    name = name.removeprefix("./")
+    for prefix, dest in DEB_LAYOUT:
+        if not name.startswith(prefix) or name == prefix:
+            continue
+        rel = name[len(prefix) :].rstrip("/")
+        return dest + rel if _deb_keeps(prefix, rel) else None
+    return None
+
+
+def extract_deb_members(deb: Path, home: Path) -> list[str]:
+    """Unpack the members of ``deb`` that :func:`deb_member_target` keeps; returns them."""
+    kept: list[str] = []
+    log(f"$ dpkg-deb --fsys-tarfile {deb} | (keep what CUDA_HOME needs)")
+    with subprocess.Popen(["dpkg-deb", "--fsys-tarfile", str(deb)], stdout=subprocess.PIPE) as proc:
+        assert proc.stdout is not None
+        with tarfile.open(fileobj=proc.stdout, mode="r|") as tar:
+            for member in tar:
+                target = deb_member_target(member.name)
+                if target is None or member.isdir():
+                    continue
+                member.name = target
+                if member.islnk():
+                    linked = deb_member_target(member.linkname)
+                    if linked is None:
+                        raise ToolkitError(f"{deb}: {target} is a hard link to a dropped file")
+                    member.linkname = linked
+                if hasattr(tarfile, "tar_filter"):
+                    tar.extract(member, home, filter="tar")
+                else:  # a Python without extraction filters (PEP 706)
+                    tar.extract(member, home)
+                kept.append(target)
+    if proc.returncode != 0:
+        raise ToolkitError(f"dpkg-deb --fsys-tarfile {deb} failed (exit {proc.returncode})")
+    return kept
+
+
+def deb_fields(deb: Path) -> tuple[str, str]:
+    """``(Package, Version)`` from a ``.deb``'s control file."""
+    out = run(
+        ["dpkg-deb", "--show", "--showformat=${Package}\t${Version}", deb],
+        capture_output=True,
+        text=True,
+    ).stdout
+    name, version = out.split("\t")
+    return name, version
+
+
+def file_sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with path.open("rb") as fh:
+        for block in iter(lambda: fh.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def check_debs(debs: Sequence[Path], pins: Sequence[DebPin]) -> None:
+    """Raise unless ``debs`` are exactly the pinned packages, versions and sha256 sums."""
+    by_name = {pin.name: pin for pin in pins}
+    problems = []
+    seen = set()
+    for deb in debs:
+        name, version = deb_fields(deb)
+        seen.add(name)
+        pin = by_name.get(name)
+        if pin is None:
+            problems.append(f"{deb.name}: package {name} is not pinned")
+        elif version != pin.version:
+            problems.append(f"{name}: got version {version}, pinned {pin.version}")
+        elif file_sha256(deb) != pin.sha256:
+            problems.append(f"{name} {version}: sha256 {file_sha256(deb)}, pinned {pin.sha256}")
+    problems += [f"{name}: pinned but not downloaded" for name in sorted(set(by_name) - seen)]
+    if problems:
+        raise ToolkitError(
+            "Debian CUDA packages differ from the pins in scripts/matrix.toml:\n  "
+            + "\n  ".join(problems)
+            + "\nIf the archive replaced them, update version and sha256 there "
+            "(apt-cache show <package> lists both)."
+        )
+
+
+def _debian_key(toolkit: Toolkit) -> str:
+    pins = "".join(f"{p.name}={p.version} {p.sha256}\n" for p in toolkit.debs)
+    return f"{toolkit.suite} {' '.join(toolkit.components)} layout-v1\n{pins}"
+
+
+def ensure_debian_toolkit(toolkit: Toolkit) -> Path:
+    """A ``CUDA_HOME`` for Debian's nvcc ``toolkit.nvcc``, from the pinned ``.deb`` files.
+
+    The ``.deb`` files (nvidia-cuda-dev alone is 930 MB) are deleted once unpacked: only the
+    files :func:`deb_member_target` keeps stay in the cache.
+    """
+    key = _debian_key(toolkit)
+    digest = hashlib.sha256(key.encode()).hexdigest()[:10]
+    root = cache_dir() / "cuda" / f"{toolkit.nvcc}-debian-{digest}"
+    home = root / "home"
+    if _stamped(root, key):
+        return home
+    if root.exists():
+        shutil.rmtree(root)
+    root.mkdir(parents=True)
+    specs = [pin.spec for pin in toolkit.debs]
+    try:
+        debs = apt_download(specs, toolkit.suite, root, components=toolkit.components)
+    except subprocess.CalledProcessError as exc:
+        raise ToolkitError(
+            f"apt-get could not download {' '.join(specs)} from Debian {toolkit.suite} "
+            f"({' '.join(toolkit.components)}): exit {exc.returncode} (its output is above). "
+            "If the suite moved on to newer versions, pin those in scripts/matrix.toml "
+            "(apt-cache show <package> lists Version and SHA256)."
+        ) from exc
+    check_debs(debs, toolkit.debs)
+    for deb in debs:
+        extract_deb_members(deb, home)
+        deb.unlink()
+    (home / "bin" / "nvcc.profile").write_text(NVCC_PROFILE)
+    if not (home / "lib64" / "libcudart.so").resolve().is_file():
+        raise ToolkitError(
+            f"{home}/lib64/libcudart.so does not resolve to a file: the pins need libcudart12 "
+            "next to nvidia-cuda-dev (whose libcudart.so is only a link)"
+        )
+    check_nvcc_release(home / "bin" / "nvcc", toolkit.nvcc, f"Debian CUDA {toolkit.nvcc}")
     _stamp(root, key)
     return home
 
@@ -269,19 +520,31 @@ def debian_mirror(sources: Sequence[AptSource]) -> AptSource:
             return src
     raise RuntimeError(
         "no Debian archive found in /etc/apt (sources.list or sources.list.d/*.sources); "
-        "the sysroot needs one to fetch bullseye's libc6"
+        "the sysroot (bullseye's libc6) and the CUDA 12 toolkit (Debian's nvidia-cuda-*) are "
+        "fetched from it"
     )
 
 
-def bullseye_sources_line(mirror: AptSource, suite: str = SYSROOT_SUITE) -> str:
+def debian_sources_line(
+    mirror: AptSource, suite: str = SYSROOT_SUITE, components: Sequence[str] = ("main",)
+) -> str:
+    """A one-line ``deb`` source for ``suite`` on the host's mirror, with its keyring."""
     signed = f"[signed-by={mirror.signed_by}] " if mirror.signed_by else ""
-    return f"deb {signed}{mirror.uri} {suite} main\n"
+    return f"deb {signed}{mirror.uri} {suite} {' '.join(components)}\n"
 
 
 def apt_download(
-    packages: Sequence[str], suite: str, workdir: Path, mirror: AptSource | None = None
+    packages: Sequence[str],
+    suite: str,
+    workdir: Path,
+    mirror: AptSource | None = None,
+    components: Sequence[str] = ("main",),
 ) -> list[Path]:
-    """``apt-get download`` ``packages`` of ``suite`` into ``workdir/debs``, private apt state."""
+    """``apt-get download`` ``packages`` of ``suite`` into ``workdir/debs``, private apt state.
+
+    Nothing is installed and the host's apt state is untouched: lists, cache and status live
+    under ``workdir/apt``.
+    """
     mirror = mirror or debian_mirror(system_apt_sources())
     state = workdir / "apt"
     lists = state / "lists"
@@ -289,7 +552,7 @@ def apt_download(
     (lists / "partial").mkdir(parents=True, exist_ok=True)
     (cache / "archives" / "partial").mkdir(parents=True, exist_ok=True)
     sources = state / "sources.list"
-    sources.write_text(bullseye_sources_line(mirror, suite))
+    sources.write_text(debian_sources_line(mirror, suite, components))
     opts = [
         f"-o=Dir::Etc::sourcelist={sources}",
         "-o=Dir::Etc::sourceparts=-",
@@ -464,9 +727,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--all", action="store_true")
     args = parser.parse_args(argv)
     rows = matrix.select_rows(matrix.load_rows(), args.torch, args.all)
-    for cuda in sorted({r.cuda for r in rows}):
-        row = next(r for r in rows if r.cuda == cuda)
-        print(f"CUDA {cuda}: {ensure_cuda_toolkit(cuda, row.toolkit)}")
+    builders: dict[str, matrix.Row] = {}
+    for builder in matrix.build_rows(rows, matrix.load_rows()):
+        builders.setdefault(builder.cuda, builder)
+    for cuda, row in sorted(builders.items()):
+        home = ensure_cuda_toolkit(cuda, row.toolkit)
+        print(f"CUDA {cuda} (nvcc {row.toolkit.nvcc}): {home}")
     print(f"sysroot: {ensure_sysroot()}")
     print(f"ccache: {ensure_ccache()}")
     return 0

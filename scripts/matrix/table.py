@@ -21,6 +21,7 @@ else:  # pragma: no cover - nox may run on 3.9/3.10, where tomli is installed
     import tomli as tomllib
 
 from scripts import variant as variant_rule
+from scripts.toolchain import Toolkit
 
 MATRIX_FILE = Path(__file__).with_name("matrix.toml")
 PACKAGE_VERSION = variant_rule.BASE_VERSION
@@ -38,7 +39,7 @@ class Row:
     cuda: str
     pythons: tuple[str, ...]
     arch_list: str
-    toolkit: tuple[str, ...]
+    toolkit: Toolkit
     build_torch: str
     # "pinned" forces an ATen build where the table says stable (to compare the two);
     # None follows the variant rule.
@@ -151,13 +152,14 @@ def load_rows(path: Path = MATRIX_FILE) -> list[Row]:
                 f"{path}: torch {builder['torch']} is built with CUDA {cuda}, "
                 f'no [toolkits."{cuda}"]'
             )
+        toolkit = Toolkit.from_table(cuda, toolkits[cuda])
         rows.append(
             Row(
                 torch=raw["torch"],
                 cuda=raw["cuda"],
                 pythons=tuple(raw["pythons"]),
-                arch_list=builder.get("arch_list", data["arch_list"]),
-                toolkit=tuple(toolkits[cuda]["packages"]),
+                arch_list=builder.get("arch_list", toolkit.arch_list or data["arch_list"]),
+                toolkit=toolkit,
                 build_torch=builder["torch"],
             )
         )

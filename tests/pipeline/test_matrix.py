@@ -41,12 +41,19 @@ def test_python_39_only_with_torch_28(rows):
 
 def test_toolkits_are_pinned_exactly_and_match_the_build_rows_cuda(rows):
     for row in rows:
-        assert row.toolkit, row
         builder = matrix.build_row_of(row, rows)
-        for spec in row.toolkit:
+        toolkit = row.toolkit
+        # Same CUDA major as torch's runtime, never a newer minor (minor-version compatibility).
+        nvcc = tuple(int(p) for p in toolkit.nvcc.split("."))
+        runtime = tuple(int(p) for p in builder.cuda.split("."))
+        assert nvcc[0] == runtime[0], row
+        assert nvcc <= runtime, row
+        for spec in toolkit.packages:
             name, _, version = spec.partition("==")
-            assert version.startswith(builder.cuda + "."), spec
+            assert version.startswith(toolkit.nvcc + "."), spec
             assert name.endswith("-cu12") == builder.cuda.startswith("12."), spec
+        for pin in toolkit.debs:
+            assert len(pin.sha256) == 64, pin
 
 
 def test_labels(rows):

@@ -1,13 +1,20 @@
-"""Toolchain helpers that need no network: apt source parsing, symlink fixing, CUDA tree merge."""
+"""Toolchain helpers that need no network: apt sources, symlinks, CUDA trees, Debian toolkits.
+
+The Debian CUDA toolkit is exercised with small ``.deb`` files built here by ``dpkg-deb``
+that have the real packages' layout; ``test_toolchain_slow.py`` fetches the real ones.
+"""
 
 from __future__ import annotations
 
+import hashlib
 import os
+import shutil
+import subprocess
 from pathlib import Path
 
 import pytest
 
-from scripts import toolchain
+from scripts import matrix, toolchain
 
 DEB822 = """\
 Types: deb
@@ -27,9 +34,17 @@ Components: main
 def test_deb822_mirror_becomes_bullseye():
     mirror = toolchain.debian_mirror(toolchain.parse_deb822(DEB822))
     assert mirror.uri == "http://mirror.example/debian"
-    assert toolchain.bullseye_sources_line(mirror) == (
+    assert toolchain.debian_sources_line(mirror) == (
         "deb [signed-by=/usr/share/keyrings/debian-archive-keyring.gpg] "
         "http://mirror.example/debian bullseye main\n"
+    )
+
+
+def test_sources_line_for_a_suite_with_non_free():
+    mirror = toolchain.debian_mirror(toolchain.parse_deb822(DEB822))
+    assert toolchain.debian_sources_line(mirror, "trixie", ("main", "non-free")) == (
+        "deb [signed-by=/usr/share/keyrings/debian-archive-keyring.gpg] "
+        "http://mirror.example/debian trixie main non-free\n"
     )
 
 
@@ -109,3 +124,317 @@ def test_compiler_wrappers(tmp_path, monkeypatch):
     env = toolchain.compiler_wrappers(tmp_path / "ccbin", tmp_path / "cuda")
     assert {Path(v).name for v in env.values()} == {"gcc", "g++", "nvcc"}
     assert str(tmp_path / "cuda/bin/nvcc") in Path(env["PYTORCH_NVCC"]).read_text()
+
+
+# --------------------------------------------------------------------------- Debian toolkit
+
+DEBIAN_TABLE = {
+    "nvcc": "12.4",
+    "arch_list": "8.0;9.0+PTX",
+    "debian": {
+        "suite": "trixie",
+        "components": ["main", "non-free"],
+        "packages": [{"name": "nvidia-cuda-toolkit", "version": "12.4-1", "sha256": "0" * 64}],
+    },
+}
+
+
+def test_toolkit_from_a_debian_table():
+    toolkit = toolchain.Toolkit.from_table("12.8", DEBIAN_TABLE)
+    assert toolkit.nvcc == "12.4"
+    assert toolkit.arch_list == "8.0;9.0+PTX"
+    assert (toolkit.suite, toolkit.components) == ("trixie", ("main", "non-free"))
+    assert [pin.spec for pin in toolkit.debs] == ["nvidia-cuda-toolkit=12.4-1"]
+    assert toolkit.packages == ()
+
+
+def test_toolkit_from_a_pypi_table_is_its_row_cuda():
+    toolkit = toolchain.Toolkit.from_table("13.0", {"packages": ["nvidia-cuda-nvcc==13.0.88"]})
+    assert (toolkit.nvcc, toolkit.packages, toolkit.debs) == (
+        "13.0",
+        ("nvidia-cuda-nvcc==13.0.88",),
+        (),
+    )
+    assert toolkit.arch_list is None
+
+
+@pytest.mark.parametrize(
+    ("table", "error"),
+    [
+        ({}, "exactly one of"),
+        ({**DEBIAN_TABLE, "packages": ["nvidia-cuda-nvcc-cu12==12.8.93"]}, "exactly one of"),
+        ({"debian": {**DEBIAN_TABLE["debian"], "suite": ""}}, "no suite"),
+    ],
+    ids=["neither", "both", "no-suite"],
+)
+def test_toolkit_table_errors(table, error):
+    with pytest.raises(ValueError, match=error):
+        toolchain.Toolkit.from_table("12.8", table)
+
+
+def test_cuda12_rows_build_with_debian_nvcc_12_4_for_sm80_to_sm90_and_ptx():
+    """nvcc 12.4 knows no sm_100/sm_120: Blackwell runs the compute_90 PTX."""
+    for row in matrix.load_rows():
+        if row.cuda.startswith("12."):
+            assert row.toolkit.nvcc == "12.4", row
+            assert row.toolkit.debs, row
+            assert row.archs == ["sm_80", "sm_86", "sm_89", "sm_90", "compute_90"], row
+        else:
+            assert "sm_120" in row.archs, row
+
+
+@pytest.mark.parametrize(
+    ("member", "target"),
+    [
+        ("./usr/lib/nvidia-cuda-toolkit/bin/nvcc", "bin/nvcc"),
+        ("./usr/lib/nvidia-cuda-toolkit/bin/cicc", "bin/cicc"),
+        ("./usr/lib/nvidia-cuda-toolkit/bin/crt/link.stub", "bin/crt/link.stub"),
+        ("./usr/lib/nvidia-cuda-toolkit/bin/g++", None),  # Debian's compiler picker
+        ("./usr/lib/nvidia-cuda-toolkit/bin/nvcc.profile", None),  # -> /etc/nvcc.profile
+        ("./usr/lib/nvidia-cuda-toolkit/libdevice/libdevice.10.bc",
+         "nvvm/libdevice/libdevice.10.bc"),
+        ("./usr/lib/nvidia-cuda-toolkit/compute-sanitizer/x.so", None),
+        ("./usr/bin/ptxas", "bin/ptxas"),
+        ("./usr/bin/cudafe++", "bin/cudafe++"),
+        ("./usr/bin/nvcc", None),  # the shell wrapper with absolute paths
+        ("./usr/bin/compute-sanitizer", None),
+        ("./usr/include/cuda_runtime.h", "include/cuda_runtime.h"),
+        ("./usr/include/crt/host_config.h", "include/crt/host_config.h"),
+        ("./usr/include/cub/cub.cuh", "include/cub/cub.cuh"),
+        ("./usr/include/nv/target", "include/nv/target"),
+        ("./usr/include/cublas_v2.h", None),  # torch's nvidia-cublas-cu12 has the 12.8 one
+        ("./usr/include/cusparse.h", None),
+        ("./usr/lib/x86_64-linux-gnu/libcudart.so", "lib64/libcudart.so"),
+        ("./usr/lib/x86_64-linux-gnu/libcudart.so.12", "lib64/libcudart.so.12"),
+        ("./usr/lib/x86_64-linux-gnu/stubs/libcuda.so", "lib64/stubs/libcuda.so"),
+        ("./usr/lib/x86_64-linux-gnu/stubs/libcublas.so", None),
+        ("./usr/lib/x86_64-linux-gnu/libcublas_static.a", None),
+        ("./usr/share/doc/nvidia-cuda-dev/copyright", None),
+        ("./etc/nvcc.profile", None),
+    ],
+)  # fmt: skip
+def test_deb_member_target(member, target):
+    assert toolchain.deb_member_target(member) == target
+
+
+def build_deb(out_dir: Path, name: str, version: str, files: dict[str, str | Path]) -> Path:
+    """A ``.deb`` named ``name`` with ``files`` (path -> text, or a Path for a symlink)."""
+    if shutil.which("dpkg-deb") is None:
+        pytest.skip("dpkg-deb not installed")
+    tree = out_dir / f"{name}-tree"
+    (tree / "DEBIAN").mkdir(parents=True)
+    (tree / "DEBIAN" / "control").write_text(
+        f"Package: {name}\nVersion: {version}\nArchitecture: amd64\n"
+        "Maintainer: test <t@example.invalid>\nDescription: test\n"
+    )
+    for rel, content in files.items():
+        path = tree / rel
+        path.parent.mkdir(parents=True, exist_ok=True)
+        if isinstance(content, Path):
+            path.symlink_to(content)
+        else:
+            path.write_text(content)
+            if "/bin/" in rel:
+                path.chmod(0o755)
+    deb = out_dir / f"{name}_{version}_amd64.deb"
+    subprocess.run(
+        ["dpkg-deb", "--root-owner-group", "-Zgzip", "--build", tree, deb],
+        check=True,
+        stdout=subprocess.DEVNULL,
+    )
+    shutil.rmtree(tree)
+    return deb
+
+
+def fake_nvcc(release: str) -> str:
+    return f'#!/bin/sh\necho "Cuda compilation tools, release {release}, V{release}.131"\n'
+
+
+def fake_cuda_debs(out_dir: Path, release: str = "12.4", with_cudart: bool = True) -> list[Path]:
+    """The real packages' layout in miniature: what the toolkit keeps and what it drops."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    debs = [
+        build_deb(
+            out_dir,
+            "nvidia-cuda-toolkit",
+            "12.4.131~12.4.1-2",
+            {
+                "usr/bin/nvcc": '#!/bin/sh\nexec /usr/lib/nvidia-cuda-toolkit/bin/nvcc "$@"\n',
+                "usr/bin/ptxas": "ptxas",
+                "usr/lib/nvidia-cuda-toolkit/bin/nvcc": fake_nvcc(release),
+                "usr/lib/nvidia-cuda-toolkit/bin/g++": "#!/bin/sh\n",
+                "usr/lib/nvidia-cuda-toolkit/bin/nvcc.profile": Path("/etc/nvcc.profile"),
+                "usr/lib/nvidia-cuda-toolkit/bin/crt/link.stub": "stub",
+                "usr/lib/nvidia-cuda-toolkit/libdevice/libdevice.10.bc": "bc",
+                "etc/nvcc.profile": "INCLUDES += -I/usr/include\n",
+            },
+        ),
+        build_deb(
+            out_dir,
+            "nvidia-cuda-dev",
+            "12.4.127~12.4.1-2",
+            {
+                "usr/include/cuda_runtime.h": "// runtime",
+                "usr/include/cublas_v2.h": "// cublas",
+                "usr/lib/x86_64-linux-gnu/libcudart.so": Path("libcudart.so.12"),
+                "usr/lib/x86_64-linux-gnu/libcublas_static.a": "big",
+                "usr/share/doc/nvidia-cuda-dev/copyright": "text",
+            },
+        ),
+    ]
+    if with_cudart:
+        debs.append(
+            build_deb(
+                out_dir,
+                "libcudart12",
+                "12.4.127~12.4.1-2",
+                {
+                    "usr/lib/x86_64-linux-gnu/libcudart.so.12": Path("libcudart.so.12.4.127"),
+                    "usr/lib/x86_64-linux-gnu/libcudart.so.12.4.127": "ELF",
+                },
+            )
+        )
+    return debs
+
+
+def pins_for(debs: list[Path]) -> tuple[toolchain.DebPin, ...]:
+    pins = []
+    for deb in debs:
+        name, version = toolchain.deb_fields(deb)
+        pins.append(toolchain.DebPin(name, version, hashlib.sha256(deb.read_bytes()).hexdigest()))
+    return tuple(pins)
+
+
+def files_under(root: Path) -> list[str]:
+    return sorted(str(p.relative_to(root)) for p in root.rglob("*") if not p.is_dir())
+
+
+def test_extract_keeps_only_what_cuda_home_needs(tmp_path):
+    home = tmp_path / "home"
+    for deb in fake_cuda_debs(tmp_path / "debs"):
+        toolchain.extract_deb_members(deb, home)
+    assert files_under(home) == [
+        "bin/crt/link.stub",
+        "bin/nvcc",
+        "bin/ptxas",
+        "include/cuda_runtime.h",
+        "lib64/libcudart.so",
+        "lib64/libcudart.so.12",
+        "lib64/libcudart.so.12.4.127",
+        "nvvm/libdevice/libdevice.10.bc",
+    ]
+    # The real driver, not Debian's wrapper; links stay relative inside the tree.
+    assert "release 12.4" in (home / "bin/nvcc").read_text()
+    assert os.access(home / "bin/nvcc", os.X_OK)
+    assert (home / "lib64/libcudart.so").resolve() == (home / "lib64/libcudart.so.12.4.127")
+
+
+def test_check_debs_accepts_the_pins(tmp_path):
+    debs = fake_cuda_debs(tmp_path)
+    toolchain.check_debs(debs, pins_for(debs))
+
+
+def test_check_debs_says_what_differs(tmp_path):
+    debs = fake_cuda_debs(tmp_path)
+    pins = list(pins_for(debs))
+    pins[0] = toolchain.DebPin(pins[0].name, pins[0].version, "f" * 64)
+    pins[1] = toolchain.DebPin(pins[1].name, "12.4.127~12.4.1-3", pins[1].sha256)
+    pins.append(toolchain.DebPin("libcub-dev", "2.3.2-2", "a" * 64))
+    with pytest.raises(toolchain.ToolkitError) as err:
+        toolchain.check_debs(debs[:2] + debs[2:], pins[:2] + pins[3:])
+    msg = str(err.value)
+    assert f"nvidia-cuda-toolkit 12.4.131~12.4.1-2: sha256 {pins_for(debs)[0].sha256}" in msg
+    assert f"pinned {'f' * 64}" in msg
+    assert "nvidia-cuda-dev: got version 12.4.127~12.4.1-2, pinned 12.4.127~12.4.1-3" in msg
+    assert "package libcudart12 is not pinned" in msg
+    assert "libcub-dev: pinned but not downloaded" in msg
+    assert "update version and sha256" in msg
+
+
+@pytest.fixture
+def debian_toolkit(tmp_path, monkeypatch):
+    """A Debian toolkit whose ``apt_download`` serves fake ``.deb`` files (and counts calls)."""
+
+    def make(release: str = "12.4", with_cudart: bool = True):
+        source = fake_cuda_debs(tmp_path / "archive", release, with_cudart)
+        calls = []
+
+        def fake_download(packages, suite, workdir, mirror=None, components=("main",)):
+            calls.append((tuple(packages), suite, tuple(components)))
+            (workdir / "debs").mkdir(parents=True, exist_ok=True)
+            return [Path(shutil.copy2(deb, workdir / "debs" / deb.name)) for deb in source]
+
+        monkeypatch.setenv("HOTLOOP_CACHE_DIR", str(tmp_path / "cache"))
+        monkeypatch.delenv("HOTLOOP_CUDA_HOME_12_8", raising=False)
+        monkeypatch.setattr(toolchain, "apt_download", fake_download)
+        toolkit = toolchain.Toolkit(
+            nvcc="12.4", debs=pins_for(source), suite="trixie", components=("main", "non-free")
+        )
+        return toolkit, calls
+
+    return make
+
+
+def test_debian_toolkit_is_assembled_once_and_reused(debian_toolkit):
+    toolkit, calls = debian_toolkit()
+    home = toolchain.ensure_cuda_toolkit("12.8", toolkit)
+    assert calls == [
+        (tuple(pin.spec for pin in toolkit.debs), "trixie", ("main", "non-free")),
+    ]
+    profile = (home / "bin/nvcc.profile").read_text()
+    assert "$(_HERE_)" in profile
+    assert "/usr/lib" not in profile
+    assert "-I$(TOP)/include" in profile
+    assert "NVVMIR_LIBRARY_DIR = $(TOP)/nvvm/libdevice" in profile
+    # The downloaded .deb files are gone; only the kept tree stays in the cache.
+    assert not list(home.parent.glob("debs/*.deb"))
+    assert toolchain.ensure_cuda_toolkit("12.8", toolkit) == home
+    assert len(calls) == 1
+
+
+def test_debian_toolkit_of_the_wrong_release_is_refused(debian_toolkit):
+    toolkit, _ = debian_toolkit(release="12.6")
+    with pytest.raises(toolchain.ToolkitError, match=r"is not CUDA 12\.4"):
+        toolchain.ensure_cuda_toolkit("12.8", toolkit)
+
+
+def test_debian_toolkit_without_libcudart_is_a_clear_error(debian_toolkit):
+    toolkit, _ = debian_toolkit(with_cudart=False)
+    with pytest.raises(
+        toolchain.ToolkitError, match=r"libcudart\.so does not resolve.*libcudart12"
+    ):
+        toolchain.ensure_cuda_toolkit("12.8", toolkit)
+
+
+def fake_home(root: Path, release: str) -> Path:
+    (root / "bin").mkdir(parents=True)
+    (root / "bin/nvcc").write_text(fake_nvcc(release))
+    (root / "bin/nvcc").chmod(0o755)
+    return root
+
+
+def test_override_wins_when_it_is_the_rows_release(tmp_path, monkeypatch):
+    home = fake_home(tmp_path / "cuda-12.8", "12.8")
+    monkeypatch.setenv("HOTLOOP_CUDA_HOME_12_8", str(home))
+    toolkit = toolchain.Toolkit.from_table("12.8", DEBIAN_TABLE)
+    assert toolchain.ensure_cuda_toolkit("12.8", toolkit) == home
+
+
+def test_override_of_another_release_is_refused(tmp_path, monkeypatch):
+    monkeypatch.setenv("HOTLOOP_CUDA_HOME_12_8", str(fake_home(tmp_path / "c", "12.4")))
+    with pytest.raises(toolchain.ToolkitError, match=r"HOTLOOP_CUDA_HOME_12_8.*is not CUDA 12\.8"):
+        toolchain.ensure_cuda_toolkit("12.8", toolchain.Toolkit.from_table("12.8", DEBIAN_TABLE))
+
+
+def test_debian_toolkit_download_failure_says_what_to_pin(debian_toolkit, monkeypatch):
+    toolkit, _ = debian_toolkit()
+
+    def refused(packages, suite, workdir, mirror=None, components=("main",)):
+        raise subprocess.CalledProcessError(100, ["apt-get", "download", *packages])
+
+    monkeypatch.setattr(toolchain, "apt_download", refused)
+    with pytest.raises(toolchain.ToolkitError) as err:
+        toolchain.ensure_cuda_toolkit("12.8", toolkit)
+    assert "nvidia-cuda-toolkit=12.4.131~12.4.1-2" in str(err.value)
+    assert "from Debian trixie (main non-free): exit 100" in str(err.value)
+    assert "pin those in scripts/matrix.toml" in str(err.value)

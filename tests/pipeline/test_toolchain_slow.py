@@ -1,7 +1,8 @@
-"""The downloaded toolchain really produces manylinux_2_28 code (network on first run)."""
+"""The downloaded toolchains really build manylinux_2_28 code (network on first run)."""
 
 from __future__ import annotations
 
+import re
 import subprocess
 from pathlib import Path
 
@@ -55,11 +56,91 @@ def test_sysroot_keeps_symbol_versions_within_torch(tmp_path):
     assert found.get("GLIBCXX", ()) <= audit.MAX_SYMBOL_VERSIONS["GLIBCXX"], found
 
 
-def test_cuda12_from_pypi_is_a_clear_error(monkeypatch):
+def test_cuda12_from_pypi_is_a_clear_error():
+    """PyPI's 12.x nvcc wheels hold only ptxas: why the 12.8 rows use Debian's toolkit."""
+    packages = ["nvidia-cuda-nvcc-cu12==12.8.93", "nvidia-cuda-runtime-cu12==12.8.90"]
+    with pytest.raises(toolchain.ToolkitError, match=r"ship no bin/nvcc .*HOTLOOP_CUDA_HOME_12_8"):
+        toolchain.ensure_pypi_toolkit("12.8", "12.8", packages)
+
+
+def gencode_flags(arch_list: str) -> list[str]:
+    """nvcc flags for ``TORCH_CUDA_ARCH_LIST`` syntax, as torch's cpp_extension makes them."""
+    flags = []
+    for target in matrix.archs_from_list(arch_list):
+        kind, number = target.split("_")
+        flags.append(f"-gencode=arch=compute_{number},code={kind}_{number}")
+    return flags
+
+
+# Device code using CCCL (cub, <nv/target>) and the runtime, linked against libcudart.
+CCCL_KERNEL = """
+#include <cuda_runtime.h>
+#include <cub/block/block_reduce.cuh>
+#include <nv/target>
+__global__ void sum(const float* x, float* out) {
+  using Reduce = cub::BlockReduce<float, 128>;
+  __shared__ typename Reduce::TempStorage tmp;
+  float v = Reduce(tmp).Sum(x[threadIdx.x]);
+  NV_IF_TARGET(NV_PROVIDES_SM_80, (if (threadIdx.x == 0) *out = v;))
+}
+int launch(const float* x, float* out) { sum<<<1, 128>>>(x, out); return (int)cudaGetLastError(); }
+"""
+
+
+@pytest.mark.parametrize("std", ["c++17", "c++20"])
+def test_debian_cuda12_builds_the_rows_archs(tmp_path, monkeypatch, std):
+    """Fetched from Debian (cold: about 1 GB), the 12.4 toolkit builds every arch of the row."""
     row = next(r for r in matrix.load_rows() if r.cuda.startswith("12."))
     monkeypatch.delenv(toolchain.override_env_var(row.cuda), raising=False)
-    with pytest.raises(toolchain.ToolkitError, match=r"ship no bin/nvcc .*HOTLOOP_CUDA_HOME_12_8"):
-        toolchain.ensure_cuda_toolkit(row.cuda, row.toolkit)
+    home = toolchain.ensure_cuda_toolkit(row.cuda, row.toolkit)
+    sysroot = toolchain.ensure_sysroot()
+    src = tmp_path / "sum.cu"
+    src.write_text(CCCL_KERNEL)
+    lib = tmp_path / "libsum.so"
+    subprocess.run(
+        [
+            home / "bin" / "nvcc",
+            "-shared",
+            f"-std={std}",
+            *gencode_flags(row.arch_list),
+            "-Xcompiler=-fPIC",
+            f"-Xcompiler=--sysroot={sysroot}",
+            f"-Xlinker=--sysroot={sysroot}",
+            "-lcudart",
+            "-o",
+            lib,
+            src,
+        ],
+        check=True,
+    )
+    listed = subprocess.run(
+        [home / "bin" / "cuobjdump", "--list-elf", "--list-ptx", lib],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+    elf = sorted(set(re.findall(r"\.(sm_\d+)\.cubin", listed)))
+    ptx = sorted(set(re.findall(r"\.(sm_\d+)\.ptx", listed)))
+    assert elf == [a for a in row.archs if a.startswith("sm_")], listed
+    assert ptx == [a.replace("compute_", "sm_") for a in row.archs if a.startswith("compute_")]
+    # torch's libcudart.so.12 (12.8) satisfies it at run time; glibc stays within torch's.
+    assert "libcudart.so.12" in dt_needed(lib), dt_needed(lib)
+    found = audit.max_versions(audit.elf_version_needs(lib.read_bytes()))
+    assert found["GLIBC"] <= audit.MAX_SYMBOL_VERSIONS["GLIBC"], found
+
+
+def dt_needed(lib: Path) -> list[str]:
+    from elftools.elf.dynamic import DynamicSection
+    from elftools.elf.elffile import ELFFile
+
+    with lib.open("rb") as fh:
+        return [
+            tag.needed
+            for section in ELFFile(fh).iter_sections()
+            if isinstance(section, DynamicSection)
+            for tag in section.iter_tags()
+            if tag.entry.d_tag == "DT_NEEDED"
+        ]
 
 
 @pytest.mark.parametrize("cuda", sorted({r.cuda for r in matrix.load_rows() if r.cuda >= "13"}))
