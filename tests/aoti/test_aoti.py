@@ -2,8 +2,9 @@
 
 The module builds examples/aoti's runner with build.sh and exports the example block with
 export_block.py once per device, as the README's commands do, then runs the package from C++
-and compares with the eager outputs the Python side wrote. On the CPU this takes about a minute
-on 2 cores (a g++ build of the runner and an AOTInductor compile of the block).
+and compares with the eager outputs the Python side wrote. On the CPU the module takes about
+90 s of CPU time (a g++ build of the runner, AOTInductor compiles of the block and of a small
+model that updates its inputs), most of it in g++.
 """
 
 from __future__ import annotations
