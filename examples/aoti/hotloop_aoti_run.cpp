@@ -31,10 +31,9 @@ namespace {
 
 // RTLD_GLOBAL: the op library and the package's own shared object resolve torch's symbols
 // from the same copies this program linked.
-// RTLD_LAZY is a stop-gap for hotloop builds whose library is the Python extension `_C`: its
-// module init references libpython's PyModule_Create2, which never runs here but makes an
-// RTLD_NOW load fail. Libraries without Python symbols load with RTLD_NOW | RTLD_GLOBAL.
-constexpr int kOpsLibraryFlags = RTLD_LAZY | RTLD_GLOBAL;
+// RTLD_NOW: every symbol the library needs is bound here, so a library that wanted
+// libpython (or a torch it was not built for) fails at load with the symbol's name.
+constexpr int kOpsLibraryFlags = RTLD_NOW | RTLD_GLOBAL;
 
 struct Options {
   std::string ops;
