@@ -38,7 +38,7 @@ class RMSNorm(nn.RMSNorm):
             raise ValueError(
                 f"hotloop.RMSNorm: backend must be one of {BACKENDS} or None, got {backend!r}"
             )
-        super().__init__(shape, eps, elementwise_affine, device=device, dtype=dtype)
+        super().__init__(shape[0], eps, elementwise_affine, device=device, dtype=dtype)
         self.backend = backend
 
     @classmethod
@@ -71,7 +71,7 @@ class RMSNorm(nn.RMSNorm):
                 f"hotloop.RMSNorm: expected input with last dimension {self.normalized_shape[0]}, "
                 f"got shape {tuple(x.shape)}"
             )
-        weight = self.weight
+        weight: Tensor | None = self.weight
         if weight is not None and weight.dtype != x.dtype:
             weight = weight.to(x.dtype)
         return rms_norm(x, weight, self.eps, backend=self.backend)

@@ -28,7 +28,7 @@ from torch._functorch.utils import enable_single_level_autograd_function
 try:
     from hotloop import triton_rms_norm
 except ImportError as err:  # Triton ships with CUDA builds of torch only
-    triton_rms_norm = None
+    triton_rms_norm = None  # type: ignore[assignment]
     _TRITON_MISSING: ImportError | None = err
 
 __all__ = ["fused_add_rms_norm", "mul", "muladd", "rms_norm"]
@@ -216,7 +216,8 @@ def _check_no_overlap(op: str, written: str, a: Tensor, name_b: str, b: Tensor) 
     """Refuse b sharing memory with a, which the op writes: torch's in-place ops refuse it
     too (at::assert_no_overlap), since the result would depend on the order of the writes.
     Spans are compared only for tensors of one storage, so the usual call adds no guards."""
-    if not torch._C._is_alias_of(a, b) or a.numel() == 0 or b.numel() == 0:
+    shares_storage = torch._C._is_alias_of(a, b)  # type: ignore[attr-defined]
+    if not shares_storage or a.numel() == 0 or b.numel() == 0:
         return
     a_first, a_last = _element_span(a)
     b_first, b_last = _element_span(b)
@@ -307,7 +308,7 @@ def _register_autograd(name: str, function: type[torch.autograd.Function]) -> No
             # the tensors of that transform's level, as the C++ autograd kernels of torch's
             # ops do (torch.func's own grad rule for Functions applies them the same way).
             with enable_single_level_autograd_function():
-                return super(torch.autograd.Function, function).apply(*args)
+                return super(torch.autograd.Function, function).apply(*args)  # type: ignore[misc]
         with torch._C._AutoDispatchBelowAutograd():
             return op.redispatch(keyset & torch._C._after_autograd_keyset, *args)
 
@@ -395,9 +396,9 @@ _register_autograd("rms_norm_backward", _RmsNormBackwardFunction)
 #   no backward, an error whenever autograd would have to record it, rather than outputs
 #   that silently carry no gradient;
 # - ADInplaceOrView: the version-counter bump, which makes backward refuse tensors that
-#   were saved and then overwritten ("modified by an inplace operation"), and whose
-#   counter refuses inference tensors outside inference mode. torch.library.custom_op
-#   registers the same kernel for mutable ops.
+#   were saved and then overwritten ("modified by an inplace operation"), and the refusal
+#   of inference tensors outside inference mode (this key still runs for them there).
+#   torch.library.custom_op registers the same kernel for its mutable ops.
 # Under torch.inference_mode() neither key is dispatched to, as for torch's ops.
 
 
@@ -579,8 +580,8 @@ def _fused_add_rms_norm_vmap(
     eps: float,
 ) -> tuple[None, None]:
     x_dim, residual_dim, weight_dim, _ = in_dims
-    unbatched = [n for n, d in (("x", x_dim), ("residual", residual_dim)) if d is None]
-    if unbatched:
+    if x_dim is None or residual_dim is None:
+        unbatched = [n for n, d in (("x", x_dim), ("residual", residual_dim)) if d is None]
         # torch's in-place ops refuse the same ("vmap: inplace arithmetic(self, *extra_args)
         # is not possible ..."): one tensor would receive a different value per sample.
         raise RuntimeError(
