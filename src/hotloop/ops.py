@@ -307,8 +307,11 @@ def _register_autograd(name: str, function: type[torch.autograd.Function]) -> No
             # already running this one. Applied as a single-level Function, it records on
             # the tensors of that transform's level, as the C++ autograd kernels of torch's
             # ops do (torch.func's own grad rule for Functions applies them the same way).
+            apply = super(torch.autograd.Function, function).apply  # type: ignore[misc]
+            if not torch._C._are_functorch_transforms_active():
+                return apply(*args)
             with enable_single_level_autograd_function():
-                return super(torch.autograd.Function, function).apply(*args)  # type: ignore[misc]
+                return apply(*args)
         with torch._C._AutoDispatchBelowAutograd():
             return op.redispatch(keyset & torch._C._after_autograd_keyset, *args)
 
