@@ -7,8 +7,8 @@ what the dispatcher needs from Python, in the order it needs it:
   running them. They refuse every input the real kernels refuse, with the same messages:
   a fake kernel also serves tensors on the ``meta`` device, and one that accepted
   ``rms_norm(cpu_x, meta_weight)`` would hand back uninitialised CPU memory;
-- autograd kernels, built from ``torch.autograd.Function`` classes that have a
-  ``setup_context``, so that ``torch.func.grad``/``vjp``/``vmap`` can go through them;
+- autograd kernels, built from single-level autograd Functions with a ``setup_context``,
+  so that ``torch.func.grad``/``vjp``/``vmap`` can go through them;
 - the in-place bookkeeping of ``fused_add_rms_norm`` (version counters, leaf and
   inference-tensor errors), which torch's own in-place ops get from their generated code;
 - batching rules (``torch.library.register_vmap``), so that ``torch.vmap`` never falls
@@ -289,25 +289,26 @@ def _fused_add_rms_norm_fake(x: Tensor, residual: Tensor, weight: Tensor, eps: f
 
 # ------------------------------------------------------------------------ autograd
 # torch.library.register_autograd would do for eager and torch.compile, but the
-# autograd.Function it generates has no setup_context, and under torch.func (grad, vjp,
-# vmap of either) Function.apply refuses such a Function, then hands one with a
-# setup_context to a path that has no kernel there. These kernels do what it does, minus
-# that detour.
+# autograd.Function it generates has no setup_context, which torch.func (grad, vjp, vmap
+# of either) refuses. These kernels do what it does, with Functions torch.func can run.
 
 _LIB = torch.library.Library("hotloop", "IMPL")
 
 
-def _register_autograd(name: str, function: type[torch.autograd.Function]) -> None:
+# A single-level Function: the kind torch.func's own grad rule for autograd.Functions
+# builds and applies. Applied inside an Autograd kernel it records on the tensors of the
+# transform level that is running the kernel, as the C++ autograd kernels of torch's ops do.
+# (torch.autograd.Function.apply would instead hand the Function to torch.func as a whole,
+# through custom_function_call, which has no kernel below the transform running this one.)
+_AutogradFunction = torch.autograd.function._SingleLevelFunction
+
+
+def _register_autograd(name: str, function: type[_AutogradFunction]) -> None:
     op = getattr(torch.ops.hotloop, name).default
 
     def autograd_kernel(keyset: torch._C.DispatchKeySet, *args: Any) -> Any:
         if torch.is_grad_enabled() and torch._C._any_requires_grad(*args):
-            # The Function's own apply would hand it to torch.func as a whole
-            # (custom_function_call), which has no kernel below the transform that is
-            # already running this one. Applied as a single-level Function, it records on
-            # the tensors of that transform's level, as the C++ autograd kernels of torch's
-            # ops do (torch.func's own grad rule for Functions applies them the same way).
-            apply = super(torch.autograd.Function, function).apply  # type: ignore[misc]
+            apply = function.apply  # type: ignore[attr-defined]  # defined in C
             if not torch._C._are_functorch_transforms_active():
                 return apply(*args)
             with enable_single_level_autograd_function():
@@ -318,7 +319,7 @@ def _register_autograd(name: str, function: type[torch.autograd.Function]) -> No
     _LIB.impl(name, autograd_kernel, "Autograd", with_keyset=True)
 
 
-class _MulFunction(torch.autograd.Function):
+class _MulFunction(_AutogradFunction):
     @staticmethod
     def forward(a: Tensor, b: Tensor) -> Tensor:
         return mul(a, b)
@@ -335,7 +336,7 @@ class _MulFunction(torch.autograd.Function):
         return grad_a, grad_b
 
 
-class _MulAddFunction(torch.autograd.Function):
+class _MulAddFunction(_AutogradFunction):
     @staticmethod
     def forward(a: Tensor, b: Tensor, c: float) -> Tensor:
         return muladd(a, b, c)
@@ -347,7 +348,7 @@ class _MulAddFunction(torch.autograd.Function):
         return (*_MulFunction.backward(ctx, grad), None)
 
 
-class _RmsNormFunction(torch.autograd.Function):
+class _RmsNormFunction(_AutogradFunction):
     @staticmethod
     def forward(x: Tensor, weight: Tensor | None, eps: float) -> Tensor:
         return torch.ops.hotloop.rms_norm.default(x, weight, eps)
@@ -365,7 +366,7 @@ class _RmsNormFunction(torch.autograd.Function):
         return grad_x, (grad_weight if weight is not None else None), None
 
 
-class _RmsNormBackwardFunction(torch.autograd.Function):
+class _RmsNormBackwardFunction(_AutogradFunction):
     """Without a formula autograd would pass silently through the backward op."""
 
     @staticmethod

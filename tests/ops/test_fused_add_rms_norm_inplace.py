@@ -172,8 +172,9 @@ def _(x: torch.Tensor, residual: torch.Tensor) -> None:
 
 
 @pytest.mark.xfail(
-    reason="known upstream issue (torch 2.11): Inductor with dynamic=True gives results that "
-    "differ from eager for a mutable custom op on select-views of one graph input",
+    reason="known upstream issue (seen in torch 2.11.0 and 2.15.0): Inductor with "
+    "dynamic=True gives results that differ from eager for a mutable custom op on "
+    "select-views of one graph input",
     strict=True,
 )
 def test_inductor_dynamic_mutable_op_on_views_of_one_input() -> None:
