@@ -5,14 +5,16 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
-from hotloop.ops import rms_norm
+from hotloop.ops import _DEPRECATED_BACKENDS, BACKENDS, rms_norm
 
 
-class RMSNorm(nn.Module):
-    """RMSNorm over the last dimension, with the parameters and state_dict of ``nn.RMSNorm``.
+class RMSNorm(nn.RMSNorm):
+    """``torch.nn.RMSNorm`` over the last dimension, computed by hotloop's kernels.
 
-    ``from_module`` converts an existing ``nn.RMSNorm`` or a Hugging Face
-    ``LlamaRMSNorm`` (weight plus ``variance_epsilon``) and keeps its weight.
+    A subclass: parameters, state_dict, ``reset_parameters`` and ``isinstance`` checks are
+    torch's. ``backend`` picks the kernels as in :func:`hotloop.rms_norm`. ``from_module``
+    converts an existing ``nn.RMSNorm`` or a Hugging Face ``LlamaRMSNorm`` (weight plus
+    ``variance_epsilon``) and keeps its weight.
     """
 
     def __init__(
@@ -20,11 +22,10 @@ class RMSNorm(nn.Module):
         normalized_shape: int | tuple[int, ...] | list[int] | torch.Size,
         eps: float | None = None,
         elementwise_affine: bool = True,
-        device: torch.device | None = None,
+        device: torch.device | str | None = None,
         dtype: torch.dtype | None = None,
         backend: str | None = None,
     ) -> None:
-        super().__init__()
         shape = (
             (normalized_shape,) if isinstance(normalized_shape, int) else tuple(normalized_shape)
         )
@@ -33,21 +34,31 @@ class RMSNorm(nn.Module):
                 f"hotloop.RMSNorm normalises over the last dimension only: normalized_shape must "
                 f"have one element, got {shape}"
             )
-        self.normalized_shape = shape
-        self.eps = eps
-        self.elementwise_affine = elementwise_affine
+        if backend is not None and backend not in BACKENDS and backend not in _DEPRECATED_BACKENDS:
+            raise ValueError(
+                f"hotloop.RMSNorm: backend must be one of {BACKENDS} or None, got {backend!r}"
+            )
+        super().__init__(shape[0], eps, elementwise_affine, device=device, dtype=dtype)
         self.backend = backend
-        if elementwise_affine:
-            self.weight = nn.Parameter(torch.ones(shape, device=device, dtype=dtype))
-        else:
-            self.register_parameter("weight", None)
 
     @classmethod
     def from_module(cls, module: nn.Module, backend: str | None = None) -> RMSNorm:
-        """A hotloop.RMSNorm with the weight and eps of ``module`` (shared, not copied)."""
+        """A hotloop.RMSNorm with the weight and eps of ``module`` (shared, not copied).
+
+        ``module`` has a 1-D ``weight`` (or none, with ``normalized_shape`` saying the size)
+        and an ``eps`` or ``variance_epsilon``.
+        """
         weight = getattr(module, "weight", None)
         eps = getattr(module, "eps", getattr(module, "variance_epsilon", None))
-        shape = getattr(module, "normalized_shape", None) or tuple(weight.shape)
+        shape = getattr(module, "normalized_shape", None)
+        if shape is None:
+            if weight is None:
+                raise ValueError(
+                    f"hotloop.RMSNorm.from_module: {type(module).__name__} has neither a weight "
+                    "nor a normalized_shape, so the normalised size is unknown; construct "
+                    "hotloop.RMSNorm(hidden_size, eps=..., elementwise_affine=False) instead"
+                )
+            shape = tuple(weight.shape)
         new = cls(shape, eps=eps, elementwise_affine=False, backend=backend)
         if weight is not None:
             new.elementwise_affine = True
@@ -60,13 +71,10 @@ class RMSNorm(nn.Module):
                 f"hotloop.RMSNorm: expected input with last dimension {self.normalized_shape[0]}, "
                 f"got shape {tuple(x.shape)}"
             )
-        weight = self.weight
+        weight: Tensor | None = self.weight
         if weight is not None and weight.dtype != x.dtype:
             weight = weight.to(x.dtype)
         return rms_norm(x, weight, self.eps, backend=self.backend)
 
     def extra_repr(self) -> str:
-        return (
-            f"{self.normalized_shape}, eps={self.eps}, "
-            f"elementwise_affine={self.elementwise_affine}, backend={self.backend}"
-        )
+        return f"{super().extra_repr()}, backend={self.backend}"

@@ -163,8 +163,34 @@ def test_rms_norm_bad_inputs(x: torch.Tensor, weight: torch.Tensor | None, messa
 def test_rms_norm_bad_backend() -> None:
     with pytest.raises(ValueError, match="backend"):
         hotloop.rms_norm(torch.randn(2, 4), backend="fortran")
-    with pytest.raises(ValueError, match="CUDA tensor"):
-        hotloop.rms_norm(torch.randn(2, 4), backend="cuda")
+    with pytest.raises(ValueError, match="backend"):
+        hotloop.RMSNorm(4, backend="fortran")
+
+
+def test_native_backend_runs_on_every_device(device: str) -> None:
+    x = torch.randn(3, 16, device=device)
+    torch.testing.assert_close(
+        hotloop.rms_norm(x, None, 1e-6, backend="native"), rms_norm_reference(x, None, 1e-6)
+    )
+
+
+def test_cuda_backend_name_is_deprecated() -> None:
+    x = torch.randn(3, 16)
+    # as before the rename, "cuda" needs a CUDA tensor
+    with (
+        pytest.warns(DeprecationWarning, match="backend='native'"),
+        pytest.raises(ValueError, match="CUDA tensor"),
+    ):
+        hotloop.rms_norm(x, backend="cuda")
+
+
+@requires_cuda
+@pytest.mark.gpu
+def test_cuda_backend_name_runs_the_native_kernels() -> None:
+    x = torch.randn(3, 16, device="cuda")
+    with pytest.warns(DeprecationWarning, match="backend='native'"):
+        out = hotloop.rms_norm(x, None, 1e-6, backend="cuda")
+    torch.testing.assert_close(out, hotloop.rms_norm(x, None, 1e-6, backend="native"))
 
 
 def test_fused_add_rms_norm_bad_inputs() -> None:
@@ -201,6 +227,36 @@ def test_module_is_a_drop_in_for_torch_rmsnorm(device: str) -> None:
     converted = hotloop.RMSNorm.from_module(reference)
     assert converted.weight is reference.weight
     torch.testing.assert_close(converted(x), reference(x))
+
+
+def test_module_is_a_torch_rmsnorm() -> None:
+    ours = hotloop.RMSNorm(24, eps=1e-5)
+    assert isinstance(ours, torch.nn.RMSNorm)
+    reference = torch.nn.RMSNorm(24, eps=1e-5)
+    reference.load_state_dict(ours.state_dict())  # and back: the state_dicts are one format
+    weightless = hotloop.RMSNorm(24, elementwise_affine=False)
+    assert weightless.weight is None
+    assert (
+        weightless.state_dict().keys()
+        == torch.nn.RMSNorm(24, elementwise_affine=False).state_dict().keys()
+    )
+
+
+def test_from_module_without_weight(device: str) -> None:
+    reference = torch.nn.RMSNorm(24, eps=1e-5, elementwise_affine=False, device=device)
+    converted = hotloop.RMSNorm.from_module(reference)
+    assert converted.weight is None
+    assert converted.normalized_shape == (24,)
+    x = torch.randn(3, 24, device=device)
+    torch.testing.assert_close(converted(x), reference(x))
+
+
+def test_from_module_needs_a_size() -> None:
+    class Shapeless(torch.nn.Module):
+        eps = 1e-6
+
+    with pytest.raises(ValueError, match="neither a weight nor a normalized_shape"):
+        hotloop.RMSNorm.from_module(Shapeless())
 
 
 def test_module_rejects_multi_dim_shapes() -> None:
