@@ -216,7 +216,7 @@ def rms_norm_impls(hotloop: Any, LigerRMSNorm: Any) -> dict[str, Callable[..., t
     if LigerRMSNorm is not None:
         impls["Liger-Kernel"] = liger_rms_norm_fn(LigerRMSNorm)
     if hotloop is not None:
-        impls["hotloop CUDA"] = lambda x, w, eps: hotloop.rms_norm(x, w, eps, backend="cuda")
+        impls["hotloop CUDA"] = lambda x, w, eps: hotloop.rms_norm(x, w, eps, backend="native")
         impls["hotloop Triton"] = lambda x, w, eps: hotloop.rms_norm(x, w, eps, backend="triton")
     return impls
 
