@@ -12,5 +12,8 @@ PIPELINE = (
     "abi3audit==0.0.26",
     "pyelftools==0.33",
 )
+# Write each wheel's CycloneDX SBOM (scripts/sbom.py): cibuildwheel's before-build,
+# `nox -s reproducible` and the pipeline tests install it.
+SBOM = ("cyclonedx-python-lib==11.12.0",)
 # Run the op and pipeline tests from a source checkout.
-TEST = ("pytest>=8", "expecttest", "hypothesis", "numpy", "pyelftools==0.33")
+TEST = ("pytest>=8", "expecttest", "hypothesis", "numpy", "pyelftools==0.33", *SBOM)
