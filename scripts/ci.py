@@ -298,21 +298,14 @@ def repair(wheel: Path, dest_dir: Path, row: matrix.Row) -> Path:
             repaired, _ = audit.repair_wheel(wheel, Path(tmp), provided)
             audit.run_abi3audit(repaired)
         sysroot = os.environ.get("HOTLOOP_SYSROOT")
-        epoch = int(source_date_epoch())
-        inputs = sbom.collect_inputs(
+        final = reproducible.finalize_release(
             row,
             repaired,
+            dest_dir,
             CONTAINER_CUDA_HOME if with_cuda else None,
             Path(sysroot) if sysroot else None,
-            epoch,
+            int(source_date_epoch()),
         )
-        final = reproducible.finalize_wheel(
-            repaired, dest_dir / repaired.name, epoch, {sbom.SBOM_PATH: sbom.build_sbom(inputs)}
-        )
-    problems = sbom.check_sbom(final)
-    if problems:
-        final.unlink()
-        raise audit.AuditError("\n".join(f"{final.name}: {p}" for p in problems))
     log(f"{final.name}: SBOM ok, sha256 {reproducible.sha256_file(final)}")
     return final
 

@@ -6,7 +6,7 @@ again with members in a fixed order, every timestamp at ``SOURCE_DATE_EPOCH`` an
 permissions. What is left to differ between two builds is then only what the compiler put in
 the binary, which setup.py keeps free of build paths (``-ffile-prefix-map``).
 
-    python -m scripts.reproducible --torch 2.14 [--cpu] [--work DIR] [--keep]
+    python -m scripts.reproducible --torch 2.14 [--cpu | --arch-list 9.0] [--work DIR]
 
 builds the row's wheel twice, in two folders with different paths and no compiler cache,
 repairs and finalizes both, and exits 1 naming every member that differs (``diffoscope``
@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import base64
 import csv
+import dataclasses
 import datetime
 import hashlib
 import io
@@ -132,6 +133,33 @@ def finalize_wheel(
     return dest
 
 
+def finalize_release(
+    row: matrix.Row,
+    repaired: Path,
+    dest_dir: Path,
+    cuda_home: Path | None,
+    sysroot: Path | None,
+    epoch: int,
+) -> Path:
+    """The step after ``auditwheel repair`` for every release wheel: SBOM + deterministic zip.
+
+    Writes ``dest_dir/<repaired.name>`` with the SBOM of :mod:`scripts.sbom` and checks it
+    with the audit rule ``sbom``; raises ``AuditError`` (and leaves no wheel) when it fails.
+    ``cuda_home``/``sysroot``: what the build used (``None``: a CPU build / the image's glibc).
+    """
+    from scripts import audit, sbom
+
+    inputs = sbom.collect_inputs(row, repaired, cuda_home, sysroot, epoch)
+    final = finalize_wheel(
+        repaired, dest_dir / repaired.name, epoch, {sbom.SBOM_PATH: sbom.build_sbom(inputs)}
+    )
+    problems = sbom.check_sbom(final)
+    if problems:
+        final.unlink()
+        raise audit.AuditError("\n".join(f"{final.name}: {p}" for p in problems))
+    return final
+
+
 # --------------------------------------------------------------------------- comparing
 
 
@@ -238,7 +266,7 @@ def release_wheel(
     row: matrix.Row, wheel: Path, python: Path, out_dir: Path, epoch: int, with_cuda: bool
 ) -> Path:
     """auditwheel repair (+ the project's audit for CUDA wheels), SBOM, deterministic zip."""
-    from scripts import audit, build, sbom
+    from scripts import audit, build
 
     site = build.site_packages(python)
     if with_cuda:
@@ -248,10 +276,8 @@ def release_wheel(
             wheel, out_dir / "repaired", audit.torch_provided_libs(site)
         )
     cuda_home = toolchain.ensure_cuda_toolkit(row.cuda, row.toolkit) if with_cuda else None
-    inputs = sbom.collect_inputs(row, repaired, cuda_home, toolchain.ensure_sysroot(), epoch)
-    document = sbom.build_sbom(inputs)
-    final = out_dir / "final" / repaired.name
-    return finalize_wheel(repaired, final, epoch, {sbom.SBOM_PATH: document})
+    sysroot = toolchain.ensure_sysroot()
+    return finalize_release(row, repaired, out_dir / "final", cuda_home, sysroot, epoch)
 
 
 def build_twice(
@@ -284,6 +310,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     parser.add_argument("--torch", help="row (default: newest); its wheel's build row is built")
     parser.add_argument("--cpu", action="store_true", help="CPU kernels only (HOTLOOP_CUDA=0)")
+    parser.add_argument(
+        "--arch-list", help="TORCH_CUDA_ARCH_LIST instead of the row's (a quicker CUDA check)"
+    )
     parser.add_argument("--python", type=Path, help="build interpreter (default: the row's newest)")
     parser.add_argument(
         "--work", type=Path, help="work folder (default: <cache>/reproducible/<variant>)"
@@ -292,6 +321,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     os.environ.setdefault("UV_PYTHON_DOWNLOADS", "never")
     rows = matrix.load_rows()
     row = matrix.build_row_of(matrix.select_rows(rows, args.torch)[0], rows)
+    if args.arch_list:
+        row = dataclasses.replace(row, arch_list=args.arch_list)
     kind = "cpu" if args.cpu else row.variant
     work = (args.work or toolchain.cache_dir() / "reproducible" / kind).resolve()
     a, b = build_twice(row, work, not args.cpu, args.python)

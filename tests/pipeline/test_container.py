@@ -175,3 +175,22 @@ def test_image_runs_the_interpreters_and_the_compiler():
     )
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "g++" in proc.stdout
+
+
+@pytest.mark.slow
+def test_cibuildwheel_builds_repairs_and_tests_a_cpu_wheel_in_the_local_image(tmp_path):
+    """The whole cibuildwheel configuration, hooks included, in podman (about 8 minutes).
+
+    CPU only (``--cpu``): the same before-build, repair (auditwheel, abi3audit, SBOM, zip) and
+    test-command as a CUDA cell, without nvcc's minutes per arch.
+    """
+    if not (shutil.which("podman") and shutil.which("mmdebstrap")):
+        pytest.skip("podman and mmdebstrap (Debian packages) are needed to build the image")
+    pytest.importorskip("cibuildwheel")
+    from scripts import sbom
+
+    row = matrix.build_row_of(ROWS[-1], ROWS)
+    assert ci.run_cell(row, tmp_path, "local", cpu=True, cache=None) == 0
+    (wheel,) = tmp_path.glob("*.whl")
+    assert wheel.name.endswith("-cp39-abi3-manylinux_2_24_x86_64.manylinux_2_28_x86_64.whl")
+    assert sbom.check_sbom(wheel) == []

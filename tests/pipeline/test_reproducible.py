@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from scripts import reproducible
+from scripts import audit, reproducible, sbom
 
 EPOCH = 1700000000
 
@@ -122,3 +122,33 @@ def test_differing_zip_entry_only(wheel_factory, tmp_path):
     diffs = reproducible.differing_members(a, b)
     assert diffs
     assert all(d.endswith("(zip entry: date_time)") for d in diffs)
+
+
+def fake_inputs(torch_version: str):
+    def collect(row, wheel, cuda_home, sysroot, epoch):
+        return sbom.SbomInputs(
+            wheel.name, row.version, torch_version, row.cuda, row.arch_list,
+            tuple(row.archs), (), (), (), epoch,
+        )  # fmt: skip
+
+    return collect
+
+
+def test_finalize_release_adds_a_checked_sbom(wheel_factory, newest_row, tmp_path, monkeypatch):
+    raw = wheel_factory()
+    with zipfile.ZipFile(raw) as zf:
+        torch_version = sbom.wheel_build_info(zf)["torch_version"]
+    monkeypatch.setattr(sbom, "collect_inputs", fake_inputs(torch_version))
+    final = reproducible.finalize_release(newest_row, raw, tmp_path / "out", None, None, EPOCH)
+    assert final == tmp_path / "out" / raw.name
+    assert sbom.check_sbom(final) == []
+
+
+def test_finalize_release_leaves_no_wheel_when_the_sbom_disagrees(
+    wheel_factory, newest_row, tmp_path, monkeypatch
+):
+    raw = wheel_factory()
+    monkeypatch.setattr(sbom, "collect_inputs", fake_inputs("1.0.0"))
+    with pytest.raises(audit.AuditError, match=r"sbom: names torch '1\.0\.0'"):
+        reproducible.finalize_release(newest_row, raw, tmp_path / "out", None, None, EPOCH)
+    assert list((tmp_path / "out").iterdir()) == []
