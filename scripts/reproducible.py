@@ -217,13 +217,18 @@ class Build:
 
 
 def build_once(
-    row: matrix.Row, workdir: Path, with_cuda: bool, python: Path | None = None
+    row: matrix.Row,
+    workdir: Path,
+    with_cuda: bool,
+    python: Path | None = None,
+    provenance: Mapping[str, str] | None = None,
 ) -> tuple[Path, Path]:
     """Build ``row``'s wheel in ``workdir`` with no compiler cache; (wheel, build venv python).
 
     The same steps as ``scripts.build.build_wheel`` (fresh venv with the row's torch, sources
     copied, setup.py's environment contract), without ccache: a cold build is what a user
-    rebuilding the wheel elsewhere gets.
+    rebuilding the wheel elsewhere gets. ``provenance`` (``SOURCE_DATE_EPOCH``,
+    ``HOTLOOP_GIT_COMMIT``) replaces what ``scripts.build`` reads from git at this moment.
     """
     from scripts import build
 
@@ -246,6 +251,7 @@ def build_once(
     env["VIRTUAL_ENV"] = str(py.parent.parent)
     for var in [v for v in env if v.startswith("CCACHE_")]:
         env.pop(var)
+    env.update(provenance or {})
     dist = workdir / "dist"
     log_path = workdir / "build.log"
     with log_path.open("w") as fh:
@@ -286,7 +292,12 @@ def build_twice(
     """Two cold builds of ``row`` in folders whose paths differ in name and length."""
     from scripts import build as build_mod
 
-    epoch = int(build_mod.source_date_epoch())
+    # Read once: a commit made while the builds run must not make them differ.
+    provenance = {
+        "SOURCE_DATE_EPOCH": build_mod.source_date_epoch(),
+        "HOTLOOP_GIT_COMMIT": build_mod.git_commit(),
+    }
+    epoch = int(provenance["SOURCE_DATE_EPOCH"])
     builds = []
     for label, rel in (("a", "first"), ("b", "second-build-tree/deeper")):
         workdir = work / rel
@@ -294,7 +305,7 @@ def build_twice(
             shutil.rmtree(workdir)
         start = time.monotonic()
         log(f"build {label} in {workdir}")
-        wheel, py = build_once(row, workdir, with_cuda, python)
+        wheel, py = build_once(row, workdir, with_cuda, python, provenance)
         final = release_wheel(row, wheel, py, workdir, epoch, with_cuda)
         seconds = time.monotonic() - start
         builds.append(Build(label, workdir, final, sha256_file(final), seconds))
