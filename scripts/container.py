@@ -24,6 +24,7 @@ Podman runs here with runc, cgroupfs, no default ulimits and the host's network:
 live in a ``containers.conf`` under the cache (``CONTAINERS_CONF``), never in ``/etc``.
 
     python -m scripts.container build                   build (or reuse) the image, print its name
+    python -m scripts.container verify                  make the root again, compare sha256s
     python -m scripts.container env                     CONTAINERS_CONF=... for podman by hand
 """
 
@@ -319,15 +320,55 @@ def build_rootfs(rootfs: Path, homes: Mapping[str, Path]) -> None:
     remove_volatile(rootfs)
 
 
+def image_inputs(rows: Sequence[matrix.Row] | None = None) -> tuple[dict, dict[str, Path]]:
+    """(spec, interpreter homes) of the image for every row of the table."""
+    rows = list(rows or matrix.load_rows())
+    versions = image_pythons(rows)
+    homes = interpreter_homes(versions)
+    return image_spec({v: full_version(homes[v], v) for v in versions}), homes
+
+
+def verify_image() -> int:
+    """Make the root filesystem again in a fresh folder; 0 when its tar has the recorded sha256.
+
+    The Debian archive moves on (point releases): a mismatch with the same package versions in
+    both manifests is a reproducibility bug, one with different versions is the archive's.
+    """
+    spec, homes = image_inputs()
+    key = image_key(spec)
+    recorded = toolchain.cache_dir() / "container" / key / "manifest.json"
+    if not recorded.is_file():
+        raise SystemExit(f"{recorded} missing: run `python -m scripts.container build` first")
+    first = json.loads(recorded.read_text())
+    work = toolchain.cache_dir() / "container" / f"{key}-verify"
+    if work.exists():
+        shutil.rmtree(work)
+    work.mkdir(parents=True)
+    build_rootfs(work / "rootfs", homes)
+    digest = pack_rootfs(work / "rootfs", work / "rootfs.tar", IMAGE_EPOCH)
+    packages = dpkg_packages(work / "rootfs")
+    shutil.rmtree(work)
+    print(f"{first['rootfs_sha256']}  recorded\n{digest}  rebuilt")
+    if digest == first["rootfs_sha256"]:
+        print(f"{image_name(key)}: root filesystem reproducible")
+        return 0
+    changed = {
+        name: (first["debian_packages"].get(name), version)
+        for name, version in packages.items()
+        if first["debian_packages"].get(name) != version
+    }
+    print(
+        f"{image_name(key)}: root filesystem differs; package versions changed: {changed or 'none'}"
+    )
+    return 1
+
+
 def ensure_image(rows: Sequence[matrix.Row] | None = None) -> str:
     """Name of the build image for every row of the table, built if it is missing.
 
     One image serves every cell: the Pythons of all build identifiers are in it.
     """
-    rows = list(rows or matrix.load_rows())
-    versions = image_pythons(rows)
-    homes = interpreter_homes(versions)
-    spec = image_spec({v: full_version(homes[v], v) for v in versions})
+    spec, homes = image_inputs(rows)
     key = image_key(spec)
     name = image_name(key)
     if image_exists(name):
@@ -374,11 +415,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     sub = parser.add_subparsers(dest="command", required=True)
     sub.add_parser("build", help="build (or reuse) the image and print its name")
+    sub.add_parser("verify", help="make the root filesystem again and compare its sha256")
     sub.add_parser("env", help="CONTAINERS_CONF=... for running podman by hand")
     args = parser.parse_args(argv)
     if args.command == "env":
         print(f"CONTAINERS_CONF={podman_env()['CONTAINERS_CONF']}")
         return 0
+    if args.command == "verify":
+        return verify_image()
     print(ensure_image())
     return 0
 
