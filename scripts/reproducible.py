@@ -207,6 +207,30 @@ def diffoscope_report(a: Path, b: Path, out: Path) -> Path | None:
 # --------------------------------------------------------------------------- building twice
 
 
+# nvcc hands cudafe++ and cicc the absolute path of each .cu file (--orig_src_path_name),
+# and they hash it into the object's module ID and anonymous-namespace names: two folders,
+# two binaries. Torch's build passes one flag list to every .cu file, so the per-file name
+# goes in through this wrapper (PYTORCH_NVCC): the path from csrc/ on, the same everywhere.
+NVCC_WRAPPER = """#!/bin/sh
+# Written by scripts/reproducible.py: nvcc with a build-folder-free source name.
+src=
+for arg in "$@"; do
+  case "$arg" in *.cu) src="$arg" ;; esac
+done
+case "$src" in
+  */csrc/*) exec "{nvcc}" "$@" "-Xcudafe=--orig_src_path_name=hotloop/csrc/${{src##*/csrc/}}" ;;
+esac
+exec "{nvcc}" "$@"
+"""
+
+
+def write_nvcc_wrapper(path: Path, nvcc: Path) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(NVCC_WRAPPER.format(nvcc=nvcc))
+    path.chmod(0o755)
+    return path
+
+
 @dataclass
 class Build:
     label: str
@@ -247,6 +271,9 @@ def build_once(
         env["HOTLOOP_CUDA"] = "0"
         for var in ("CUDA_HOME", "TORCH_CUDA_ARCH_LIST", "CPATH"):
             env.pop(var, None)
+    elif cuda_home is not None:
+        wrapper = write_nvcc_wrapper(workdir / "bin" / "nvcc", cuda_home / "bin" / "nvcc")
+        env["PYTORCH_NVCC"] = str(wrapper)
     env["PATH"] = os.pathsep.join([str(py.parent), env.get("PATH", "")])
     env["VIRTUAL_ENV"] = str(py.parent.parent)
     for var in [v for v in env if v.startswith("CCACHE_")]:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import csv
 import io
+import subprocess
 import zipfile
 from pathlib import Path
 
@@ -152,3 +153,23 @@ def test_finalize_release_leaves_no_wheel_when_the_sbom_disagrees(
     with pytest.raises(audit.AuditError, match=r"sbom: names torch '1\.0\.0'"):
         reproducible.finalize_release(newest_row, raw, tmp_path / "out", None, None, EPOCH)
     assert list((tmp_path / "out").iterdir()) == []
+
+
+@pytest.mark.parametrize(
+    ("args", "added"),
+    [
+        (
+            ["-c", "/a/first/src/csrc/muladd/muladd_cuda.cu", "-o", "x.o"],
+            ["-Xcudafe=--orig_src_path_name=hotloop/csrc/muladd/muladd_cuda.cu"],
+        ),
+        (["--version"], []),
+    ],
+    ids=["cu-file", "no-source"],
+)
+def test_nvcc_wrapper_names_the_source_without_the_build_folder(tmp_path, args, added):
+    fake = tmp_path / "real-nvcc"
+    fake.write_text('#!/bin/sh\nfor a in "$@"; do echo "$a"; done\n')
+    fake.chmod(0o755)
+    wrapper = reproducible.write_nvcc_wrapper(tmp_path / "bin" / "nvcc", fake)
+    out = subprocess.run([str(wrapper), *args], capture_output=True, text=True, check=True)
+    assert out.stdout.splitlines() == [*args, *added]
