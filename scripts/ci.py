@@ -242,6 +242,7 @@ def image_toolkit_override(
 
 def before_build(row: matrix.Row) -> None:
     """Prepare the build Python and ``/opt/hotloop`` for ``row`` (runs in the container)."""
+    from scripts import reproducible
     from scripts.build import BUILD_REQUIREMENTS
 
     # PyPI's default Linux torch wheels are the CUDA builds the matrix table records, and the
@@ -272,9 +273,11 @@ def before_build(row: matrix.Row) -> None:
     for name, real in (
         ("gcc", shutil.which("gcc") or "gcc"),
         ("g++", shutil.which("g++") or "g++"),
-        *((("nvcc", str(cuda_home / "bin" / "nvcc")),) if cuda_home else ()),
     ):
         _write_wrapper(CONTAINER_BIN / name, real, ccache)
+    if cuda_home:
+        # The same source names as a build on the host: identical CUDA objects (reproducible.py).
+        reproducible.write_nvcc_wrapper(CONTAINER_BIN / "nvcc", cuda_home / "bin" / "nvcc", ccache)
     log(f"torch {row.torch}, CUDA_HOME -> {cuda_home}, ccache: {ccache or 'not installed'}")
 
 

@@ -218,15 +218,17 @@ for arg in "$@"; do
   case "$arg" in *.cu) src="$arg" ;; esac
 done
 case "$src" in
-  */csrc/*) exec "{nvcc}" "$@" "-Xcudafe=--orig_src_path_name=hotloop/csrc/${{src##*/csrc/}}" ;;
+  */csrc/*) exec {command} "$@" "-Xcudafe=--orig_src_path_name=hotloop/csrc/${{src##*/csrc/}}" ;;
 esac
-exec "{nvcc}" "$@"
+exec {command} "$@"
 """
 
 
-def write_nvcc_wrapper(path: Path, nvcc: Path) -> Path:
+def write_nvcc_wrapper(path: Path, nvcc: Path | str, launcher: str | None = None) -> Path:
+    """``path``: a shell script running ``[launcher] nvcc`` (ccache, say) with the source name."""
+    command = " ".join(f'"{part}"' for part in (launcher, nvcc) if part)
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(NVCC_WRAPPER.format(nvcc=nvcc))
+    path.write_text(NVCC_WRAPPER.format(command=command))
     path.chmod(0o755)
     return path
 

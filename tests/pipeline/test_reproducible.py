@@ -173,3 +173,19 @@ def test_nvcc_wrapper_names_the_source_without_the_build_folder(tmp_path, args, 
     wrapper = reproducible.write_nvcc_wrapper(tmp_path / "bin" / "nvcc", fake)
     out = subprocess.run([str(wrapper), *args], capture_output=True, text=True, check=True)
     assert out.stdout.splitlines() == [*args, *added]
+
+
+def test_nvcc_wrapper_runs_through_a_launcher(tmp_path):
+    fake = tmp_path / "real-nvcc"
+    fake.write_text('#!/bin/sh\nfor a in "$@"; do echo "$a"; done\n')
+    launcher = tmp_path / "ccache"
+    launcher.write_text('#!/bin/sh\necho launcher\nexec "$@"\n')
+    for script in (fake, launcher):
+        script.chmod(0o755)
+    wrapper = reproducible.write_nvcc_wrapper(tmp_path / "nvcc", fake, str(launcher))
+    out = subprocess.run([str(wrapper), "/p/csrc/x.cu"], capture_output=True, text=True, check=True)
+    assert out.stdout.splitlines() == [
+        "launcher",
+        "/p/csrc/x.cu",
+        "-Xcudafe=--orig_src_path_name=hotloop/csrc/x.cu",
+    ]
