@@ -117,12 +117,10 @@ def uv_cache(cache: Path) -> Path:
     return cache / "uv"
 
 
-def cell_environment(
-    row: matrix.Row, cache: Path | None = None, image: str | None = None
-) -> dict[str, str]:
+def cell_environment(row: matrix.Row, cache: Path | None = None) -> dict[str, str]:
     """Everything cibuildwheel needs for one cell, derived from the matrix row.
 
-    ``image`` replaces PyTorch's builder image (``--image local``); nothing else changes.
+    ``--image local`` replaces the image (and the engine): ``local_engine_environment``.
     """
     from scripts.build import git_commit, source_date_epoch
 
@@ -130,7 +128,7 @@ def cell_environment(
     return {
         "CIBW_BUILD": build_identifier(row),
         "CIBW_ARCHS_LINUX": "x86_64",
-        "CIBW_MANYLINUX_X86_64_IMAGE": image or image_for(row.cuda),
+        "CIBW_MANYLINUX_X86_64_IMAGE": image_for(row.cuda),
         "HOTLOOP_TORCH": row.torch,
         "TORCH_CUDA_ARCH_LIST": row.arch_list,
         "HOTLOOP_CI_CACHE": str(cache),
