@@ -300,16 +300,16 @@ def build_once(
 def release_wheel(
     row: matrix.Row, wheel: Path, python: Path, out_dir: Path, epoch: int, with_cuda: bool
 ) -> Path:
-    """auditwheel repair (+ the project's audit for CUDA wheels), SBOM, deterministic zip."""
+    """What a release build does after setup.py: auditwheel repair, SBOM, deterministic zip.
+
+    The project's audit rules are not applied here (``nox -s wheels`` and cibuildwheel's
+    repair step do): this check is about bytes, whatever the wheel's label.
+    """
     from scripts import audit, build
 
     site = build.site_packages(python)
-    if with_cuda:
-        repaired, _ = audit.repair_and_audit(wheel, out_dir / "repaired", row, site)
-    else:  # the audit's rules describe CUDA wheels; a CPU wheel is only repaired
-        repaired, _ = audit.repair_wheel(
-            wheel, out_dir / "repaired", audit.torch_provided_libs(site)
-        )
+    provided = audit.torch_provided_libs(site)
+    repaired, _ = audit.repair_wheel(wheel, out_dir / "repaired", provided)
     cuda_home = toolchain.ensure_cuda_toolkit(row.cuda, row.toolkit) if with_cuda else None
     sysroot = toolchain.ensure_sysroot()
     return finalize_release(row, repaired, out_dir / "final", cuda_home, sysroot, epoch)
