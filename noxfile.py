@@ -97,16 +97,29 @@ def bench(session: nox.Session) -> None:
 
 @nox.session(python=SESSION_PYTHON, default=False)
 def cibuildwheel(session: nox.Session) -> None:
-    """cibuildwheel for one matrix cell, configured from the table (needs Docker or podman).
+    """cibuildwheel for one matrix cell, configured from the table (docs/release.md).
 
-    ``-- --torch 2.11`` picks the row (default: newest); ``-- --print-build-identifiers``
-    only prints the cell's identifiers (no container); ``python -m scripts.ci --help``.
+    ``-- --torch 2.14`` picks the row (default: newest). Off GitHub Actions it runs in podman
+    with the image ``python -m scripts.container build`` makes (``--image pytorch`` for
+    PyTorch's builder with Docker); ``--cpu`` builds without CUDA (a quick proof);
+    ``--print-build-identifiers`` only prints the cell's identifiers (no container).
     """
     session.install(*group("cibuildwheel"))
     session.run("python", "-m", "scripts.ci", "cibuildwheel", *session.posargs)
 
 
 @nox.session(python=SESSION_PYTHON, default=False)
+def reproducible(session: nox.Session) -> None:
+    """Build a row's wheel twice in two folders, cold; fail naming any member that differs.
+
+    ``-- --torch 2.14`` picks the row (default: newest), ``--cpu`` skips CUDA (about a
+    minute per build); see ``python -m scripts.reproducible --help``.
+    """
+    session.install(*group("pipeline", "sbom"))
+    session.run("python", "-m", "scripts.reproducible", *session.posargs)
+
+
+@nox.session(python=SESSION_PYTHON)
 def workflows(session: nox.Session) -> None:
     """GitHub's workflow schema (check-jsonschema), zizmor and actionlint over .github/workflows.
 

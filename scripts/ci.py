@@ -11,12 +11,15 @@ Inside PyTorch's manylinux_2_28 builder image the hooks call back into this modu
                      ``/opt/hotloop`` that the static environment names (``CUDA_HOME``,
                      ``CPATH``, compiler wrappers)
 * ``repair``         ``audit.repair_and_audit``: auditwheel with torch/CUDA excluded, abi3audit
-                     and the project's rules, exactly what ``nox -s wheels`` runs
+                     and the project's rules, exactly what ``nox -s wheels`` runs; then the
+                     SBOM (``scripts.sbom``) and the deterministic zip
+                     (``scripts.reproducible.finalize_wheel``), checked by ``sbom.check_sbom``
 * ``test-command``   ``wheeltest.pytest_command`` with ``{project}`` as the repository
 
     python -m scripts.ci env --torch 2.11 [--github]   per-cell environment (KEY=VALUE lines)
     python -m scripts.ci identifiers                    cibuildwheel's identifiers, every cell
     python -m scripts.ci cibuildwheel --torch 2.11      run cibuildwheel for one cell
+                         [--image local|pytorch] [--cpu]   (local: podman + scripts.container)
     python -m scripts.ci check-workflows                schema, zizmor and actionlint over
                                                         .github/workflows
 """
@@ -33,7 +36,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from scripts import matrix, toolchain, tools
+from scripts import matrix, sbom, toolchain, tools
 
 REPO = toolchain.REPO
 WORKFLOWS = REPO / ".github" / "workflows"
@@ -65,7 +68,8 @@ BEFORE_BUILD_COMMAND = (
     "python -m pip install \"tomli; python_version < '3.11'\" && python -m scripts.ci before-build"
 )
 REPAIR_COMMAND = "python -m scripts.ci repair {wheel} {dest_dir}"
-BEFORE_TEST_COMMAND = 'python -m pip install "torch==${HOTLOOP_TORCH}"'
+# uv (installed by before-build) fills the test venv from the same cache as the build's torch.
+BEFORE_TEST_COMMAND = 'uv pip install "torch==${HOTLOOP_TORCH}"'
 # What scripts.wheeltest sets for the installed-wheel suite (tests/ops/conftest.py checks it).
 TEST_ENVIRONMENT = {"HOTLOOP_TEST_INSTALLED": "1", "PYTHONDONTWRITEBYTECODE": "1"}
 # Variables the host hands into the container (cell values from the table, cache, provenance).
@@ -75,7 +79,11 @@ ENVIRONMENT_PASS = (
     "HOTLOOP_CI_CACHE",
     "SOURCE_DATE_EPOCH",
     "HOTLOOP_GIT_COMMIT",
+    "HOTLOOP_UV_CACHE",
 )
+# `--image local`: the image scripts.container builds, run by podman (no Docker engine, no
+# registry); everything else about the cell is the same as on GitHub.
+IMAGE_CHOICES = ("local", "pytorch")
 
 
 def log(msg: str) -> None:
@@ -104,20 +112,92 @@ def default_cache() -> Path:
     return REPO / ".cache" / "cibuildwheel"
 
 
+def uv_cache(cache: Path) -> Path:
+    """The host's uv cache (``$UV_CACHE_DIR``, ``uv cache dir``), else one under ``cache``."""
+    if os.environ.get("UV_CACHE_DIR"):
+        return Path(os.environ["UV_CACHE_DIR"])
+    uv = shutil.which("uv")
+    if uv:
+        proc = subprocess.run([uv, "cache", "dir"], capture_output=True, text=True)
+        if proc.returncode == 0 and proc.stdout.strip():
+            return Path(proc.stdout.strip())
+    return cache / "uv"
+
+
 def cell_environment(row: matrix.Row, cache: Path | None = None) -> dict[str, str]:
-    """Everything cibuildwheel needs for one cell, derived from the matrix row."""
+    """Everything cibuildwheel needs for one cell, derived from the matrix row.
+
+    ``--image local`` replaces the image (and the engine): ``local_engine_environment``.
+    """
     from scripts.build import git_commit, source_date_epoch
 
+    cache = (cache or default_cache()).resolve()
     return {
         "CIBW_BUILD": build_identifier(row),
         "CIBW_ARCHS_LINUX": "x86_64",
         "CIBW_MANYLINUX_X86_64_IMAGE": image_for(row.cuda),
         "HOTLOOP_TORCH": row.torch,
         "TORCH_CUDA_ARCH_LIST": row.arch_list,
-        "HOTLOOP_CI_CACHE": str((cache or default_cache()).resolve()),
+        "HOTLOOP_CI_CACHE": str(cache),
         "SOURCE_DATE_EPOCH": source_date_epoch(),
         "HOTLOOP_GIT_COMMIT": git_commit(),
+        "HOTLOOP_UV_CACHE": str(uv_cache(cache).resolve()),
     }
+
+
+def local_engine_environment(
+    image: str, environ: Mapping[str, str] | None = None
+) -> dict[str, str]:
+    """podman with the cache's containers.conf, and the local image (``--image local``).
+
+    Where the host names its own CA bundle (``SSL_CERT_FILE``: a proxy that re-signs TLS),
+    that file is mounted at the same path and the variable passed, so pip and uv in the
+    container trust what the host trusts.
+    """
+    from scripts import container
+
+    environ = os.environ if environ is None else environ
+    engine = "podman"
+    env = {"CIBW_MANYLINUX_X86_64_IMAGE": image}
+    cert = environ.get("SSL_CERT_FILE")
+    if cert and Path(cert).is_file():
+        engine += f"; create_args: --volume={Path(cert).resolve()}:{cert}:ro"
+        env["CIBW_ENVIRONMENT_PASS_LINUX"] = " ".join([*ENVIRONMENT_PASS, "SSL_CERT_FILE"])
+    env["CIBW_CONTAINER_ENGINE"] = engine
+    env["CONTAINERS_CONF"] = container.podman_env({})["CONTAINERS_CONF"]
+    return env
+
+
+def cpu_environment(config: Mapping[str, str]) -> str:
+    """``[tool.cibuildwheel.linux] environment`` as a ``CIBW_ENVIRONMENT_LINUX`` string with
+    ``HOTLOOP_CUDA=0``: the local CPU-only proof (``--cpu``) runs the same hooks without nvcc.
+    """
+    values = dict(config, HOTLOOP_CUDA="0")
+    return " ".join(f'{key}="{value}"' for key, value in values.items())
+
+
+def staged_project(dest: Path) -> Path:
+    """The repository's files (tracked, and untracked but not ignored) copied to ``dest``.
+
+    cibuildwheel copies its working folder into the container: this keeps caches, venvs and
+    build outputs of the checkout out of it, as on a fresh CI checkout.
+    """
+    listed = subprocess.run(
+        ["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"],
+        cwd=REPO,
+        capture_output=True,
+        check=True,
+    ).stdout.decode()
+    if dest.exists():
+        shutil.rmtree(dest)
+    for rel in sorted(filter(None, listed.split("\0"))):
+        src = REPO / rel
+        if not src.is_file():  # deleted in the work tree
+            continue
+        target = dest / rel
+        target.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(src, target)
+    return dest
 
 
 def row_for(torch: str | None) -> matrix.Row:
@@ -168,42 +248,75 @@ def image_toolkit_override(
 
 def before_build(row: matrix.Row) -> None:
     """Prepare the build Python and ``/opt/hotloop`` for ``row`` (runs in the container)."""
+    from scripts import reproducible
     from scripts.build import BUILD_REQUIREMENTS
 
     # PyPI's default Linux torch wheels are the CUDA builds the matrix table records, and the
     # ones `nox -s wheels` and users install: no extra index, the same bytes everywhere.
-    pip_install(f"torch=={row.torch}", *BUILD_REQUIREMENTS, *tools.PIPELINE)
-    override = image_toolkit_override(row, os.environ)
-    if override:
-        os.environ[override[0]] = override[1]
-    cuda_home = toolchain.ensure_cuda_toolkit(row.cuda, row.toolkit)
-    site = Path(sysconfig.get_paths()["purelib"])
+    # uv first: it installs torch from the host's cache (mounted at /host) in seconds.
+    pip_install(*(t for t in tools.PIPELINE if t.startswith("uv==")))
+    cmd = ["uv", "pip", "install", "--python", sys.executable, f"torch=={row.torch}"]
+    cmd += [*BUILD_REQUIREMENTS, *tools.PIPELINE, *sbom.TOOLS]
+    log("$ " + " ".join(cmd))
+    subprocess.run(cmd, check=True)
     CONTAINER_ROOT.mkdir(parents=True, exist_ok=True)
-    if CONTAINER_CUDA_HOME.is_symlink() or CONTAINER_CUDA_HOME.exists():
-        CONTAINER_CUDA_HOME.unlink()
-    CONTAINER_CUDA_HOME.symlink_to(cuda_home)
-    # torch's headers include cublas_v2.h, cusparse.h, ...: they ship in torch's nvidia deps.
-    _copy_headers(toolchain.torch_cuda_include_dirs(site), CONTAINER_INCLUDE)
+    if os.environ.get("HOTLOOP_CUDA") == "0":
+        cuda_home = None  # the CPU-only proof (`--cpu`): no toolkit, no CUDA headers
+    else:
+        override = image_toolkit_override(row, os.environ)
+        if override:
+            os.environ[override[0]] = override[1]
+        cuda_home = toolchain.ensure_cuda_toolkit(row.cuda, row.toolkit)
+        site = Path(sysconfig.get_paths()["purelib"])
+        if CONTAINER_CUDA_HOME.is_symlink() or CONTAINER_CUDA_HOME.exists():
+            CONTAINER_CUDA_HOME.unlink()
+        CONTAINER_CUDA_HOME.symlink_to(cuda_home)
+        # torch's headers include cublas_v2.h, cusparse.h, ...: they ship in torch's nvidia deps.
+        _copy_headers(toolchain.torch_cuda_include_dirs(site), CONTAINER_INCLUDE)
     # The image's gcc-toolset targets glibc 2.28 natively: no sysroot needed here.
     ccache = shutil.which("ccache")
     CONTAINER_BIN.mkdir(parents=True, exist_ok=True)
     for name, real in (
         ("gcc", shutil.which("gcc") or "gcc"),
         ("g++", shutil.which("g++") or "g++"),
-        ("nvcc", str(cuda_home / "bin" / "nvcc")),
     ):
         _write_wrapper(CONTAINER_BIN / name, real, ccache)
+    if cuda_home:
+        # The same source names as a build on the host: identical CUDA objects (reproducible.py).
+        reproducible.write_nvcc_wrapper(CONTAINER_BIN / "nvcc", cuda_home / "bin" / "nvcc", ccache)
     log(f"torch {row.torch}, CUDA_HOME -> {cuda_home}, ccache: {ccache or 'not installed'}")
 
 
 def repair(wheel: Path, dest_dir: Path, row: matrix.Row) -> Path:
-    """The repair + audit of ``nox -s wheels`` (``audit.repair_and_audit``), for cibuildwheel."""
-    from scripts import audit
+    """The repair + audit of ``nox -s wheels`` (``audit.repair_and_audit``), for cibuildwheel,
+    then the SBOM and the deterministic zip (``reproducible.finalize_wheel``) into ``dest_dir``.
+    """
+    import tempfile
+
+    from scripts import audit, reproducible
+    from scripts.build import source_date_epoch
 
     site = Path(sysconfig.get_paths()["purelib"])
-    repaired, report = audit.repair_and_audit(wheel, dest_dir, row, site)
-    log(f"{repaired.name}: audit ok, needs {report.max_versions}")
-    return repaired
+    with_cuda = os.environ.get("HOTLOOP_CUDA") != "0"
+    with tempfile.TemporaryDirectory(prefix="hotloop-repair-") as tmp:
+        if with_cuda:
+            repaired, report = audit.repair_and_audit(wheel, Path(tmp), row, site)
+            log(f"{repaired.name}: audit ok, needs {report.max_versions}")
+        else:  # the CPU-only proof: the audit's rules describe CUDA wheels
+            provided = audit.torch_provided_libs(site)
+            repaired, _ = audit.repair_wheel(wheel, Path(tmp), provided)
+            audit.run_abi3audit(repaired)
+        sysroot = os.environ.get("HOTLOOP_SYSROOT")
+        final = reproducible.finalize_release(
+            row,
+            repaired,
+            dest_dir,
+            CONTAINER_CUDA_HOME if with_cuda else None,
+            Path(sysroot) if sysroot else None,
+            int(source_date_epoch()),
+        )
+    log(f"{final.name}: SBOM ok, sha256 {reproducible.sha256_file(final)}")
+    return final
 
 
 # --------------------------------------------------------------------------- on the host
@@ -221,6 +334,35 @@ def run_cibuildwheel(
     return subprocess.run(
         cibuildwheel_command(extra), cwd=REPO, env=env, capture_output=True, text=True
     )
+
+
+def run_cell(
+    row: matrix.Row, output_dir: Path | None, image: str, cpu: bool, cache: Path | None
+) -> int:
+    """cibuildwheel for ``row``'s wheel from a staged copy of the repository."""
+    import time
+
+    out = (output_dir or REPO / "wheelhouse" / "cibuildwheel" / row.variant).resolve()
+    cell = cell_environment(row, cache)
+    env = dict(os.environ)
+    env.update(cell)
+    if image == "local":
+        from scripts import container
+
+        env.update(local_engine_environment(container.ensure_image()))
+    if cpu:
+        env["CIBW_ENVIRONMENT_LINUX"] = cpu_environment(
+            pyproject_cibuildwheel()["linux"]["environment"]
+        )
+    project = staged_project(Path(cell["HOTLOOP_CI_CACHE"]) / "project")
+    shown = {k: env[k] for k in (*cell, "CIBW_CONTAINER_ENGINE") if k in env}
+    log(f"{row.variant}: {' '.join(f'{k}={v}' for k, v in shown.items())}")
+    start = time.monotonic()
+    code = subprocess.run(
+        cibuildwheel_command(["--output-dir", str(out)]), cwd=project, env=env
+    ).returncode
+    log(f"{row.variant}: cibuildwheel exit {code} after {time.monotonic() - start:.0f}s; {out}")
+    return code
 
 
 def print_identifiers(rows: Sequence[matrix.Row]) -> int:
@@ -297,6 +439,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     run_p.add_argument("--torch", help="row (default: newest; every row for identifiers)")
     run_p.add_argument("--print-build-identifiers", action="store_true")
     run_p.add_argument("--output-dir", type=Path)
+    run_p.add_argument(
+        "--image",
+        choices=IMAGE_CHOICES,
+        help="local: podman + the image scripts.container builds (default off GitHub Actions); "
+        "pytorch: PyTorch's builder image (default on GitHub Actions)",
+    )
+    run_p.add_argument("--cpu", action="store_true", help="HOTLOOP_CUDA=0 (a quick local proof)")
+    run_p.add_argument(
+        "--cache", type=Path, help="host cache folder (default: .cache/cibuildwheel)"
+    )
     bb = sub.add_parser("before-build", help="(in the container) prepare the build Python")
     bb.add_argument("--torch", help="row (default: $HOTLOOP_TORCH)")
     rp = sub.add_parser("repair", help="(in the container) repair and audit a built wheel")
@@ -318,14 +470,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         rows = matrix.load_rows()
         if args.print_build_identifiers:  # every cell unless one was picked
             return print_identifiers(matrix.select_rows(rows, args.torch, all_rows=not args.torch))
-        row = matrix.select_rows(rows, args.torch)[0]
-        out = args.output_dir or REPO / "wheelhouse" / "cibuildwheel" / row.variant
-        env = dict(os.environ)
-        env.update(cell_environment(row))
-        log(f"{row.variant}: {' '.join(f'{k}={v}' for k, v in cell_environment(row).items())}")
-        return subprocess.run(
-            cibuildwheel_command(["--output-dir", str(out)]), cwd=REPO, env=env
-        ).returncode
+        return run_cell(
+            matrix.build_row_of(matrix.select_rows(rows, args.torch)[0], rows),
+            args.output_dir,
+            args.image or ("pytorch" if os.environ.get("GITHUB_ACTIONS") == "true" else "local"),
+            args.cpu,
+            args.cache,
+        )
     if args.command == "before-build":
         before_build(row_for(args.torch))
         return 0

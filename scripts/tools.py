@@ -70,3 +70,5 @@ TEST = group("test")
 # (scripts/audit). It needs Python >= 3.11: its marker keeps the pinned-wheel builds on
 # older Pythons installable, and the audit fails a stable wheel where the tool is missing.
 TORCH_ABI_AUDIT = next(r for r in PIPELINE if r.startswith("torch-abi-audit"))
+# CycloneDX SBOMs for the release wheels (scripts/sbom.py).
+SBOM = group("sbom")

@@ -11,11 +11,12 @@ import re
 import shutil
 import subprocess
 import sys
+import zipfile
 from pathlib import Path
 
 import pytest
 
-from scripts import audit, ci, matrix, toolchain, wheeltest
+from scripts import audit, ci, matrix, sbom, toolchain, wheeltest
 
 REPO = Path(__file__).resolve().parents[2]
 WORKFLOWS = REPO / ".github" / "workflows"
@@ -101,21 +102,34 @@ def test_repair_command_is_scripts_ci_repair(cibw: dict) -> None:
 
 
 def test_repair_cli_runs_the_nox_repair_and_audit(
-    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, wheel_factory
 ) -> None:
     calls = []
+    built = wheel_factory()
 
     def fake(wheel: Path, out_dir: Path, row: matrix.Row, site: Path):
-        calls.append((wheel, out_dir, row))
+        calls.append((wheel, row))
         report = audit.AuditReport(wheel.name, max_versions={"GLIBC": "GLIBC_2.14"})
-        return out_dir / wheel.name, report
+        return shutil.copy2(wheel, out_dir / wheel.name), report
+
+    def inputs(row, wheel, cuda_home, sysroot, epoch):
+        info = sbom.wheel_build_info(zipfile.ZipFile(wheel))
+        return sbom.SbomInputs(
+            wheel.name, row.version, info["torch_version"], info["cuda_version"],
+            row.arch_list, tuple(info["archs"]), (), (), (), epoch,
+        )  # fmt: skip
 
     monkeypatch.setattr(audit, "repair_and_audit", fake)
-    wheel, dest = tmp_path / "hotloop-0.1.0-cp39-abi3-linux_x86_64.whl", tmp_path / "out"
+    monkeypatch.setattr(sbom, "collect_inputs", inputs)
+    monkeypatch.delenv("HOTLOOP_CUDA", raising=False)
+    dest = tmp_path / "out"
     # The placeholders cibuildwheel fills in, in the order the command names them.
-    argv = ci.REPAIR_COMMAND.format(wheel=wheel, dest_dir=dest).split()[3:]
+    argv = ci.REPAIR_COMMAND.format(wheel=built, dest_dir=dest).split()[3:]
     assert ci.main([*argv, "--torch", "2.11"]) == 0
-    assert calls == [(wheel, dest, matrix.select_rows(ROWS, "2.11")[0])]
+    assert calls == [(built, matrix.select_rows(ROWS, "2.11")[0])]
+    # The wheel cibuildwheel collects carries the SBOM, in the deterministic zip.
+    (final,) = dest.glob("*.whl")
+    assert sbom.check_sbom(final) == []
 
 
 def test_test_command_is_the_installed_wheel_suite(cibw: dict) -> None:

@@ -1,0 +1,356 @@
+"""A CycloneDX SBOM for each wheel (PEP 770: ``<name>.dist-info/sboms/``), and its audit check.
+
+The SBOM lists what went into the binary: the torch whose headers it was compiled against,
+the CUDA version and the toolkit packages (versions and hashes), the sysroot's Debian
+packages (versions and the ``.deb`` hashes), the compiler and the arch list. It is written
+with ``cyclonedx-python-lib`` (:data:`TOOLS`), with a serial number and timestamp derived
+from the wheel and ``SOURCE_DATE_EPOCH`` so that the SBOM is as reproducible as the wheel.
+
+* :func:`collect_inputs` / :func:`build_sbom`: make the document for a repaired wheel
+  (``scripts.reproducible.finalize_wheel`` adds it).
+* :func:`check_sbom`: the audit rule ``sbom`` (stdlib only): present, parses as CycloneDX,
+  names the torch and CUDA versions that ``hotloop/_build_info.py`` names.
+* :func:`read_sboms` / :func:`project_sbom`: the SBOM bytes of a wheel, for the index.
+"""
+
+from __future__ import annotations
+
+import ast
+import datetime
+import hashlib
+import json
+import os
+import re
+import shutil
+import subprocess
+import urllib.parse
+import uuid
+import zipfile
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from email.parser import Parser
+from pathlib import Path
+
+from scripts import tools
+
+# The library that writes the SBOM, pinned with the pipeline's other tools.
+TOOLS = tools.SBOM
+SBOM_NAME = "hotloop.cdx.json"
+SBOM_PATH = f"sboms/{SBOM_NAME}"  # relative to the .dist-info folder (PEP 770)
+# Names under which the SBOM states the build info's torch and CUDA versions.
+PROP_TORCH = "hotloop:torch-version"
+PROP_CUDA = "hotloop:cuda-version"
+PROP_ARCH_LIST = "hotloop:cuda-arch-list"
+PROP_ARCHS = "hotloop:compiled-archs"
+# A fixed namespace: the serial number is uuid5(NAMESPACE, wheel name + SOURCE_DATE_EPOCH).
+NAMESPACE = uuid.UUID("5d3f1d0e-8f7c-4b0e-9a52-6c1f0d6b8a11")
+
+
+@dataclass(frozen=True)
+class Package:
+    """One input package: ``kind`` is ``pypi`` or ``deb``; ``sha256`` of its archive or record."""
+
+    kind: str
+    name: str
+    version: str
+    sha256: str | None = None
+    hash_of: str = ""  # what sha256 is the hash of, when not the package's own archive
+    qualifiers: Mapping[str, str] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class SbomInputs:
+    wheel_name: str  # the repaired wheel's file name
+    version: str  # the wheel's version (0.1.0+stable.cu13)
+    torch_version: str  # build info's torch_version: the headers compiled against
+    cuda_version: str | None  # build info's cuda_version (None: CPU build)
+    arch_list: str | None  # TORCH_CUDA_ARCH_LIST of the build
+    archs: tuple[str, ...]  # build info's compiled archs
+    compilers: tuple[tuple[str, str], ...]  # (name, version line)
+    toolkit: tuple[Package, ...]
+    sysroot: tuple[Package, ...]
+    epoch: int
+
+
+# --------------------------------------------------------------------------- collecting
+
+
+def _dist_info(names: Sequence[str]) -> str:
+    dirs = {n.split("/")[0] for n in names if n.split("/")[0].endswith(".dist-info")}
+    if len(dirs) != 1:
+        raise ValueError(f"expected one .dist-info folder, found {sorted(dirs)}")
+    return dirs.pop()
+
+
+def wheel_build_info(zf: zipfile.ZipFile) -> dict | None:
+    """``BUILD_INFO`` of ``hotloop/_build_info.py`` in the wheel, read without importing it."""
+    try:
+        text = zf.read("hotloop/_build_info.py").decode()
+    except KeyError:
+        return None
+    for node in ast.parse(text).body:
+        if isinstance(node, ast.Assign) and any(
+            getattr(t, "id", None) == "BUILD_INFO" for t in node.targets
+        ):
+            return ast.literal_eval(node.value)
+    return None
+
+
+def installed_distributions(site: Path) -> list[Package]:
+    """``name==version`` of each ``*.dist-info`` in ``site``, hashed by its ``RECORD``.
+
+    The toolkit is installed with ``--target``, which keeps no archive: the RECORD (every
+    installed file with its sha256) identifies exactly what was installed.
+    """
+    found = []
+    for info in sorted(site.glob("*.dist-info")):
+        meta = Parser().parsestr((info / "METADATA").read_text(errors="replace"))
+        record = info / "RECORD"
+        digest = hashlib.sha256(record.read_bytes()).hexdigest() if record.is_file() else None
+        found.append(Package("pypi", meta["Name"], meta["Version"], digest, "installed RECORD"))
+    return found
+
+
+DEB_NAME = re.compile(r"^(?P<name>[^_]+)_(?P<version>[^_]+)_(?P<arch>[^_.]+)\.deb$")
+
+
+def deb_packages(debs: Sequence[Path], distro: str) -> list[Package]:
+    """Packages from ``.deb`` files named as apt names them (``libc6_2.31-13+deb11u11_amd64``)."""
+    out = []
+    for deb in sorted(debs):
+        match = DEB_NAME.match(deb.name)
+        if not match:
+            raise ValueError(f"{deb.name}: not a name_version_arch.deb file name")
+        out.append(
+            Package(
+                "deb",
+                match["name"],
+                urllib.parse.unquote(match["version"]),
+                hashlib.sha256(deb.read_bytes()).hexdigest(),
+                qualifiers={"arch": match["arch"], "distro": distro},
+            )
+        )
+    return out
+
+
+def compiler_version(exe: str) -> str:
+    """First line of ``exe --version`` (``g++ (Debian 12.2.0-14+deb12u1) 12.2.0``)."""
+    path = shutil.which(exe) or exe
+    out = subprocess.run([path, "--version"], capture_output=True, text=True, check=True).stdout
+    lines = [line for line in out.splitlines() if line.strip()]
+    # nvcc prints a banner; its last line names the release and build.
+    return lines[-1] if "nvcc" in Path(exe).name else lines[0]
+
+
+def collect_inputs(
+    row, wheel: Path, cuda_home: Path | None, sysroot: Path | None, epoch: int
+) -> SbomInputs:
+    """What a wheel built for ``row`` was made from.
+
+    ``cuda_home``: the toolkit of a CUDA build (``toolchain.ensure_cuda_toolkit``; its
+    ``site-packages`` sibling holds the PyPI packages). ``sysroot``: the glibc sysroot
+    (``toolchain.ensure_sysroot``; the ``.deb`` files it was unpacked from lie in its
+    sibling ``debs/``), ``None`` where the image's own glibc is the target.
+    """
+    from scripts import toolchain
+
+    with zipfile.ZipFile(wheel) as zf:
+        info = wheel_build_info(zf)
+        version = Parser().parsestr(zf.read(f"{_dist_info(zf.namelist())}/METADATA").decode())[
+            "Version"
+        ]
+    if info is None:
+        raise ValueError(f"{wheel.name}: no hotloop/_build_info.py to describe")
+    compilers = [("g++", compiler_version(os.environ.get("CXX") or "g++"))]
+    toolkit: list[Package] = []
+    if cuda_home is not None:
+        compilers.append(("nvcc", compiler_version(str(cuda_home / "bin" / "nvcc"))))
+        tk_site = cuda_home.resolve().parent / "site-packages"
+        toolkit = installed_distributions(tk_site) if tk_site.is_dir() else []
+    debs = sorted((sysroot.parent / "debs").glob("*.deb")) if sysroot is not None else []
+    return SbomInputs(
+        wheel_name=wheel.name,
+        version=version,
+        torch_version=info["torch_version"],
+        cuda_version=info.get("cuda_version"),
+        arch_list=row.arch_list if cuda_home is not None else None,
+        archs=tuple(info.get("archs") or ()),
+        compilers=tuple(compilers),
+        toolkit=tuple(toolkit),
+        sysroot=tuple(deb_packages(debs, f"debian-{toolchain.SYSROOT_SUITE}")),
+        epoch=epoch,
+    )
+
+
+# --------------------------------------------------------------------------- writing
+
+
+def _component(pkg: Package, description: str):
+    from cyclonedx.model import HashAlgorithm, HashType, Property
+    from cyclonedx.model.component import Component, ComponentType
+    from packageurl import PackageURL
+
+    namespace = "debian" if pkg.kind == "deb" else None
+    purl = PackageURL(
+        type=pkg.kind,
+        namespace=namespace,
+        name=pkg.name,
+        version=pkg.version,
+        qualifiers=dict(pkg.qualifiers) or None,
+    )
+    props = [Property(name="hotloop:hash-of", value=pkg.hash_of)] if pkg.hash_of else []
+    return Component(
+        name=pkg.name,
+        version=pkg.version,
+        type=ComponentType.LIBRARY,
+        purl=purl,
+        bom_ref=str(purl),
+        description=description,
+        hashes=[HashType(alg=HashAlgorithm.SHA_256, content=pkg.sha256)] if pkg.sha256 else [],
+        properties=props,
+    )
+
+
+def build_sbom(inputs: SbomInputs) -> bytes:
+    """The CycloneDX 1.6 JSON document for ``inputs`` (same inputs, same bytes)."""
+    from cyclonedx.model import Property
+    from cyclonedx.model.bom import Bom, BomMetaData
+    from cyclonedx.model.component import Component, ComponentType
+    from cyclonedx.output.json import JsonV1Dot6
+    from packageurl import PackageURL
+
+    props = [Property(name=PROP_TORCH, value=inputs.torch_version)]
+    if inputs.cuda_version:
+        props.append(Property(name=PROP_CUDA, value=inputs.cuda_version))
+    if inputs.arch_list:
+        props.append(Property(name=PROP_ARCH_LIST, value=inputs.arch_list))
+    if inputs.archs:
+        props.append(Property(name=PROP_ARCHS, value=",".join(inputs.archs)))
+    root = Component(
+        name="hotloop",
+        version=inputs.version,
+        type=ComponentType.LIBRARY,
+        purl=PackageURL(type="pypi", name="hotloop", version=inputs.version),
+        bom_ref="hotloop",
+        description=f"the wheel {inputs.wheel_name}",
+        properties=props,
+    )
+    torch_release = inputs.torch_version.split("+")[0]
+    components = [
+        Component(
+            name="torch",
+            version=inputs.torch_version,
+            type=ComponentType.FRAMEWORK,
+            purl=PackageURL(type="pypi", name="torch", version=torch_release),
+            bom_ref="torch",
+            description="headers the extension is compiled against; loaded at run time",
+        )
+    ]
+    if inputs.cuda_version:
+        components.append(
+            Component(
+                name="cuda",
+                version=inputs.cuda_version,
+                type=ComponentType.PLATFORM,
+                bom_ref="cuda",
+                description="CUDA version of the build's torch (torch.version.cuda)",
+            )
+        )
+    components += [
+        _component(p, "CUDA toolkit package (compiler, headers)") for p in inputs.toolkit
+    ]
+    components += [
+        _component(p, "glibc sysroot package (headers, link stubs)") for p in inputs.sysroot
+    ]
+    for name, line in inputs.compilers:
+        match = re.search(r"(\d+\.\d+(?:\.\d+)?)", line.split(")")[-1]) or re.search(
+            r"(\d+\.\d+(?:\.\d+)?)", line
+        )
+        components.append(
+            Component(
+                name=name,
+                version=match.group(1) if match else line,
+                type=ComponentType.APPLICATION,
+                bom_ref=f"compiler:{name}",
+                description=line,
+            )
+        )
+    stamp = datetime.datetime.fromtimestamp(inputs.epoch, tz=datetime.timezone.utc)
+    bom = Bom(
+        serial_number=uuid.uuid5(NAMESPACE, f"{inputs.wheel_name}@{inputs.epoch}"),
+        metadata=BomMetaData(component=root, timestamp=stamp),
+        components=components,
+    )
+    # Everything listed went into the wheel's binary: the root depends on all of it.
+    bom.register_dependency(root, components)
+    text = JsonV1Dot6(bom).output_as_string(indent=2)
+    # The library records itself as the tool; keep its output as it is, sorted for stability.
+    return (json.dumps(json.loads(text), indent=2, sort_keys=True) + "\n").encode()
+
+
+# --------------------------------------------------------------------------- reading, checking
+
+
+def read_sboms(wheel: Path) -> dict[str, bytes]:
+    """Every SBOM in ``wheel``'s ``.dist-info/sboms/`` (ours and any auditwheel adds), by name."""
+    with zipfile.ZipFile(wheel) as zf:
+        prefix = f"{_dist_info(zf.namelist())}/sboms/"
+        return {
+            n[len(prefix) :]: zf.read(n)
+            for n in sorted(zf.namelist())
+            if n.startswith(prefix) and not n.endswith("/")
+        }
+
+
+def project_sbom(wheel: Path) -> bytes:
+    """The bytes of hotloop's own SBOM in ``wheel`` (what the index publishes next to it)."""
+    sboms = read_sboms(wheel)
+    if SBOM_NAME not in sboms:
+        raise ValueError(
+            f"{wheel.name}: no .dist-info/{SBOM_PATH} (found {sorted(sboms) or 'no SBOM'}); "
+            "wheels get it from scripts.reproducible.finalize_wheel after auditwheel repair"
+        )
+    return sboms[SBOM_NAME]
+
+
+def sbom_properties(document: Mapping) -> dict[str, str]:
+    component = document.get("metadata", {}).get("component", {})
+    return {p["name"]: p.get("value", "") for p in component.get("properties", [])}
+
+
+def check_sbom(wheel: Path) -> list[str]:
+    """Audit rule ``sbom``: violations (empty when the wheel's SBOM is present and agrees).
+
+    Present under ``.dist-info/sboms/``, parses as a CycloneDX JSON document, and names the
+    torch version and the CUDA version that ``hotloop/_build_info.py`` records.
+    """
+    try:
+        data = project_sbom(wheel)
+    except (ValueError, zipfile.BadZipFile) as exc:
+        return [f"sbom: {exc}"]
+    try:
+        document = json.loads(data)
+    except ValueError as exc:
+        return [f"sbom: {SBOM_PATH} is not JSON ({exc}); rebuild the wheel"]
+    if not isinstance(document, dict) or document.get("bomFormat") != "CycloneDX":
+        got = document.get("bomFormat") if isinstance(document, dict) else type(document).__name__
+        return [f"sbom: {SBOM_PATH} is not a CycloneDX document (bomFormat {got!r})"]
+    with zipfile.ZipFile(wheel) as zf:
+        info = wheel_build_info(zf)
+    if info is None:
+        return ["sbom: the wheel has no hotloop/_build_info.py to compare the SBOM with"]
+    props = sbom_properties(document)
+    torch_versions = {
+        c.get("version") for c in document.get("components", []) if c.get("name") == "torch"
+    }
+    bad = []
+    want_torch = info.get("torch_version")
+    if props.get(PROP_TORCH) != want_torch or want_torch not in torch_versions:
+        bad.append(
+            f"sbom: names torch {props.get(PROP_TORCH)!r} (component {sorted(torch_versions)}), "
+            f"the build info says {want_torch!r}"
+        )
+    want_cuda = info.get("cuda_version")
+    if props.get(PROP_CUDA) != want_cuda:
+        bad.append(f"sbom: names CUDA {props.get(PROP_CUDA)!r}, the build info says {want_cuda!r}")
+    return bad
