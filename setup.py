@@ -173,6 +173,38 @@ def sysroot_flags() -> tuple[list[str], list[str]]:
     return [f"--sysroot={sysroot}"], [f"--sysroot={sysroot}", *(f"-L{d}" for d in libdirs)]
 
 
+def prefix_map_flags(sysroot_cflags: list[str]) -> list[str]:
+    """``-ffile-prefix-map`` for each folder a build's path can leak from into the binary.
+
+    ``__FILE__`` in TORCH_CHECK and in torch's inline headers becomes a string in ``_C``: with
+    the sources, the build venv's site-packages, the sysroot and the CUDA toolkit mapped to
+    fixed names, two builds in different folders give the same bytes.
+    """
+    folders = {ROOT: "hotloop", Path(torch.__file__).parent.parent: "site-packages"}
+    folders.update({Path(f.split("=", 1)[1]): "sysroot" for f in sysroot_cflags})
+    if cpp_extension.CUDA_HOME:
+        folders[Path(cpp_extension.CUDA_HOME)] = "cuda"
+    flags = []
+    for folder, name in folders.items():
+        # The compiler sees abspath()s; the resolved path too where a symlink is involved.
+        for form in dict.fromkeys((os.path.abspath(folder), str(Path(folder).resolve()))):
+            flags.append(f"-ffile-prefix-map={form}={name}")
+    return flags
+
+
+def nvcc_random_seed() -> list[str]:
+    """``-frandom-seed`` where nvcc has it (CUDA 13; Debian's 12.4 has not).
+
+    nvcc otherwise draws random numbers for generated symbol names: two builds, two binaries.
+    """
+    nvcc = Path(cpp_extension.CUDA_HOME or "", "bin", "nvcc")
+    try:
+        usage = subprocess.run([str(nvcc), "--help"], capture_output=True, text=True).stdout
+    except OSError:
+        return []
+    return ["-frandom-seed=hotloop"] if "--frandom-seed" in usage else []
+
+
 class BuildHotloopExtensions(cpp_extension.BuildExtension):
     """torch's BuildExtension, with hotloop's Py_LIMITED_API and a plain library name.
 
@@ -220,7 +252,8 @@ def ops_library(kind: str, with_cuda: bool) -> Extension:
         ]
     if with_cuda:
         defines.append("-DUSE_CUDA")
-    compile_args = {"cxx": ["-O3", "-g0", *defines, *sysroot_cflags]}
+    prefix_maps = prefix_map_flags(sysroot_cflags)
+    compile_args = {"cxx": ["-O3", "-g0", *defines, *sysroot_cflags, *prefix_maps]}
     if with_cuda:
         sources += sorted(str(p.relative_to(ROOT)) for p in csrc.rglob("*.cu"))
         compile_args["nvcc"] = [
@@ -228,7 +261,11 @@ def ops_library(kind: str, with_cuda: bool) -> Extension:
             *defines,
             f"--threads={os.environ.get('NVCC_THREADS', '2')}",
             "-Xfatbin=-compress-all",
-            *(f"-Xcompiler={flag}" for flag in sysroot_cflags),
+            # Intermediate files named after the object, not tmpxft_<pid>_...: those names
+            # end up in symbol names.
+            "--objdir-as-tempdir",
+            *nvcc_random_seed(),
+            *(f"-Xcompiler={flag}" for flag in (*sysroot_cflags, *prefix_maps)),
         ]
         make = cpp_extension.CUDAExtension
     else:
@@ -256,7 +293,7 @@ def python_module() -> Extension:
     return Extension(
         "hotloop._C",
         ["csrc/python_module.cpp"],
-        extra_compile_args={"cxx": ["-O3", "-g0", *sysroot_cflags]},
+        extra_compile_args={"cxx": ["-O3", "-g0", *sysroot_cflags, *prefix_map_flags(sysroot_cflags)]},
         extra_link_args=["-Wl,--strip-debug", *sysroot_ldflags],
         py_limited_api=True,
         define_macros=[("Py_LIMITED_API", PY_LIMITED_API)],

@@ -298,16 +298,10 @@ def repair(wheel: Path, dest_dir: Path, row: matrix.Row) -> Path:
 
     site = Path(sysconfig.get_paths()["purelib"])
     with_cuda = os.environ.get("HOTLOOP_CUDA") != "0"
-    with tempfile.TemporaryDirectory(prefix="hotloop-repair-") as tmp:
-        if with_cuda:
-            repaired, report = audit.repair_and_audit(wheel, Path(tmp), row, site)
-            log(f"{repaired.name}: audit ok, needs {report.max_versions}")
-        else:  # the CPU-only proof: the audit's rules describe CUDA wheels
-            provided = audit.torch_provided_libs(site)
-            repaired, _ = audit.repair_wheel(wheel, Path(tmp), provided)
-            audit.run_abi3audit(repaired)
-        sysroot = os.environ.get("HOTLOOP_SYSROOT")
-        final = reproducible.finalize_release(
+    sysroot = os.environ.get("HOTLOOP_SYSROOT")
+
+    def finalize(repaired: Path) -> Path:
+        return reproducible.finalize_release(
             row,
             repaired,
             dest_dir,
@@ -315,6 +309,16 @@ def repair(wheel: Path, dest_dir: Path, row: matrix.Row) -> Path:
             Path(sysroot) if sysroot else None,
             int(source_date_epoch()),
         )
+
+    with tempfile.TemporaryDirectory(prefix="hotloop-repair-") as tmp:
+        if with_cuda:
+            final, report = audit.repair_and_audit(wheel, Path(tmp), row, site, finalize)
+            log(f"{final.name}: audit ok, needs {report.max_versions}")
+        else:  # the CPU-only proof: the audit's rules describe CUDA wheels
+            provided = audit.torch_provided_libs(site)
+            repaired, _ = audit.repair_wheel(wheel, Path(tmp), provided)
+            audit.run_abi3audit(repaired)
+            final = finalize(repaired)
     log(f"{final.name}: SBOM ok, sha256 {reproducible.sha256_file(final)}")
     return final
 

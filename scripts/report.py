@@ -19,6 +19,7 @@ class CellReport:
     status: str = "failed"  # passed | failed
     stage: str = ""  # where it stopped: toolchain, build, repair/audit, test, done
     wheel: str | None = None
+    sha256: str | None = None
     size_bytes: int | None = None
     tag: str | None = None
     audit: str = "not run"

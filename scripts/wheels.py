@@ -26,7 +26,7 @@ import traceback
 from collections.abc import Sequence
 from pathlib import Path
 
-from scripts import audit, build, matrix, toolchain
+from scripts import audit, build, matrix, reproducible, toolchain
 from scripts.interpreters import find_interpreters
 from scripts.report import CellReport, render_table, write_cell_json, write_run_report
 from scripts.wheeltest import run_op_tests
@@ -38,10 +38,28 @@ def log(msg: str) -> None:
     print(f"[wheels] {msg}", file=sys.stderr, flush=True)
 
 
-def remove_variant_wheels(out_dir: Path, variant: str) -> None:
-    """Drop earlier wheels of this variant so a failed rerun leaves none behind."""
+def publish_wheel(wheel: Path, out_dir: Path, variant: str) -> Path:
+    """Put a wheel that passed into ``out_dir`` in place of the variant's earlier ones.
+
+    Nothing in ``out_dir`` changes before this point: an interrupted or failed run leaves the
+    last good wheel where it was. The copy lands under a temporary name and is renamed, so
+    ``out_dir`` never holds half a wheel.
+    """
+    dest = out_dir / wheel.name
+    partial = out_dir / f".{wheel.name}.partial"
+    shutil.copy2(wheel, partial)
     for old in matrix.variant_wheels(out_dir, variant):
-        old.unlink()
+        if old.name != wheel.name:
+            old.unlink()
+    partial.replace(dest)
+    return dest
+
+
+def kept_note(out_dir: Path, variant: str) -> str:
+    kept = matrix.variant_wheels(out_dir, variant)
+    if not kept:
+        return ""
+    return f" (kept the earlier wheel that passed: {', '.join(w.name for w in kept)})"
 
 
 def wanted_pythons(row: matrix.Row, pythons: Sequence[str] | None) -> list[str]:
@@ -67,7 +85,6 @@ def run_cell(
     cell = CellReport(row.variant, row.torch, row.cuda)
     start = time.monotonic()
     workdir = toolchain.cache_dir() / "work" / row.variant
-    remove_variant_wheels(out_dir, row.variant)
     try:
         cell.stage = "toolchain"
         wanted = {} if skip_tests else {r.torch: wanted_pythons(r, pythons) for r in test_rows}
@@ -75,8 +92,8 @@ def run_cell(
         interp = build.pick_build_python(row, found)
         cell.build_python = f"{interp.version} ({interp.path})"
 
-        toolchain.ensure_cuda_toolkit(row.cuda, row.toolkit)
-        toolchain.ensure_sysroot()
+        cuda_home = toolchain.ensure_cuda_toolkit(row.cuda, row.toolkit)
+        sysroot = toolchain.ensure_sysroot()
 
         cell.stage = "build"
         result = build.build_wheel(row, workdir, interp)
@@ -88,8 +105,21 @@ def run_cell(
 
         cell.stage = "repair/audit"
         site = build.site_packages(workdir / "venv" / "bin" / "python")
-        repaired, report = audit.repair_and_audit(result.wheel, workdir / "repaired", row, site)
+        epoch = int(build.source_date_epoch())
+
+        def finalize(repaired: Path) -> Path:
+            final_dir = workdir / "final"
+            shutil.rmtree(final_dir, ignore_errors=True)
+            final_dir.mkdir(parents=True)
+            return reproducible.finalize_release(
+                row, repaired, final_dir, cuda_home, sysroot, epoch
+            )
+
+        repaired, report = audit.repair_and_audit(
+            result.wheel, workdir / "repaired", row, site, finalize
+        )
         cell.wheel = repaired.name
+        cell.sha256 = reproducible.sha256_file(repaired)
         cell.size_bytes = repaired.stat().st_size
         parts = audit.wheel_name_parts(repaired.name)
         cell.tag = f"{parts['python']}-{parts['abi']}-{parts['platform']}"
@@ -122,10 +152,10 @@ def run_cell(
                 )
             )
         cell.stage = "done"
-        shutil.copy2(repaired, out_dir / repaired.name)
+        publish_wheel(repaired, out_dir, row.variant)
         cell.status = "passed"
     except (build.BuildError, audit.AuditError, RuntimeError, OSError, SystemExit) as exc:
-        cell.error = str(exc)
+        cell.error = str(exc) + kept_note(out_dir, row.variant)
         log(f"{row.variant}: FAILED at {cell.stage}: {exc}")
     except Exception as exc:
         cell.error = f"{type(exc).__name__}: {exc}\n{traceback.format_exc()}"

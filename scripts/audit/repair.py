@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from scripts.audit.libraries import torch_provided_libs
@@ -62,15 +62,23 @@ def run_abi3audit(wheel: Path) -> str:
 
 
 def repair_and_audit(
-    wheel: Path, out_dir: Path, row: Row, site_packages: Path
+    wheel: Path,
+    out_dir: Path,
+    row: Row,
+    site_packages: Path,
+    finalize: Callable[[Path], Path] | None = None,
 ) -> tuple[Path, AuditReport]:
-    """auditwheel repair (torch's libraries excluded), abi3audit --strict, then every rule.
+    """auditwheel repair (torch's libraries excluded), ``finalize``, abi3audit --strict, then
+    every rule, on the wheel that ships.
 
     ``site_packages`` holds the torch the wheel was built against: what it installs is
-    excluded from the repair and forbidden inside the wheel.
+    excluded from the repair and forbidden inside the wheel. ``finalize`` turns the repaired
+    wheel into the release file (the SBOM and the deterministic zip: scripts/reproducible.py).
     """
     provided = torch_provided_libs(site_packages)
     repaired, aw_output = repair_wheel(wheel, out_dir, provided)
+    if finalize is not None:
+        repaired = finalize(repaired)
     abi3 = run_abi3audit(repaired)
     report = check_wheel(repaired, row, provided)
     report.auditwheel_output = aw_output

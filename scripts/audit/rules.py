@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
 
-from scripts import variant
+from scripts import sbom, variant
 from scripts.audit import elf, libraries, stable_abi
 from scripts.audit.wheelfile import AuditError, Wheel, WheelReadError
 from scripts.matrix import Row, build_row_of, load_rows
@@ -353,6 +353,20 @@ def check_glibc_version(it: Inspection) -> Iterator[str]:
 def check_glibcxx_version(it: Inspection) -> Iterator[str]:
     """No ELF needs GLIBCXX_ newer than 3.4.22 (what torch's own libs need)."""
     return _symbol_versions(it, "GLIBCXX")
+
+
+@rule("sbom")
+def check_sbom(it: Inspection) -> Iterator[str]:
+    """A CycloneDX SBOM under .dist-info/sboms/ that names the build info's torch and CUDA."""
+    dist_infos = {name.split("/")[0] for name in it.wheel.zip.namelist() if ".dist-info/" in name}
+    if len(dist_infos) != 1:
+        return  # member-paths reports the extra folder; the SBOM's place is ambiguous
+    try:
+        problems = sbom.check_sbom(it.wheel.path)
+    except (zipfile.BadZipFile, ValueError, SyntaxError):
+        return  # a member that can't be read is the record and build-info rules' finding
+    missing_info = "sbom: the wheel has no hotloop/_build_info.py"
+    yield from (p for p in problems if not p.startswith(missing_info))
 
 
 @rule("torch-stable-abi", kinds=(variant.STABLE,))

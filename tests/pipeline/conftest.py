@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import base64
 import hashlib
+import json
 import shutil
 import subprocess
 import zipfile
@@ -12,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from scripts import sbom
 from scripts.matrix import Row, load_rows
 
 GOOD_C = (
@@ -83,6 +85,26 @@ def _record_line(name: str, data: bytes) -> str:
     return f"{name},sha256={digest},{len(data)}"
 
 
+def sbom_source(row: Row) -> str:
+    """A minimal CycloneDX SBOM that agrees with ``build_info_source(row)``'s defaults."""
+    torch_version = f"{row.torch}+cu{row.cuda.replace('.', '')}"
+    document = {
+        "bomFormat": "CycloneDX",
+        "specVersion": "1.6",
+        "metadata": {
+            "component": {
+                "name": "hotloop",
+                "properties": [
+                    {"name": sbom.PROP_TORCH, "value": torch_version},
+                    {"name": sbom.PROP_CUDA, "value": row.cuda},
+                ],
+            }
+        },
+        "components": [{"type": "library", "name": "torch", "version": torch_version}],
+    }
+    return json.dumps(document)
+
+
 def make_wheel(
     directory: Path,
     row: Row,
@@ -101,6 +123,7 @@ def make_wheel(
     )
     wheel_meta = f"Wheel-Version: 1.0\nGenerator: tests\nRoot-Is-Purelib: false\nTag: {tag}\n"
     contents = {
+        f"{dist_info}/{sbom.SBOM_PATH}": sbom_source(row).encode(),
         **{k: v.encode() if isinstance(v, str) else v for k, v in files.items()},
         f"{dist_info}/METADATA": metadata.encode(),
         f"{dist_info}/WHEEL": wheel_meta.encode(),

@@ -242,7 +242,9 @@ def test_other_requirements_are_fine(wheel_factory, newest_row):
 def test_build_info_mismatch(wheel_factory, newest_row, build_info_for, change):
     wheel = wheel_factory(build_info=build_info_for(newest_row, **change))
     report = audit.check_wheel(wheel, newest_row)
-    assert rules(report) == {"build-info"}
+    # The SBOM names the torch and CUDA the wheel was built with: it disagrees too.
+    sbom_too = {"sbom"} if {"torch_version", "cuda_version"} & set(change) else set()
+    assert rules(report) == {"build-info"} | sbom_too
     assert next(iter(change)) in report.violations[0]
 
 
@@ -252,6 +254,13 @@ def test_build_info_arch_order_does_not_matter(wheel_factory, newest_row, build_
         wheel_factory(build_info=build_info_for(newest_row, archs=archs)), newest_row
     )
     assert report.violations == []
+
+
+def test_sbom_missing_or_disagreeing(wheel_factory, newest_row):
+    sbom_name = f"hotloop-{newest_row.version}.dist-info/sboms/hotloop.cdx.json"
+    report = audit.check_wheel(wheel_factory(extra={sbom_name: "{}"}), newest_row)
+    assert rules(report) == {"sbom"}
+    assert "not a CycloneDX document" in report.violations[0]
 
 
 def test_build_info_missing(wheel_factory, newest_row):

@@ -29,7 +29,7 @@ def fake_pipeline(monkeypatch, tmp_path, wheel_factory, newest_row):
             raise build.BuildError(failures["build"])
         return build.BuildResult(wheel_factory(tag="cp39-abi3-linux_x86_64"), 1.0, tmp_path / "log")
 
-    def fake_repair(wheel, out_dir, row, site):
+    def fake_repair(wheel, out_dir, row, site, finalize=None):
         if "audit" in failures:
             raise audit.AuditError(failures["audit"])
         return wheel_factory(), audit.AuditReport(wheel.name, max_versions={"GLIBC": "GLIBC_2.14"})
@@ -59,15 +59,31 @@ def test_passing_cell_puts_wheel_and_json_in_out(fake_pipeline, tmp_path, newest
 
 
 @pytest.mark.parametrize("stage", ["build", "audit", "test"])
-def test_failed_cell_leaves_no_wheel(fake_pipeline, tmp_path, newest_row, stage):
+def test_failed_cell_keeps_the_last_good_wheel(fake_pipeline, tmp_path, newest_row, stage):
     out = tmp_path / "out"
     assert wheels.main(["--out", str(out)]) == 0  # an earlier good wheel of this variant ...
+    good = sorted(out.glob("*.whl"))
     fake_pipeline[stage] = f"{stage} broke"
     assert wheels.main(["--out", str(out)]) == 1
-    assert list(out.glob("*.whl")) == []  # ... is gone after a failed rerun
+    assert sorted(out.glob("*.whl")) == good  # ... stays: only a passing wheel replaces it
     cell = json.loads((out / f"{newest_row.variant}.json").read_text())
     assert cell["status"] == "failed"
     assert stage in cell["stage"]
+    assert f"kept the earlier wheel that passed: {good[0].name}" in cell["error"]
+
+
+def test_an_interrupted_run_changes_nothing_in_out(fake_pipeline, tmp_path, monkeypatch):
+    out = tmp_path / "out"
+    assert wheels.main(["--out", str(out)]) == 0
+    before = {p.name: p.read_bytes() for p in out.iterdir()}
+
+    def interrupted(row, workdir, interp):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(build, "build_wheel", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        wheels.main(["--out", str(out)])
+    assert {p.name: p.read_bytes() for p in out.iterdir()} == before
 
 
 def test_python_option_restricts_tested_pythons(fake_pipeline, tmp_path, newest_row):
