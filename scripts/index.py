@@ -152,6 +152,31 @@ def _group_title(group: str) -> str:
     return _GROUP_TITLES.get(group, f"CUDA {group[2:]} torch")
 
 
+# Next to each wheel: the CycloneDX SBOM it carries (PEP 770), for reading without unzipping.
+SBOM_SUFFIX = ".cdx.json"
+# `sha256sum -c SHA256SUMS` from the site's root checks every wheel.
+CHECKSUMS = "SHA256SUMS"
+
+
+def checksums(wheels: Sequence[WheelInfo]) -> bytes:
+    lines = [f"{w.sha256}  {FILES_DIR}/{w.filename}" for w in sorted(wheels, key=lambda w: w.filename)]
+    return ("\n".join(lines) + "\n").encode()
+
+
+def files_table(wheels: Sequence[WheelInfo]) -> list[str]:
+    rows = ["<table>", "<tr><th>wheel</th><th>sha256</th><th>SBOM</th></tr>"]
+    for w in sorted(wheels, key=lambda w: w.filename):
+        has_sbom = w.sbom is not None
+        link = f"{FILES_DIR}/{quote(w.filename)}"
+        sbom_cell = f'<a href="{_e(link)}{SBOM_SUFFIX}">CycloneDX</a>' if has_sbom else "none"
+        rows.append(
+            f'<tr><td><a href="{_e(link)}">{_e(w.filename)}</a></td>'
+            f"<td><code>{_e(w.sha256)}</code></td><td>{sbom_cell}</td></tr>"
+        )
+    rows.append("</table>")
+    return rows
+
+
 def landing_page(wheels: Sequence[WheelInfo], base_url: str | None) -> str:
     base = base_url.rstrip("/") if base_url else BASE_URL_PLACEHOLDER
     lines = [
@@ -195,6 +220,11 @@ def landing_page(wheels: Sequence[WheelInfo], base_url: str | None) -> str:
             f"<td><pre>{'<br>'.join(_e(c) for c in commands)}</pre></td></tr>"
         )
     lines.append("</table>")
+    lines.append(
+        f'<p>Every wheel, its sha256 (all in <a href="{CHECKSUMS}">{CHECKSUMS}</a>, for '
+        f"<code>sha256sum -c {CHECKSUMS}</code>) and the CycloneDX SBOM it carries:</p>"
+    )
+    lines += files_table(wheels)
     return _page("hotloop wheels", lines, simple=False)
 
 
@@ -227,6 +257,9 @@ def render_tree(wheels: Sequence[WheelInfo], base_url: str | None = None) -> dic
     }
     for wheel in wheels:
         files[f"{FILES_DIR}/{wheel.filename}.metadata"] = wheel.metadata
+        if wheel.sbom is not None:
+            files[f"{FILES_DIR}/{wheel.filename}{SBOM_SUFFIX}"] = wheel.sbom
+    files[CHECKSUMS] = checksums(wheels)
 
     def add_simple(prefix: str, subset: Sequence[WheelInfo], depth: int) -> None:
         projects = _by_project(subset)

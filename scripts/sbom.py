@@ -32,11 +32,13 @@ from email.parser import Parser
 from pathlib import Path
 
 from scripts import tools
+from scripts.wheelfile import SBOM_MEMBER
 
 # The library that writes the SBOM, pinned with the pipeline's other tools.
 TOOLS = tools.SBOM
-SBOM_NAME = "hotloop.cdx.json"
-SBOM_PATH = f"sboms/{SBOM_NAME}"  # relative to the .dist-info folder (PEP 770)
+# Relative to the .dist-info folder (PEP 770); the index reads it through scripts.wheelfile.
+SBOM_PATH = SBOM_MEMBER
+SBOM_NAME = SBOM_PATH.rpartition("/")[2]
 # Names under which the SBOM states the build info's torch and CUDA versions.
 PROP_TORCH = "hotloop:torch-version"
 PROP_CUDA = "hotloop:cuda-version"

@@ -66,6 +66,7 @@ class WheelInfo:
     requires_python: str | None
     requires_torch: str | None  # the Requires-Dist on torch, e.g. "torch>=2.10"
     source: Path
+    sbom: bytes | None = None  # the wheel's .dist-info/sboms/hotloop.cdx.json (PEP 770)
 
 
 def normalize(name: str) -> str:
@@ -125,6 +126,25 @@ def read_wheel_metadata(path: Path) -> bytes:
         raise WheelError(f"{path.name}: not a readable zip file ({exc})") from exc
     if len(data) > _METADATA_LIMIT:
         raise WheelError(f"{path.name}: METADATA is larger than {_METADATA_LIMIT} bytes")
+    return data
+
+
+# hotloop's own SBOM inside a wheel, under its .dist-info folder (scripts/sbom.py writes it).
+SBOM_MEMBER = "sboms/hotloop.cdx.json"
+
+
+def read_wheel_sbom(path: Path) -> bytes | None:
+    """The wheel's own CycloneDX SBOM, or None for a wheel built without one."""
+    with zipfile.ZipFile(path) as zf:
+        names = [
+            n for n in zf.namelist() if n.count("/") == 2 and n.endswith(f".dist-info/{SBOM_MEMBER}")
+        ]
+        if len(names) != 1:
+            return None
+        with zf.open(names[0]) as member:
+            data = member.read(_METADATA_LIMIT + 1)
+    if len(data) > _METADATA_LIMIT:
+        raise WheelError(f"{path.name}: {names[0]} is larger than {_METADATA_LIMIT} bytes")
     return data
 
 
@@ -197,6 +217,7 @@ def describe_wheel(path: Path, require_label: bool = True) -> WheelInfo:
         requires_python=str(requires_python) if requires_python is not None else None,
         requires_torch=pins[0] if pins else None,
         source=path,
+        sbom=read_wheel_sbom(path),
     )
 
 

@@ -15,7 +15,7 @@ import zipfile
 from collections.abc import Callable
 from html.parser import HTMLParser
 from pathlib import Path
-from urllib.parse import unquote, urldefrag
+from urllib.parse import quote, unquote, urldefrag
 
 import pytest
 from index_helpers import (
@@ -104,6 +104,7 @@ def test_tree_layout(site: Path) -> None:
         ".nojekyll",
         ".hotloop-index",
         "index.html",
+        "SHA256SUMS",
         "simple/index.html",
         "simple/hotloop/index.html",
         *(f"files/{w}" for w in wheels),
@@ -120,6 +121,32 @@ def test_tree_layout(site: Path) -> None:
     # The manifest lists every file of the tree but itself: what a rebuild may replace.
     listed = (site / ".hotloop-index").read_text().splitlines()[1:]
     assert set(listed) == expected - {".hotloop-index"}
+
+
+def test_sha256sums_and_sboms_are_published(tmp_path: Path) -> None:
+    wheels = tmp_path / "wheels"
+    wheels.mkdir()
+    document = b'{"bomFormat": "CycloneDX", "specVersion": "1.6"}'
+    with_sbom = make_tiny_wheel(
+        wheels,
+        "stable.cu13",
+        extra_files={"hotloop-0.1.0+stable.cu13.dist-info/sboms/hotloop.cdx.json": document},
+    )
+    without = make_tiny_wheel(wheels, "pt29cu128")
+    out = tmp_path / "site"
+    index.build_index([wheels], out)
+    assert (out / "files" / f"{with_sbom.name}.cdx.json").read_bytes() == document
+    assert not (out / "files" / f"{without.name}.cdx.json").exists()
+    sums = (out / "SHA256SUMS").read_text().splitlines()
+    assert sums == [
+        f"{hashlib.sha256(w.read_bytes()).hexdigest()}  files/{w.name}"
+        for w in sorted((with_sbom, without), key=lambda w: w.name)
+    ]
+    check = subprocess.run(["sha256sum", "-c", "SHA256SUMS"], cwd=out, capture_output=True)
+    assert check.returncode == 0, check.stdout + check.stderr
+    landing = [a["href"] for a in anchors(out / "index.html")]
+    assert "SHA256SUMS" in landing
+    assert f"files/{quote(with_sbom.name)}.cdx.json" in landing
 
 
 def test_links_carry_file_hash_requires_python_and_metadata(site: Path, wheel_dir: Path) -> None:
