@@ -36,7 +36,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from scripts import matrix, sbom, toolchain, tools
+from scripts import matrix, sbom, toolchain, tools, variant
 
 REPO = toolchain.REPO
 WORKFLOWS = REPO / ".github" / "workflows"
@@ -95,9 +95,17 @@ def image_for(cuda: str) -> str:
     return f"{IMAGE_REPOSITORY}:cuda{cuda}"
 
 
+# The repair step's torch-abi-audit (the stable wheels' check) runs on Python >= 3.11.
+STABLE_BUILD_MIN_PYTHON = (3, 11)
+
+
 def build_identifier(row: matrix.Row) -> str:
-    """One build per cell, on the row's lowest Python: the wheel is cp39-abi3 either way."""
-    return f"cp{row.pythons[0].replace('.', '')}-{PLATFORM_TAG}"
+    """One build per cell, on the row's lowest Python that can audit it: the wheel is
+    cp39-abi3 either way."""
+    pythons = list(row.pythons)
+    if row.kind == variant.STABLE:
+        pythons = [p for p in pythons if tuple(map(int, p.split("."))) >= STABLE_BUILD_MIN_PYTHON]
+    return f"cp{pythons[0].replace('.', '')}-{PLATFORM_TAG}"
 
 
 def test_command() -> str:

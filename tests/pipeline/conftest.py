@@ -113,6 +113,7 @@ def make_wheel(
     version: str | None = None,
     tag: str = "cp39-abi3-manylinux_2_28_x86_64",
     requires: tuple[str, ...] | None = None,
+    with_sbom: bool = True,
 ) -> Path:
     """Write ``hotloop-<version>-<tag>.whl`` with ``files`` plus METADATA/WHEEL/RECORD."""
     version = version or row.version
@@ -123,7 +124,7 @@ def make_wheel(
     )
     wheel_meta = f"Wheel-Version: 1.0\nGenerator: tests\nRoot-Is-Purelib: false\nTag: {tag}\n"
     contents = {
-        f"{dist_info}/{sbom.SBOM_PATH}": sbom_source(row).encode(),
+        **({f"{dist_info}/{sbom.SBOM_PATH}": sbom_source(row).encode()} if with_sbom else {}),
         **{k: v.encode() if isinstance(v, str) else v for k, v in files.items()},
         f"{dist_info}/METADATA": metadata.encode(),
         f"{dist_info}/WHEEL": wheel_meta.encode(),

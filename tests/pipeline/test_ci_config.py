@@ -71,18 +71,21 @@ def test_github_json_builds_one_wheel_per_variant_serving_every_row() -> None:
 @pytest.mark.parametrize("row", ROWS, ids=[r.variant for r in ROWS])
 def test_cell_environment_follows_the_row(row: matrix.Row, tmp_path: Path) -> None:
     env = ci.cell_environment(row, cache=tmp_path)
-    lowest = row.pythons[0].replace(".", "")
-    assert env["CIBW_BUILD"] == f"cp{lowest}-manylinux_x86_64"
+    assert env["CIBW_BUILD"] == ci.build_identifier(row)
     assert env["CIBW_MANYLINUX_X86_64_IMAGE"] == f"pytorch/manylinux2_28-builder:cuda{row.cuda}"
     assert env["HOTLOOP_TORCH"] == row.torch
     assert env["TORCH_CUDA_ARCH_LIST"] == row.arch_list
     assert env["HOTLOOP_CI_CACHE"] == str(tmp_path.resolve())
 
 
-def test_torch_28_row_builds_on_cp39_the_rest_on_cp310() -> None:
-    ids = {row.torch: ci.build_identifier(row) for row in ROWS}
-    assert ids["2.8.0"] == "cp39-manylinux_x86_64"
-    assert {v for k, v in ids.items() if k != "2.8.0"} == {"cp310-manylinux_x86_64"}
+def test_pinned_rows_build_on_their_lowest_python_stable_ones_where_the_audit_runs() -> None:
+    ids = {row.torch: ci.build_identifier(row) for row in matrix.build_rows(ROWS)}
+    assert ids == {
+        "2.8.0": "cp39-manylinux_x86_64",
+        "2.9.1": "cp310-manylinux_x86_64",
+        "2.10.0": "cp311-manylinux_x86_64",  # torch-abi-audit needs Python >= 3.11
+        "2.11.0": "cp311-manylinux_x86_64",
+    }
 
 
 def test_environment_pass_names_only_cell_variables(cibw: dict) -> None:
@@ -105,12 +108,13 @@ def test_repair_cli_runs_the_nox_repair_and_audit(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path, wheel_factory
 ) -> None:
     calls = []
-    built = wheel_factory()
+    built = wheel_factory(with_sbom=False)
 
-    def fake(wheel: Path, out_dir: Path, row: matrix.Row, site: Path):
+    def fake(wheel: Path, out_dir: Path, row: matrix.Row, site: Path, finalize=None):
         calls.append((wheel, row))
         report = audit.AuditReport(wheel.name, max_versions={"GLIBC": "GLIBC_2.14"})
-        return shutil.copy2(wheel, out_dir / wheel.name), report
+        repaired = Path(shutil.copy2(wheel, out_dir / wheel.name))
+        return (finalize(repaired) if finalize else repaired), report
 
     def inputs(row, wheel, cuda_home, sysroot, epoch):
         info = sbom.wheel_build_info(zipfile.ZipFile(wheel))

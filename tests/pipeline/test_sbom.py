@@ -119,7 +119,7 @@ def test_installed_distributions_hash_their_record(tmp_path):
 
 def wheel_with_sbom(wheel_factory, tmp_path: Path, document: bytes | None) -> Path:
     """A synthetic wheel (build info of the newest row), finalized with ``document`` as SBOM."""
-    raw = wheel_factory()
+    raw = wheel_factory(with_sbom=False)
     out = tmp_path / "final" / raw.name
     extra = {sbom.SBOM_PATH: document} if document is not None else {}
     return reproducible.finalize_wheel(raw, out, 1700000000, extra)
@@ -133,7 +133,7 @@ def build_info(wheel: Path) -> dict:
 
 
 def test_check_passes_when_sbom_agrees_with_build_info(wheel_factory, tmp_path):
-    info = build_info(wheel_factory())
+    info = build_info(wheel_factory(with_sbom=False))
     document = sbom.build_sbom(
         inputs(torch_version=info["torch_version"], cuda_version=info["cuda_version"])
     )
@@ -163,7 +163,7 @@ def test_check_not_cyclonedx(wheel_factory, tmp_path):
 
 
 def test_check_wrong_torch_and_cuda(wheel_factory, tmp_path):
-    info = build_info(wheel_factory())
+    info = build_info(wheel_factory(with_sbom=False))
     document = sbom.build_sbom(inputs(torch_version="2.9.1+cu128", cuda_version="12.8"))
     wheel = wheel_with_sbom(wheel_factory, tmp_path, document)
     problems = sbom.check_sbom(wheel)
@@ -175,7 +175,7 @@ def test_check_wrong_torch_and_cuda(wheel_factory, tmp_path):
 
 
 def test_project_sbom_keeps_others(wheel_factory, tmp_path):
-    raw = wheel_factory()
+    raw = wheel_factory(with_sbom=False)
     out = tmp_path / "final" / raw.name
     wheel = reproducible.finalize_wheel(
         raw, out, 1700000000, {sbom.SBOM_PATH: b"{}", "sboms/auditwheel.cdx.json": b"[]"}
