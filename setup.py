@@ -293,7 +293,9 @@ def python_module() -> Extension:
     return Extension(
         "hotloop._C",
         ["csrc/python_module.cpp"],
-        extra_compile_args={"cxx": ["-O3", "-g0", *sysroot_cflags, *prefix_map_flags(sysroot_cflags)]},
+        extra_compile_args={
+            "cxx": ["-O3", "-g0", *sysroot_cflags, *prefix_map_flags(sysroot_cflags)]
+        },
         extra_link_args=["-Wl,--strip-debug", *sysroot_ldflags],
         py_limited_api=True,
         define_macros=[("Py_LIMITED_API", PY_LIMITED_API)],
@@ -304,7 +306,9 @@ def python_module() -> Extension:
 def main() -> None:
     with_cuda = want_cuda()
     kind = abi_kind()
-    variant = variant_rule.variant_for(torch.__version__, torch.version.cuda if with_cuda else None, kind)
+    variant = variant_rule.variant_for(
+        torch.__version__, torch.version.cuda if with_cuda else None, kind
+    )
     archs = compiled_archs() if with_cuda else []
     write_build_info(variant, with_cuda, archs)
     setup(

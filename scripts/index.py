@@ -159,7 +159,9 @@ CHECKSUMS = "SHA256SUMS"
 
 
 def checksums(wheels: Sequence[WheelInfo]) -> bytes:
-    lines = [f"{w.sha256}  {FILES_DIR}/{w.filename}" for w in sorted(wheels, key=lambda w: w.filename)]
+    lines = [
+        f"{w.sha256}  {FILES_DIR}/{w.filename}" for w in sorted(wheels, key=lambda w: w.filename)
+    ]
     return ("\n".join(lines) + "\n").encode()
 
 

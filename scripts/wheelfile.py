@@ -137,7 +137,9 @@ def read_wheel_sbom(path: Path) -> bytes | None:
     """The wheel's own CycloneDX SBOM, or None for a wheel built without one."""
     with zipfile.ZipFile(path) as zf:
         names = [
-            n for n in zf.namelist() if n.count("/") == 2 and n.endswith(f".dist-info/{SBOM_MEMBER}")
+            n
+            for n in zf.namelist()
+            if n.count("/") == 2 and n.endswith(f".dist-info/{SBOM_MEMBER}")
         ]
         if len(names) != 1:
             return None

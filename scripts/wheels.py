@@ -88,7 +88,9 @@ def run_cell(
     try:
         cell.stage = "toolchain"
         wanted = {} if skip_tests else {r.torch: wanted_pythons(r, pythons) for r in test_rows}
-        found = find_interpreters(sorted({p for r in test_rows for p in r.pythons} | set(row.pythons)))
+        found = find_interpreters(
+            sorted({p for r in test_rows for p in r.pythons} | set(row.pythons))
+        )
         interp = build.pick_build_python(row, found)
         cell.build_python = f"{interp.version} ({interp.path})"
 

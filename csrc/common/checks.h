@@ -13,8 +13,8 @@
 namespace hotloop {
 
 inline bool is_floating(ScalarType dtype) {
-  return dtype == ScalarType::Half || dtype == ScalarType::BFloat16 ||
-         dtype == ScalarType::Float || dtype == ScalarType::Double;
+  return dtype == ScalarType::Half || dtype == ScalarType::BFloat16 || dtype == ScalarType::Float ||
+         dtype == ScalarType::Double;
 }
 
 inline void check_floating(const char* op, const char* name, const Tensor& t) {

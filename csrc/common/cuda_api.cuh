@@ -16,11 +16,11 @@
 
 namespace hotloop {
 
-#define HOTLOOP_CUDA_CHECK(expr)                                                            \
-  do {                                                                                      \
-    const cudaError_t hotloop_err = (expr);                                                 \
+#define HOTLOOP_CUDA_CHECK(expr)                                                               \
+  do {                                                                                         \
+    const cudaError_t hotloop_err = (expr);                                                    \
     HOTLOOP_CHECK(hotloop_err == cudaSuccess, "CUDA error: ", cudaGetErrorString(hotloop_err), \
-                  " (", #expr, ")");                                                        \
+                  " (", #expr, ")");                                                           \
   } while (false)
 
 // After a <<<...>>> launch: a bad configuration is reported here, not later.

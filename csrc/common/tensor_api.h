@@ -62,11 +62,11 @@ std::string concat(const Args&... args) {
 
 // A failed check throws std::runtime_error in both flavours (Python sees a
 // RuntimeError with exactly this message): the same text whichever wheel runs.
-#define HOTLOOP_CHECK(cond, ...)                                     \
-  do {                                                               \
-    if (!(cond)) {                                                   \
+#define HOTLOOP_CHECK(cond, ...)                                        \
+  do {                                                                  \
+    if (!(cond)) {                                                      \
       throw std::runtime_error(::hotloop::detail::concat(__VA_ARGS__)); \
-    }                                                                \
+    }                                                                   \
   } while (false)
 
 // For invariants a caller cannot break.
@@ -90,29 +90,28 @@ inline ScalarType acc_dtype_of(ScalarType dtype) {
 }
 
 // The four floating dtypes every hotloop op accepts; the body sees `scalar_t`.
-#define HOTLOOP_DISPATCH_FLOATING(TYPE, NAME, ...)                                      \
-  [&] {                                                                                 \
-    switch (TYPE) {                                                                     \
-      case ::hotloop::ScalarType::Half: {                                               \
-        using scalar_t = ::hotloop::Half;                                               \
-        return __VA_ARGS__();                                                           \
-      }                                                                                 \
-      case ::hotloop::ScalarType::BFloat16: {                                           \
-        using scalar_t = ::hotloop::BFloat16;                                           \
-        return __VA_ARGS__();                                                           \
-      }                                                                                 \
-      case ::hotloop::ScalarType::Float: {                                              \
-        using scalar_t = float;                                                         \
-        return __VA_ARGS__();                                                           \
-      }                                                                                 \
-      case ::hotloop::ScalarType::Double: {                                             \
-        using scalar_t = double;                                                        \
-        return __VA_ARGS__();                                                           \
-      }                                                                                 \
-      default:                                                                          \
-        throw std::runtime_error(::hotloop::detail::concat(NAME, ": unsupported dtype ", \
-                                                           TYPE));                      \
-    }                                                                                   \
+#define HOTLOOP_DISPATCH_FLOATING(TYPE, NAME, ...)                                               \
+  [&] {                                                                                          \
+    switch (TYPE) {                                                                              \
+      case ::hotloop::ScalarType::Half: {                                                        \
+        using scalar_t = ::hotloop::Half;                                                        \
+        return __VA_ARGS__();                                                                    \
+      }                                                                                          \
+      case ::hotloop::ScalarType::BFloat16: {                                                    \
+        using scalar_t = ::hotloop::BFloat16;                                                    \
+        return __VA_ARGS__();                                                                    \
+      }                                                                                          \
+      case ::hotloop::ScalarType::Float: {                                                       \
+        using scalar_t = float;                                                                  \
+        return __VA_ARGS__();                                                                    \
+      }                                                                                          \
+      case ::hotloop::ScalarType::Double: {                                                      \
+        using scalar_t = double;                                                                 \
+        return __VA_ARGS__();                                                                    \
+      }                                                                                          \
+      default:                                                                                   \
+        throw std::runtime_error(::hotloop::detail::concat(NAME, ": unsupported dtype ", TYPE)); \
+    }                                                                                            \
   }()
 
 // "cpu", "cuda:0", "meta": how torch prints a device in its own messages.

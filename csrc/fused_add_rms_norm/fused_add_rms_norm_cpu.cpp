@@ -49,7 +49,8 @@ void fused_add_rms_norm_cpu(Tensor& x, Tensor& residual, const Tensor& weight, d
   const int64_t hidden = x.size(-1);
   const int64_t rows = x.numel() / hidden;
   HOTLOOP_DISPATCH_FLOATING(x.scalar_type(), "fused_add_rms_norm", [&] {
-    fused_add_rms_norm_cpu_kernel<scalar_t>(mutable_data<scalar_t>(x), mutable_data<scalar_t>(residual),
+    fused_add_rms_norm_cpu_kernel<scalar_t>(mutable_data<scalar_t>(x),
+                                            mutable_data<scalar_t>(residual),
                                             const_data<scalar_t>(w_contig), rows, hidden, eps);
   });
 }

@@ -163,15 +163,15 @@ std::tuple<Tensor, Tensor> rms_norm_backward_cpu(const Tensor& grad_out, const T
   Tensor grad_weight = empty_on(*weight, sizes_of(*weight), weight->scalar_type());
   // A fixed chunk count (not the thread count) keeps grad_weight deterministic.
   const int64_t num_chunks = std::min<int64_t>(rows, 64);
-  const Tensor weight_partials =
-      zeros_on(x, {num_chunks, hidden}, acc_dtype_of(x.scalar_type()));
+  const Tensor weight_partials = zeros_on(x, {num_chunks, hidden}, acc_dtype_of(x.scalar_type()));
   HOTLOOP_DISPATCH_FLOATING(x.scalar_type(), op, [&] {
     auto* partials = mutable_data<acc_type<scalar_t>>(weight_partials);
     rms_norm_backward_cpu_kernel<scalar_t>(
         const_data<scalar_t>(go_contig), const_data<scalar_t>(x_contig),
-        const_data<scalar_t>(w_contig), mutable_data<scalar_t>(grad_x), partials, num_chunks,
-        rows, hidden, eps);
-    sum_weight_partials<scalar_t>(partials, num_chunks, hidden, mutable_data<scalar_t>(grad_weight));
+        const_data<scalar_t>(w_contig), mutable_data<scalar_t>(grad_x), partials, num_chunks, rows,
+        hidden, eps);
+    sum_weight_partials<scalar_t>(partials, num_chunks, hidden,
+                                  mutable_data<scalar_t>(grad_weight));
   });
   return {grad_x, grad_weight};
 }

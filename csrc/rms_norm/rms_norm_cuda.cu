@@ -264,8 +264,8 @@ __global__ void __launch_bounds__(kVectorsPerThread >= kBackwardWideVectors
                                     const scalar_t* __restrict__ x,
                                     const scalar_t* __restrict__ weight,
                                     scalar_t* __restrict__ grad_x,
-                                    acc_type<scalar_t>* __restrict__ weight_partials,
-                                    int64_t rows, int64_t hidden, acc_type<scalar_t> eps) {
+                                    acc_type<scalar_t>* __restrict__ weight_partials, int64_t rows,
+                                    int64_t hidden, acc_type<scalar_t> eps) {
   using acc_t = acc_type<scalar_t>;
   constexpr int kVec = vector_size<scalar_t>();
   constexpr int kRows = backward_rows_per_step<kVectorsPerThread>();
@@ -435,8 +435,8 @@ __global__ void __launch_bounds__(scalar_max_threads(kElemsPerThread))
                                     const scalar_t* __restrict__ x,
                                     const scalar_t* __restrict__ weight,
                                     scalar_t* __restrict__ grad_x,
-                                    acc_type<scalar_t>* __restrict__ weight_partials,
-                                    int64_t rows, int64_t hidden, acc_type<scalar_t> eps) {
+                                    acc_type<scalar_t>* __restrict__ weight_partials, int64_t rows,
+                                    int64_t hidden, acc_type<scalar_t> eps) {
   using acc_t = acc_type<scalar_t>;
   constexpr int kFixedThreads = scalar_fixed_threads(kElemsPerThread);
   const int stride = scalar_stride<kElemsPerThread>();
@@ -524,8 +524,8 @@ __global__ void __launch_bounds__(kMaxThreadsPerBlock)
                                      const scalar_t* __restrict__ x,
                                      const scalar_t* __restrict__ weight,
                                      scalar_t* __restrict__ grad_x,
-                                     acc_type<scalar_t>* __restrict__ weight_partials,
-                                     int64_t rows, int64_t hidden, acc_type<scalar_t> eps) {
+                                     acc_type<scalar_t>* __restrict__ weight_partials, int64_t rows,
+                                     int64_t hidden, acc_type<scalar_t> eps) {
   using acc_t = acc_type<scalar_t>;
   const acc_t inv_hidden = acc_t(1) / static_cast<acc_t>(hidden);
   const int64_t slot = static_cast<int64_t>(blockIdx.x) * blockDim.y + threadIdx.y;

@@ -35,8 +35,8 @@ from hotloop._build_info import BUILD_INFO  # noqa: E402
 __version__: str = BUILD_INFO["version"]
 
 if LOAD_ERROR is None:
-    from hotloop.modules import RMSNorm  # noqa: E402
-    from hotloop.ops import fused_add_rms_norm, mul, muladd, rms_norm  # noqa: E402
+    from hotloop.modules import RMSNorm
+    from hotloop.ops import fused_add_rms_norm, mul, muladd, rms_norm
 
 __all__ = [
     "BUILD_INFO",

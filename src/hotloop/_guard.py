@@ -11,7 +11,7 @@ into an ImportError that says what was found, what is needed and what to install
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any
 
 from hotloop import _variant
 
@@ -29,7 +29,7 @@ def library_path() -> Path:
     return Path(__file__).resolve().parent / OPS_LIBRARY
 
 
-def torch_build(torch_cuda: Optional[str], torch_hip: Optional[str]) -> str:
+def torch_build(torch_cuda: str | None, torch_hip: str | None) -> str:
     if torch_cuda:
         return f"CUDA {torch_cuda}"
     if torch_hip:
@@ -44,9 +44,9 @@ def built_variant(build_info: dict[str, Any]) -> _variant.Variant:
 def find_mismatch(
     build_info: dict[str, Any],
     torch_version: str,
-    torch_cuda: Optional[str],
-    torch_hip: Optional[str] = None,
-) -> Optional[str]:
+    torch_cuda: str | None,
+    torch_hip: str | None = None,
+) -> str | None:
     """Why this build can't load into the given torch, or None when it can."""
     variant = built_variant(build_info)
     built = f"hotloop {build_info['version']} was built for {_serves(variant)}"
@@ -79,8 +79,8 @@ def _serves(variant: _variant.Variant) -> str:
 def install_hint(
     build_info: dict[str, Any],
     torch_version: str,
-    torch_cuda: Optional[str],
-    torch_hip: Optional[str] = None,
+    torch_cuda: str | None,
+    torch_hip: str | None = None,
 ) -> str:
     """What to install instead: a released wheel that fits this torch, or why there is none.
 
@@ -94,7 +94,7 @@ def install_hint(
         best = max(fits, key=lambda v: v.kind == _variant.STABLE)
         page = INDEX_PAGE.format(cuda=f"cu{best.cuda_major}")
         return (
-            f'install the hotloop wheel built for your torch, keeping torch as it is: pip install '
+            f"install the hotloop wheel built for your torch, keeping torch as it is: pip install "
             f'"hotloop=={best.version}" "torch=={release}" --extra-index-url {page}'
         )
     built_for = built_variant(build_info)

@@ -107,7 +107,9 @@ def test_a_development_build_says_it_knows_no_released_wheels() -> None:
     assert "hotloop==" not in hint
 
 
-def run_with_torch_version(version: str, cuda: str | None, *args: str) -> subprocess.CompletedProcess:
+def run_with_torch_version(
+    version: str, cuda: str | None, *args: str
+) -> subprocess.CompletedProcess:
     """`python ARGS` in a fresh interpreter whose torch claims another version."""
     code = (
         "import runpy, sys, torch\n"

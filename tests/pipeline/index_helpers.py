@@ -35,7 +35,6 @@ from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
 
 from scripts import publish
-
 from scripts.variant import parse_label
 
 REPO = Path(__file__).resolve().parents[2]
