@@ -155,9 +155,9 @@ def server_answer(output: str) -> str | None:
     for mark in (_TIMEOUT_MARK, _UNREACHABLE_MARK):
         found = re.findall(rf"^{mark}: (.*)$", output, flags=re.MULTILINE)
         if found:
-            return found[-1].strip()
+            return str(found[-1]).strip()
     found = re.findall(r"HTTPError: (\d{3}\b[^\n]*?)(?: from |$)", output, flags=re.MULTILINE)
-    return found[-1].strip() if found else None
+    return str(found[-1]).strip() if found else None
 
 
 def check_repository_url(url: str) -> str:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import sys
+from typing import Any
 
 
 def kernel_for_capability(archs: list[str], capability: tuple[int, int]) -> str | None:
@@ -21,7 +22,7 @@ def kernel_for_capability(archs: list[str], capability: tuple[int, int]) -> str 
     return max(ptx, key=lambda a: int(a[8:]), default=None)
 
 
-def describe_kind(info: dict) -> str:
+def describe_kind(info: dict[str, Any]) -> str:
     """Which kind of wheel this is and which torch releases it serves."""
     if info.get("abi") == "stable":
         return (
