@@ -99,13 +99,18 @@ def image_for(cuda: str) -> str:
 STABLE_BUILD_MIN_PYTHON = (3, 11)
 
 
-def build_identifier(row: matrix.Row) -> str:
-    """One build per cell, on the row's lowest Python that can audit it: the wheel is
-    cp39-abi3 either way."""
+def build_python(row: matrix.Row) -> str:
+    """The Python a cell builds on: the row's lowest that can audit its wheel (the wheel is
+    cp39-abi3 either way)."""
     pythons = list(row.pythons)
     if row.kind == variant.STABLE:
         pythons = [p for p in pythons if tuple(map(int, p.split("."))) >= STABLE_BUILD_MIN_PYTHON]
-    return f"cp{pythons[0].replace('.', '')}-{PLATFORM_TAG}"
+    return pythons[0]
+
+
+def build_identifier(row: matrix.Row) -> str:
+    """One build per cell, on :func:`build_python`."""
+    return f"cp{build_python(row).replace('.', '')}-{PLATFORM_TAG}"
 
 
 def test_command() -> str:

@@ -33,6 +33,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from scripts import matrix, toolchain
+from scripts.wheelfile import sha256_of_file as sha256_file
 
 # Zip cannot store times before 1980; a commit older than that is clamped (as wheel does).
 ZIP_EPOCH_MIN = 315532800
@@ -45,14 +46,6 @@ COMPRESS_LEVEL = 9
 
 def log(msg: str) -> None:
     print(f"[reproducible] {msg}", file=sys.stderr, flush=True)
-
-
-def sha256_file(path: Path) -> str:
-    digest = hashlib.sha256()
-    with path.open("rb") as fh:
-        for block in iter(lambda: fh.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
 
 
 def record_hash(data: bytes) -> str:

@@ -31,6 +31,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from scripts.wheelfile import sha256_of_file as file_sha256
+
 REPO = Path(__file__).resolve().parent.parent
 SYSROOT_SUITE = "bullseye"  # glibc 2.31; buster (2.28) is no longer on the Debian mirror
 SYSROOT_PACKAGES = ("libc6", "libc6-dev", "linux-libc-dev")
@@ -345,14 +347,6 @@ def deb_fields(deb: Path) -> tuple[str, str]:
     ).stdout
     name, version = out.split("\t")
     return name, version
-
-
-def file_sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with path.open("rb") as fh:
-        for block in iter(lambda: fh.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
 
 
 def check_debs(debs: Sequence[Path], pins: Sequence[DebPin]) -> None:

@@ -61,11 +61,3 @@ def suite_digest(repo: Path = REPO) -> str:
     root = repo / "tests" / "ops"
     files = sorted(p for p in root.rglob("*.py") if "__pycache__" not in p.parts)
     return digest_files(files, repo)
-
-
-def file_sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with path.open("rb") as fh:
-        for chunk in iter(lambda: fh.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()

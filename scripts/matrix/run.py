@@ -32,7 +32,7 @@ from typing import Any
 
 from scripts import build, toolchain, wheeltest
 from scripts.interpreters import Interpreter, find_interpreters
-from scripts.matrix.digests import file_sha256, source_digest, suite_digest
+from scripts.matrix.digests import source_digest, suite_digest
 from scripts.matrix.negatives import (
     DEFAULT_NEGATIVES,
     NEGATIVE_PYTHON,
@@ -75,6 +75,7 @@ from scripts.matrix.schedule import (
 )
 from scripts.matrix.table import Row, load_rows, select_rows
 from scripts.toolchain import REPO
+from scripts.wheelfile import sha256_of_file as file_sha256
 
 
 def interpreters_for(rows: Sequence[Row]) -> dict[str, Interpreter | None]:

@@ -19,8 +19,9 @@ def test_image_has_cibuildwheels_utility_python_and_every_build_identifiers():
     pythons = container.image_pythons(ROWS)
     assert pythons[0] == "3.9"  # cibuildwheel's own calls use /opt/python/cp39-cp39
     for row in matrix.build_rows(ROWS):
-        assert ci.build_identifier(row).split("-")[0] == container.python_tag(row.pythons[0])
-        assert row.pythons[0] in pythons
+        python = ci.build_python(row)
+        assert ci.build_identifier(row).split("-")[0] == container.python_tag(python)
+        assert python in pythons
 
 
 def test_key_follows_every_input():

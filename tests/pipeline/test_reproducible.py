@@ -27,7 +27,7 @@ def rewrite_with(wheel: Path, dest: Path, *, reverse: bool, mode: int, when: tup
 
 
 def test_finalize_erases_order_times_and_modes(wheel_factory, tmp_path):
-    raw = wheel_factory()
+    raw = wheel_factory(with_sbom=False)
     (tmp_path / "x").mkdir()
     (tmp_path / "y").mkdir()
     a = rewrite_with(
@@ -44,7 +44,7 @@ def test_finalize_erases_order_times_and_modes(wheel_factory, tmp_path):
 
 
 def test_finalized_wheel_layout(wheel_factory, tmp_path):
-    raw = wheel_factory()
+    raw = wheel_factory(with_sbom=False)
     final = reproducible.finalize_wheel(
         raw, tmp_path / "out" / raw.name, EPOCH, {"sboms/a.json": b"{}"}
     )
@@ -64,7 +64,7 @@ def test_finalized_wheel_layout(wheel_factory, tmp_path):
 
 
 def test_finalize_keeps_executable_bit(wheel_factory, tmp_path):
-    raw = wheel_factory()
+    raw = wheel_factory(with_sbom=False)
     src = tmp_path / "src" / raw.name
     src.parent.mkdir()
     rewrite_with(raw, src, reverse=False, mode=0o100755, when=(2020, 1, 1, 0, 0, 0))
@@ -74,7 +74,7 @@ def test_finalize_keeps_executable_bit(wheel_factory, tmp_path):
 
 
 def test_finalize_refuses_to_replace_a_member(wheel_factory, tmp_path):
-    raw = wheel_factory()
+    raw = wheel_factory(with_sbom=False)
     final = reproducible.finalize_wheel(
         raw, tmp_path / "one" / raw.name, EPOCH, {"sboms/x.json": b"1"}
     )
@@ -89,11 +89,13 @@ def test_old_epoch_is_clamped_to_1980():
 
 
 def test_differing_members_names_the_member(wheel_factory, tmp_path, elf_libs):
-    first = wheel_factory()
+    first = wheel_factory(with_sbom=False)
     a = tmp_path / "a" / first.name
     a.parent.mkdir()
     first.rename(a)
-    b = wheel_factory(extra={"hotloop/_C.abi3.so": elf_libs["good"] + b"/tmp/build-path\0"})
+    b = wheel_factory(
+        with_sbom=False, extra={"hotloop/_C.abi3.so": elf_libs["good"] + b"/tmp/build-path\0"}
+    )
     fa = reproducible.finalize_wheel(a, tmp_path / "fa" / a.name, EPOCH)
     fb = reproducible.finalize_wheel(b, tmp_path / "fb" / a.name, EPOCH)
     diffs = reproducible.differing_members(fa, fb)
@@ -103,7 +105,7 @@ def test_differing_members_names_the_member(wheel_factory, tmp_path, elf_libs):
 
 
 def test_differing_members_only_in_one(wheel_factory, tmp_path):
-    a = wheel_factory()
+    a = wheel_factory(with_sbom=False)
     fa = reproducible.finalize_wheel(a, tmp_path / "fa" / a.name, EPOCH)
     fb = reproducible.finalize_wheel(a, tmp_path / "fb" / a.name, EPOCH, {"sboms/x.json": b"{}"})
     diffs = reproducible.differing_members(fa, fb)
@@ -111,7 +113,7 @@ def test_differing_members_only_in_one(wheel_factory, tmp_path):
 
 
 def test_differing_zip_entry_only(wheel_factory, tmp_path):
-    raw = wheel_factory()
+    raw = wheel_factory(with_sbom=False)
     (tmp_path / "x").mkdir()
     (tmp_path / "y").mkdir()
     a = rewrite_with(
@@ -136,7 +138,7 @@ def fake_inputs(torch_version: str):
 
 
 def test_finalize_release_adds_a_checked_sbom(wheel_factory, newest_row, tmp_path, monkeypatch):
-    raw = wheel_factory()
+    raw = wheel_factory(with_sbom=False)
     with zipfile.ZipFile(raw) as zf:
         torch_version = sbom.wheel_build_info(zf)["torch_version"]
     monkeypatch.setattr(sbom, "collect_inputs", fake_inputs(torch_version))
@@ -148,7 +150,7 @@ def test_finalize_release_adds_a_checked_sbom(wheel_factory, newest_row, tmp_pat
 def test_finalize_release_leaves_no_wheel_when_the_sbom_disagrees(
     wheel_factory, newest_row, tmp_path, monkeypatch
 ):
-    raw = wheel_factory()
+    raw = wheel_factory(with_sbom=False)
     monkeypatch.setattr(sbom, "collect_inputs", fake_inputs("1.0.0"))
     with pytest.raises(audit.AuditError, match=r"sbom: names torch '1\.0\.0'"):
         reproducible.finalize_release(newest_row, raw, tmp_path / "out", None, None, EPOCH)
