@@ -413,12 +413,15 @@ def test_two_different_files_with_one_name_are_refused(tmp_path: Path) -> None:
         index.build_index([tmp_path / "a", tmp_path / "b"], tmp_path / "site")
 
 
+# VmHWM, not getrusage's ru_maxrss: Linux carries ru_maxrss over from the parent across
+# fork and exec, so a pytest process that has imported torch would be measured instead.
 _PEAK_RSS = """
-import resource, sys
+import sys
 from pathlib import Path
 from scripts import index, wheelfile
 index.build_index([Path(sys.argv[1])], Path(sys.argv[2]))
-print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss // 1024)
+status = Path("/proc/self/status").read_text().splitlines()
+print(next(int(line.split()[1]) for line in status if line.startswith("VmHWM:")) // 1024)
 """
 
 
