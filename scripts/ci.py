@@ -269,7 +269,7 @@ def before_build(row: matrix.Row) -> None:
     # uv first: it installs torch from the host's cache (mounted at /host) in seconds.
     pip_install(*(t for t in tools.PIPELINE if t.startswith("uv==")))
     cmd = ["uv", "pip", "install", "--python", sys.executable, f"torch=={row.torch}"]
-    cmd += [*BUILD_REQUIREMENTS, *tools.PIPELINE, *sbom.TOOLS]
+    cmd += [*BUILD_REQUIREMENTS, *tools.PIPELINE]
     log("$ " + " ".join(cmd))
     subprocess.run(cmd, check=True)
     CONTAINER_ROOT.mkdir(parents=True, exist_ok=True)
