@@ -36,7 +36,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from scripts import matrix, sbom, toolchain, tools, variant
+from scripts import matrix, toolchain, tools, variant
 
 REPO = toolchain.REPO
 WORKFLOWS = REPO / ".github" / "workflows"
