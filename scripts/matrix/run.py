@@ -78,6 +78,14 @@ from scripts.toolchain import REPO
 from scripts.wheelfile import sha256_of_file as file_sha256
 
 
+def cache_relative(path: str) -> str:
+    """``path`` relative to the cache folder (``<cache>/...``), or its name when outside it."""
+    try:
+        return "<cache>/" + str(Path(path).resolve().relative_to(toolchain.cache_dir().resolve()))
+    except ValueError:
+        return Path(path).name
+
+
 def interpreters_for(rows: Sequence[Row]) -> dict[str, Interpreter | None]:
     versions = {p for r in rows for p in r.pythons} | {NEGATIVE_PYTHON}
     found = find_interpreters(sorted(versions, key=release))
@@ -136,10 +144,12 @@ def run_matrix(args: argparse.Namespace) -> dict[str, Any]:
             "wheel_sha256": state.wheel_sha256,
             "summary": res.summary,
             "seconds": round(res.seconds, 1),
-            "interpreter": f"{interp.path} ({interp.source})",
+            # No machine paths in the committed table: the interpreter by name and source,
+            # the log relative to the cache folder it lies in.
+            "interpreter": f"{Path(interp.path).name} ({interp.source})",
             "date": utc_now(),
             "commit": build.git_commit(),
-            "log": res.log,
+            "log": cache_relative(res.log),
         }
         log(f"{name}: {cell['status']} in {cell['seconds']:.0f}s - {res.summary}")
         if cell["status"] == PASS:
