@@ -196,6 +196,25 @@ def pick_build_python(
     raise SystemExit(f"no interpreter for any of {row.pythons} (torch {row.torch}) found")
 
 
+def run_build(
+    py: Path, src: Path, dist: Path, env: Mapping[str, str], log_path: Path, what: str
+) -> None:
+    """``python -m build --wheel --no-isolation`` of ``src`` into ``dist``, logged to
+    ``log_path``; BuildError with the log's last lines when it fails."""
+    with log_path.open("w") as fh:
+        proc = subprocess.run(
+            [str(py), "-m", "build", "--wheel", "--no-isolation", "--outdir", str(dist), str(src)],
+            env=dict(env),
+            stdout=fh,
+            stderr=subprocess.STDOUT,
+        )
+    if proc.returncode != 0:
+        tail = "".join(log_path.read_text().splitlines(keepends=True)[-40:])
+        raise BuildError(
+            f"{what}: build failed (exit {proc.returncode}); last lines of {log_path}:\n{tail}"
+        )
+
+
 def build_wheel(row: Row, workdir: Path, build_python: Interpreter | None = None) -> BuildResult:
     """Build ``row``'s wheel into ``workdir/dist``; raises CalledProcessError on failure."""
     start = time.monotonic()
@@ -218,19 +237,7 @@ def build_wheel(row: Row, workdir: Path, build_python: Interpreter | None = None
     shutil.rmtree(dist, ignore_errors=True)
     log_path = workdir / "build.log"
     log(f"{row.variant}: python -m build --wheel --no-isolation (log: {log_path})")
-    with log_path.open("w") as fh:
-        proc = subprocess.run(
-            [str(py), "-m", "build", "--wheel", "--no-isolation", "--outdir", str(dist), str(src)],
-            env=env,
-            stdout=fh,
-            stderr=subprocess.STDOUT,
-        )
-    if proc.returncode != 0:
-        tail = "".join(log_path.read_text().splitlines(keepends=True)[-40:])
-        raise BuildError(
-            f"{row.variant}: build failed (exit {proc.returncode}); "
-            f"last lines of {log_path}:\n{tail}"
-        )
+    run_build(py, src, dist, env, log_path, what=row.variant)
     wheels = sorted(dist.glob("*.whl"))
     if len(wheels) != 1:
         raise BuildError(

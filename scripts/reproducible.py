@@ -275,17 +275,7 @@ def build_once(
         env.pop(var)
     env.update(provenance or {})
     dist = workdir / "dist"
-    log_path = workdir / "build.log"
-    with log_path.open("w") as fh:
-        proc = subprocess.run(
-            [str(py), "-m", "build", "--wheel", "--no-isolation", "--outdir", str(dist), str(src)],
-            env=env,
-            stdout=fh,
-            stderr=subprocess.STDOUT,
-        )
-    if proc.returncode != 0:
-        tail = "".join(log_path.read_text().splitlines(keepends=True)[-30:])
-        raise RuntimeError(f"build in {workdir} failed (exit {proc.returncode}):\n{tail}")
+    build.run_build(py, src, dist, env, workdir / "build.log", what=f"build in {workdir}")
     (wheel,) = sorted(dist.glob("*.whl"))
     return wheel, py
 

@@ -191,18 +191,30 @@ def ensure_cuda_toolkit(cuda: str, toolkit: Toolkit) -> Path:
     return ensure_pypi_toolkit(cuda, toolkit.nvcc, toolkit.packages)
 
 
+def _toolkit_root(name: str, key: str) -> tuple[Path, bool]:
+    """``(<cache>/cuda/<name>-<digest of key>, whether its stamp says it is complete)``.
+
+    An incomplete folder (an interrupted fetch) is this module's own work: it is emptied
+    and made again for the caller to fill.
+    """
+    digest = hashlib.sha256(key.encode()).hexdigest()[:10]
+    root = cache_dir() / "cuda" / f"{name}-{digest}"
+    if _stamped(root, key):
+        return root, True
+    if root.exists():
+        shutil.rmtree(root)
+    root.mkdir(parents=True)
+    return root, False
+
+
 def ensure_pypi_toolkit(cuda: str, release: str, packages: Sequence[str]) -> Path:
     """A ``CUDA_HOME`` merged from NVIDIA's pinned PyPI ``packages``."""
     key = _toolkit_key(packages)
-    digest = hashlib.sha256(key.encode()).hexdigest()[:10]
-    root = cache_dir() / "cuda" / f"{release}-{digest}"
+    root, ready = _toolkit_root(release, key)
     home = root / "home"
-    if _stamped(root, key):
+    if ready:
         return home
-    if root.exists():
-        shutil.rmtree(root)
     site = root / "site-packages"
-    root.mkdir(parents=True)
     uv = shutil.which("uv") or "uv"
     run(
         [
@@ -386,14 +398,10 @@ def ensure_debian_toolkit(toolkit: Toolkit) -> Path:
     files :func:`deb_member_target` keeps stay in the cache.
     """
     key = _debian_key(toolkit)
-    digest = hashlib.sha256(key.encode()).hexdigest()[:10]
-    root = cache_dir() / "cuda" / f"{toolkit.nvcc}-debian-{digest}"
+    root, ready = _toolkit_root(f"{toolkit.nvcc}-debian", key)
     home = root / "home"
-    if _stamped(root, key):
+    if ready:
         return home
-    if root.exists():
-        shutil.rmtree(root)
-    root.mkdir(parents=True)
     specs = [pin.spec for pin in toolkit.debs]
     try:
         debs = apt_download(specs, toolkit.suite, root, components=toolkit.components)
