@@ -159,3 +159,16 @@ def test_python_m_scripts_matrix_table_prints_the_rows() -> None:
     assert lines[-1].startswith("stable.cu13  torch 2.15.0")
     assert "served by the wheel built against torch 2.11.0" in lines[-1]
     assert proc.stderr == ""
+
+
+def test_pinned_turns_a_stable_row_into_its_own_aten_build(rows):
+    row = matrix.select_rows(rows, "2.15")[0]
+    pinned = row.pinned()
+    assert (pinned.variant, pinned.requires_torch, pinned.kind) == (
+        "pt215cu132",
+        "torch==2.15.*",
+        "pinned",
+    )
+    assert pinned.is_build
+    assert matrix.build_rows([pinned], [pinned]) == [pinned]
+    assert row.variant == "stable.cu13"  # the table's row is unchanged

@@ -106,3 +106,16 @@ def test_skip_tests(fake_pipeline, tmp_path, newest_row):
     out = tmp_path / "out"
     assert wheels.main(["--out", str(out), "--skip-tests"]) == 0
     assert json.loads((out / f"{newest_row.variant}.json").read_text())["tests"] == []
+
+
+def test_pinned_option_builds_the_aten_flavour_of_the_row(fake_pipeline, tmp_path, monkeypatch):
+    built = []
+
+    def record(row, workdir, interp):
+        built.append((row.variant, row.kind, row.torch))
+        raise build.BuildError("stop after recording what was asked for")
+
+    monkeypatch.setattr(build, "build_wheel", record)
+    out = tmp_path / "out"
+    assert wheels.main(["--out", str(out), "--torch", "2.11", "--pinned"]) == 1
+    assert built == [("pt211cu130", "pinned", "2.11.0")]
