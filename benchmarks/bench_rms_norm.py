@@ -48,12 +48,23 @@ EPS = 1e-6
 DEVICE = "cuda"
 
 HEADLINE = (8, 4096, 4096)
-SWEEP_HIDDEN = (512, 1000, 1024, 2048, 4095, 4096, 8192, 8193, 16384)
+SWEEP_HIDDEN = (512, 1000, 1024, 2048, 4095, 4096, 8192, 8193, 12288, 16384, 32768, 65536)
 HEADLINE_DTYPES = ("bfloat16", "float16", "float32")
 QUICK_SWEEP_HIDDEN = (1024, 4096, 8193)
 # fused_add_rms_norm beyond the headline: the widths its vector kernel doesn't take
-# (unaligned rows) and the widest one it does.
-FUSED_ADD_SWEEP_HIDDEN = (1000, 4095, 8193, 16384)
+# (unaligned rows) and wide rows.
+FUSED_ADD_SWEEP_HIDDEN = (1000, 4095, 8193, 16384, 32768, 65536)
+# Decode-sized calls, where the host's cost per call (Python, dispatcher, autograd, launch)
+# rather than memory decides the time.
+SMALL_BATCH_SHAPES = ((1, 4096), (8, 4096), (32, 8192))
+SMALL_BATCH_OP = "rms_norm (small batch)"
+SMALL_BATCH_MODES = (
+    "call fwd",
+    "call fwd inference_mode",
+    "call fwd+bwd",
+    "kernel fwd",
+    "graph fwd",
+)
 DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
 # Error allowed against the float64 reference, relative to the reference's largest value.
 TOLERANCE = {torch.bfloat16: 2e-2, torch.float16: 4e-3, torch.float32: 1e-4}
@@ -120,6 +131,53 @@ def time_cuda(
     torch.cuda.synchronize()
     times = [s.elapsed_time(e) for s, e in zip(starts, ends)]
     return Timing(statistics.median(times), min(times), max(times), reps)
+
+
+def time_host_calls(
+    fn: Callable[..., Any], inputs: Sequence[tuple[Any, ...]], *, calls: int = 400, rounds: int = 7
+) -> Timing:
+    """Per-call time of back-to-back calls, synchronised only at the end of a round: what an
+    eager loop of small calls costs, the host's work (Python, dispatcher, autograd, launch)
+    included. Median over rounds."""
+    n_inputs = len(inputs)
+    for i in range(max(20, n_inputs)):
+        fn(*inputs[i % n_inputs])
+    times: list[float] = []
+    for _ in range(rounds):
+        torch.cuda.synchronize()
+        start = time.perf_counter()
+        for i in range(calls):
+            fn(*inputs[i % n_inputs])
+        torch.cuda.synchronize()
+        times.append((time.perf_counter() - start) * 1e3 / calls)
+    return Timing(statistics.median(times), min(times), max(times), rounds * calls)
+
+
+def time_graph_replay(
+    fn: Callable[..., Any], inputs: Sequence[tuple[Any, ...]], *, calls: int = 50, rounds: int = 20
+) -> Timing:
+    """Per-call GPU time of `calls` calls captured in one CUDA graph and replayed: the host's
+    cost is gone, launches are back to back."""
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        for i in range(3):
+            fn(*inputs[i % len(inputs)])
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for i in range(calls):
+            fn(*inputs[i % len(inputs)])
+    graph.replay()
+    times: list[float] = []
+    for _ in range(rounds):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        graph.replay()
+        end.record()
+        torch.cuda.synchronize()
+        times.append(start.elapsed_time(end) / calls)
+    return Timing(statistics.median(times), min(times), max(times), rounds * calls)
 
 
 def copy_bandwidth(nbytes: int = 2 << 30) -> tuple[float, Timing]:
@@ -265,8 +323,10 @@ class Runner:
         inputs: Sequence[tuple[Any, ...]],
         check: Callable[[], float],
         tol: float,
+        timer: Callable[..., Timing] | None = None,
     ) -> Result:
-        """Check fn against the reference (check() returns the relative error), then time."""
+        """Check fn against the reference (check() returns the relative error), then time
+        it with `timer` (default: time_cuda, the GPU time per call)."""
         try:
             err = check()
             result.max_rel_err = err
@@ -274,8 +334,11 @@ class Runner:
                 result.status = "wrong"
                 result.note = f"max relative error {err:.3g} > {tol:g} vs float64; not timed"
             else:
-                kw = {"rep_ms": 60.0, "warmup_ms": 15.0} if self.quick else {}
-                t = time_cuda(fn, inputs, **kw)
+                if timer is not None:
+                    t = timer(fn, inputs)
+                else:
+                    kw = {"rep_ms": 60.0, "warmup_ms": 15.0} if self.quick else {}
+                    t = time_cuda(fn, inputs, **kw)
                 result.ms, result.ms_min, result.ms_max, result.reps = (
                     t.ms,
                     t.ms_min,
@@ -379,6 +442,95 @@ def bench_rms_norm_case(
             check,
             tol,
         )
+
+
+def bench_small_batch(
+    runner: Runner,
+    impls: dict[str, Callable[..., torch.Tensor]],
+    hotloop: Any,
+    shape: tuple[int, ...],
+    dtype: torch.dtype,
+) -> None:
+    """Decode-sized calls: per-call time of an eager loop (host included) forward under
+    no_grad and under inference_mode, forward+backward, the GPU time of the forward alone,
+    and the per-call time of the forward replayed from a CUDA graph. The gap between
+    `hotloop CUDA` and `hotloop (torch.ops)` is the Python wrapper's; between no_grad and
+    inference_mode, the autograd kernel's."""
+    H = shape[-1]
+    n = math.prod(shape)
+    esize = torch.empty((), dtype=dtype).element_size()
+    gen = torch.Generator(device=DEVICE).manual_seed(3)
+    weight = (1.0 + 0.1 * torch.randn(H, device=DEVICE, generator=gen)).to(dtype)
+    w_grad = weight.clone().requires_grad_()
+    xs = [torch.randn(shape, device=DEVICE, dtype=dtype, generator=gen) for _ in range(4)]
+    xs_grad = [x.clone().requires_grad_() for x in xs]
+    dys = [torch.randn(shape, device=DEVICE, dtype=dtype, generator=gen) for _ in range(4)]
+    ref_y = F.rms_norm(xs[0].double(), (H,), weight.double(), EPS)
+    dtype_name = str(dtype).removeprefix("torch.")
+    fwd_bytes = 2 * n * esize + H * esize
+    bwd_bytes = fwd_bytes + 3 * n * esize + 2 * H * esize
+    impls = dict(impls)
+    impls.pop("pytorch (Llama)", None)  # many small kernels: not a contender at this size
+    if hotloop is not None:
+        impls["hotloop (torch.ops)"] = torch.ops.hotloop.rms_norm.default
+
+    def result(mode: str, name: str, nbytes: int) -> Result:
+        return Result(
+            SMALL_BATCH_OP, mode, name, list(shape), H, dtype_name, nbytes,
+            tags=["small_batch"],
+        )  # fmt: skip
+
+    for name, impl in impls.items():
+
+        def check(impl: Callable[..., torch.Tensor] = impl) -> float:
+            with torch.no_grad():
+                return rel_err(impl(xs[0], weight, EPS), ref_y)
+
+        def fwd_no_grad(x: torch.Tensor, impl: Callable[..., torch.Tensor] = impl) -> Any:
+            with torch.no_grad():
+                return impl(x, weight, EPS)
+
+        def fwd_inference(x: torch.Tensor, impl: Callable[..., torch.Tensor] = impl) -> Any:
+            with torch.inference_mode():
+                return impl(x, weight, EPS)
+
+        def fwd_bwd(
+            x: torch.Tensor, dy: torch.Tensor, impl: Callable[..., torch.Tensor] = impl
+        ) -> Any:
+            return torch.autograd.grad(impl(x, w_grad, EPS), (x, w_grad), dy)
+
+        inputs = [(x,) for x in xs]
+        tol = TOLERANCE[dtype]
+        runner.measure(
+            result("call fwd", name, fwd_bytes), fwd_no_grad, inputs, check, tol, time_host_calls
+        )
+        runner.measure(
+            result("call fwd inference_mode", name, fwd_bytes),
+            fwd_inference,
+            inputs,
+            check,
+            tol,
+            time_host_calls,
+        )
+        if name != "hotloop (torch.ops)":
+            runner.measure(
+                result("call fwd+bwd", name, bwd_bytes),
+                fwd_bwd,
+                list(zip(xs_grad, dys)),
+                check,
+                tol,
+                time_host_calls,
+            )
+        runner.measure(result("kernel fwd", name, fwd_bytes), fwd_no_grad, inputs, check, tol)
+        if name != "torch.compile":  # a compiled function replays through its own graphs
+            runner.measure(
+                result("graph fwd", name, fwd_bytes),
+                fwd_no_grad,
+                inputs,
+                check,
+                tol,
+                time_graph_replay,
+            )
 
 
 def bench_fused_add_rms_norm(
@@ -572,7 +724,7 @@ def headline_table(results: list[Result], shape: Sequence[int], copy_gbps: float
         lines.append(
             f"| {impl} | " + " | ".join(cells(modes.get("fwd")) + cells(fb)) + f" | {speedup} |"
         )
-    others = [r for r in results if r.op != "rms_norm"]
+    others = [r for r in results if r.op not in ("rms_norm", SMALL_BATCH_OP)]
     if others:
         lines += [
             "",
@@ -583,6 +735,29 @@ def headline_table(results: list[Result], shape: Sequence[int], copy_gbps: float
             c = cells(r)
             lines.append(f"| {r.op} | {r.impl} | {tuple(r.shape)} | {r.dtype} | " + " | ".join(c))
             lines[-1] += " |"
+    return "\n".join(lines)
+
+
+def small_batch_table(results: list[Result]) -> str:
+    """Markdown table of the decode-sized calls: microseconds per call, one row per
+    (shape, implementation), one column per mode."""
+    rows = [r for r in results if r.op == SMALL_BATCH_OP]
+    if not rows:
+        return ""
+    cells: dict[tuple[tuple[int, ...], str], dict[str, str]] = {}
+    for r in rows:
+        text = f"{r.ms * 1e3:.1f}" if r.status == "ok" and r.ms is not None else r.status
+        cells.setdefault((tuple(r.shape), r.impl), {})[r.mode] = text
+    lines = [
+        "Decode-sized calls, bfloat16, microseconds per call (call: an eager loop, host "
+        "included; kernel: GPU time; graph: replayed from a CUDA graph)",
+        "",
+        "| shape | implementation | " + " | ".join(SMALL_BATCH_MODES) + " |",
+        "| --- | --- |" + " ---: |" * len(SMALL_BATCH_MODES),
+    ]
+    for (shape, impl), modes in cells.items():
+        values = " | ".join(modes.get(m, "-") for m in SMALL_BATCH_MODES)
+        lines.append(f"| {shape} | {impl} | {values} |")
     return "\n".join(lines)
 
 
@@ -610,6 +785,9 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         "--rms-norm-only", action="store_true", help="skip fused_add_rms_norm and muladd"
     )
     p.add_argument("--no-plot", action="store_true", help="write the JSON only")
+    p.add_argument(
+        "--no-small-batch", action="store_true", help="skip the decode-sized per-call timings"
+    )
     return p.parse_args(argv)
 
 
@@ -663,7 +841,11 @@ def main(argv: Sequence[str] | None = None) -> int:
             continue  # the headline shape is this point of the sweep
         bench_rms_norm_case(runner, impls, sweep_shape(hidden, total), torch.bfloat16, ["sweep"])
         torch.cuda.empty_cache()
-    # 3. fused_add_rms_norm and muladd at the headline shape.
+    # 3. Decode-sized calls.
+    if not args.no_small_batch:
+        for shape in SMALL_BATCH_SHAPES:
+            bench_small_batch(runner, impls, hotloop, shape, torch.bfloat16)
+    # 4. fused_add_rms_norm and muladd at the headline shape.
     if not args.rms_norm_only:
         bench_fused_add_rms_norm(runner, hotloop, LigerFusedAdd, headline, torch.bfloat16)
         bench_muladd(runner, hotloop, headline, torch.bfloat16)
@@ -698,6 +880,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     json_path = out / "rms_norm.json"
     json_path.write_text(json.dumps(doc, indent=1) + "\n")
     table = headline_table(runner.results, headline, copy_gbps)
+    if small := small_batch_table(runner.results):
+        table += "\n\n" + small
     (out / "rms_norm.md").write_text(table + "\n")
     print()
     print(table)

@@ -108,6 +108,9 @@ def rms_norm(
                 "install a CUDA build of torch, which brings Triton"
             )
         return triton_rms_norm.rms_norm(x, weight, eps)
+    if _autograd_has_nothing_to_do(x, weight):
+        with torch._C._AutoDispatchBelowAutograd():
+            return torch.ops.hotloop.rms_norm.default(x, weight, eps)
     return torch.ops.hotloop.rms_norm.default(x, weight, eps)
 
 
@@ -117,7 +120,25 @@ def fused_add_rms_norm(x: Tensor, residual: Tensor, weight: Tensor, eps: float =
     The inference step between two transformer blocks, in one pass over memory. It has no
     backward: call it under ``torch.no_grad()`` or ``torch.inference_mode()``.
     """
+    if _autograd_has_nothing_to_do(x, residual, weight):
+        _bump_versions_in_place("fused_add_rms_norm", x, residual)
+        with torch._C._AutoDispatchBelowADInplaceOrView():
+            torch.ops.hotloop.fused_add_rms_norm.default(x, residual, weight, eps)
+        return
     torch.ops.hotloop.fused_add_rms_norm.default(x, residual, weight, eps)
+
+
+def _autograd_has_nothing_to_do(*tensors: Tensor | None) -> bool:
+    """Whether the op's Python Autograd kernel (below) would only pass the call on.
+
+    Then the API functions call below it: that kernel is a Python function the dispatcher
+    enters for every tensor outside inference mode, about 5 us of a decode-sized call's
+    20 (H100, torch 2.11; benchmarks/NOTES.md). Under torch.compile/export and torch.func
+    transforms the call keeps its usual path, which those trace or transform.
+    """
+    if torch.compiler.is_compiling() or torch._C._are_functorch_transforms_active():
+        return False
+    return not (torch.is_grad_enabled() and torch._C._any_requires_grad(*tensors))
 
 
 # ------------------------------------------------------------------------ input checks
@@ -406,18 +427,23 @@ _register_autograd("rms_norm_backward", _RmsNormBackwardFunction)
 # Under torch.inference_mode() neither key is dispatched to, as for torch's ops.
 
 
-def _fused_add_rms_norm_inplace_or_view(
-    keyset: torch._C.DispatchKeySet, x: Tensor, residual: Tensor, weight: Tensor, eps: float
-) -> None:
-    if not torch.is_inference_mode_enabled() and (x.is_inference() or residual.is_inference()):
+def _bump_versions_in_place(op: str, *written: Tensor) -> None:
+    """What ADInplaceOrView does for torch's in-place ops before they write."""
+    if not torch.is_inference_mode_enabled() and any(t.is_inference() for t in written):
         # torch's version counter raises this for its own ops; increment_version below
         # skips inference tensors instead.
         raise RuntimeError(
-            "fused_add_rms_norm: Inplace update to inference tensor outside InferenceMode is "
+            f"{op}: Inplace update to inference tensor outside InferenceMode is "
             "not allowed. You can make a clone to get a normal tensor before doing inplace "
             "update. See https://github.com/pytorch/rfcs/pull/17 for more details."
         )
-    torch.autograd.graph.increment_version((x, residual))
+    torch.autograd.graph.increment_version(written)
+
+
+def _fused_add_rms_norm_inplace_or_view(
+    keyset: torch._C.DispatchKeySet, x: Tensor, residual: Tensor, weight: Tensor, eps: float
+) -> None:
+    _bump_versions_in_place("fused_add_rms_norm", x, residual)
     with torch._C._AutoDispatchBelowADInplaceOrView():
         torch.ops.hotloop.fused_add_rms_norm.default.redispatch(
             keyset & torch._C._after_ADInplaceOrView_keyset, x, residual, weight, eps

@@ -264,3 +264,15 @@ def test_module_rejects_multi_dim_shapes() -> None:
         hotloop.RMSNorm((4, 8))
     with pytest.raises(ValueError, match="last dimension 8"):
         hotloop.RMSNorm(8)(torch.randn(2, 9))
+
+
+def test_no_grad_call_matches_and_records_nothing(device: str) -> None:
+    """Under no_grad the API function skips the Autograd kernel: same values, no graph."""
+    x = torch.randn(4, 64, device=device, requires_grad=True)
+    w = torch.randn(64, device=device, requires_grad=True)
+    with torch.no_grad():
+        y = hotloop.rms_norm(x, w, 1e-6)
+    assert y.grad_fn is None and not y.requires_grad
+    torch.testing.assert_close(y, rms_norm_reference(x.detach(), w.detach(), 1e-6).float())
+    y = hotloop.rms_norm(x, w, 1e-6)  # grad mode: recorded
+    assert y.grad_fn is not None
