@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <initializer_list>
+#include <type_traits>
 
 #include "cuda_utils.cuh"
 
@@ -72,6 +73,16 @@ inline RowLaunch plan_row_launch(int64_t hidden, int vector_width, bool vector_o
     plan.rows_per_block = kThreadsForShortRows / plan.threads_per_row;
   }
   return plan;
+}
+
+// Calls launch(std::integral_constant<int, V>{}) for the V of kVariants the plan picked
+// (its vectors per thread) and returns true, or returns false where it picked none of
+// them (0: the caller's scalar or generic kernels).
+template <int... kVariants, typename Launch>
+bool launch_vector_rows(const RowLaunch& plan, Launch&& launch) {
+  return ((plan.vectors_per_thread == kVariants &&
+           (launch(std::integral_constant<int, kVariants>{}), true)) ||
+          ...);
 }
 
 // One block per group of rows, capped (kernels loop over rows with a grid stride).

@@ -5,12 +5,14 @@
 // computed from that rounded value, as on CPU, so the op equals the unfused
 // `residual.add_(x); x.copy_(rms_norm(residual, weight, eps))`. Rows map onto
 // blocks as in rms_norm (common/row_launch.cuh): register-resident 16-byte
-// vectors when aligned, register-resident scalars for other rows up to 16384
+// vectors when aligned, staged in shared memory when aligned but longer
+// (common/staged_rows.cuh), register-resident scalars for other rows up to 16384
 // elements (common/scalar_rows.cuh), a generic kernel for the rest.
 
 #include "../common/cuda_utils.cuh"
 #include "../common/row_launch.cuh"
 #include "../common/scalar_rows.cuh"
+#include "../common/staged_rows.cuh"
 #include "fused_add_rms_norm_checks.h"
 
 namespace hotloop {
@@ -146,6 +148,67 @@ __global__ void __launch_bounds__(scalar_max_threads(kElemsPerThread))
   }
 }
 
+// Aligned rows longer than the vector kernel takes: the rounded sums are staged in shared
+// memory for the second step (common/staged_rows.cuh).
+template <typename scalar_t>
+__global__ void __launch_bounds__(kStagedThreads)
+    fused_add_rms_norm_staged_kernel(scalar_t* __restrict__ x, scalar_t* __restrict__ residual,
+                                     const scalar_t* __restrict__ weight, int64_t rows,
+                                     int64_t hidden, acc_type<scalar_t> eps) {
+  using acc_t = acc_type<scalar_t>;
+  constexpr int kVec = vector_size<scalar_t>();
+  using Vec = AlignedVector<scalar_t, kVec>;
+  Vec* staged = staged_rows<Vec>();
+  const int num_vectors = static_cast<int>(hidden / kVec);
+  const acc_t inv_hidden = acc_t(1) / static_cast<acc_t>(hidden);
+  const Vec* weight_vec = reinterpret_cast<const Vec*>(weight);
+  for (int64_t row = blockIdx.x; row < rows; row += gridDim.x) {
+    Vec* x_row = reinterpret_cast<Vec*>(x + row * hidden);
+    Vec* res_row = reinterpret_cast<Vec*>(residual + row * hidden);
+    acc_t sum_sq[1] = {0};
+    for (int base = threadIdx.x; base < num_vectors; base += kStagedUnroll * kStagedThreads) {
+      Vec sum[kStagedUnroll];  // x, then the rounded residual
+      Vec rv[kStagedUnroll];
+#pragma unroll
+      for (int u = 0; u < kStagedUnroll; ++u) {
+        const int idx = base + u * kStagedThreads;
+        if (idx < num_vectors) {
+          sum[u] = x_row[idx];
+          rv[u] = res_row[idx];
+        }
+      }
+#pragma unroll
+      for (int u = 0; u < kStagedUnroll; ++u) {
+        const int idx = base + u * kStagedThreads;
+        if (idx < num_vectors) {
+#pragma unroll
+          for (int k = 0; k < kVec; ++k) {
+            sum[u].val[k] = static_cast<scalar_t>(static_cast<acc_t>(sum[u].val[k]) +
+                                                  static_cast<acc_t>(rv[u].val[k]));
+            const acc_t v = static_cast<acc_t>(sum[u].val[k]);
+            sum_sq[0] += v * v;
+          }
+          res_row[idx] = sum[u];
+          staged[idx] = sum[u];
+        }
+      }
+    }
+    row_sum(sum_sq);
+    const acc_t rstd = rsqrt_acc(sum_sq[0] * inv_hidden + eps);
+    for (int idx = threadIdx.x; idx < num_vectors; idx += kStagedThreads) {
+      const Vec sv = staged[idx];
+      const Vec wv = weight_vec[idx];
+      Vec out;
+#pragma unroll
+      for (int k = 0; k < kVec; ++k) {
+        out.val[k] = static_cast<scalar_t>(static_cast<acc_t>(sv.val[k]) * rstd *
+                                           static_cast<acc_t>(wv.val[k]));
+      }
+      x_row[idx] = out;
+    }
+  }
+}
+
 // Any hidden size and alignment, in chunks of kGenericChunk elements per thread. The
 // second loop re-reads the residual elements this same thread stored in the first, so
 // no barrier is needed between them.
@@ -205,33 +268,34 @@ void launch_fused_add_rms_norm(scalar_t* x, scalar_t* residual, const scalar_t* 
   const RowLaunch plan = plan_row_launch(hidden, vector_size<scalar_t>(), aligned, kFusedLimits);
   const cudaStream_t stream = current_stream();
   const acc_t eps_acc = static_cast<acc_t>(eps);
-  if (plan.vectors_per_thread == 0) {
-    const RowLaunch scalar_plan = plan_scalar_row_launch(hidden);
-    const dim3 grid(static_cast<unsigned>(row_blocks(rows, scalar_plan)));
-    const bool launched = launch_scalar_rows<scalar_t>(scalar_plan, [&](auto elems) {
-      fused_add_rms_norm_scalar_kernel<scalar_t, decltype(elems)::value>
-          <<<grid, scalar_plan.block(), 0, stream>>>(x, residual, weight, rows, hidden, eps_acc);
-    });
-    if (launched) {
-      HOTLOOP_KERNEL_LAUNCH_CHECK();
-      return;
-    }
-  }
   const dim3 grid(static_cast<unsigned>(row_blocks(rows, plan)));
-  switch (plan.vectors_per_thread) {
-#define HOTLOOP_LAUNCH(VPT)                                                              \
-  case VPT:                                                                              \
-    fused_add_rms_norm_vector_kernel<scalar_t, VPT>                                      \
-        <<<grid, plan.block(), 0, stream>>>(x, residual, weight, rows, hidden, eps_acc); \
-    break;
-    HOTLOOP_LAUNCH(1)
-    HOTLOOP_LAUNCH(2)
-    HOTLOOP_LAUNCH(kFusedWideVectors)
-#undef HOTLOOP_LAUNCH
-    default:
-      HOTLOOP_INTERNAL_ASSERT(plan.vectors_per_thread == 0);
-      fused_add_rms_norm_generic_kernel<scalar_t>
-          <<<grid, plan.block(), 0, stream>>>(x, residual, weight, rows, hidden, eps_acc);
+  const bool vector_launched = launch_vector_rows<1, 2, kFusedWideVectors>(plan, [&](auto vpt) {
+    fused_add_rms_norm_vector_kernel<scalar_t, decltype(vpt)::value>
+        <<<grid, plan.block(), 0, stream>>>(x, residual, weight, rows, hidden, eps_acc);
+  });
+  if (vector_launched) {
+    HOTLOOP_KERNEL_LAUNCH_CHECK();
+    return;
+  }
+  const int64_t row_bytes = hidden * static_cast<int64_t>(sizeof(scalar_t));
+  if (aligned && hidden % vector_size<scalar_t>() == 0 && row_bytes <= staged_bytes_limit()) {
+    const auto kernel = fused_add_rms_norm_staged_kernel<scalar_t>;
+    const int64_t blocks = prepare_staged_launch(kernel, row_bytes, rows);
+    kernel<<<static_cast<unsigned>(blocks), kStagedThreads, row_bytes, stream>>>(
+        x, residual, weight, rows, hidden, eps_acc);
+    HOTLOOP_KERNEL_LAUNCH_CHECK();
+    return;
+  }
+  const RowLaunch scalar_plan = plan_scalar_row_launch(hidden);
+  const dim3 scalar_grid(static_cast<unsigned>(row_blocks(rows, scalar_plan)));
+  const bool scalar_launched = launch_scalar_rows<scalar_t>(scalar_plan, [&](auto elems) {
+    fused_add_rms_norm_scalar_kernel<scalar_t, decltype(elems)::value>
+        <<<scalar_grid, scalar_plan.block(), 0, stream>>>(x, residual, weight, rows, hidden,
+                                                          eps_acc);
+  });
+  if (!scalar_launched) {
+    fused_add_rms_norm_generic_kernel<scalar_t>
+        <<<grid, plan.block(), 0, stream>>>(x, residual, weight, rows, hidden, eps_acc);
   }
   HOTLOOP_KERNEL_LAUNCH_CHECK();
 }

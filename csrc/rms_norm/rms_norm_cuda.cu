@@ -18,6 +18,7 @@
 #include "../common/cuda_utils.cuh"
 #include "../common/row_launch.cuh"
 #include "../common/scalar_rows.cuh"
+#include "../common/staged_rows.cuh"
 #include "rms_norm_checks.h"
 
 namespace hotloop {
@@ -138,6 +139,50 @@ __global__ void __launch_bounds__(scalar_max_threads(kElemsPerThread))
   }
 }
 
+// Aligned rows longer than the vector kernel takes (common/staged_rows.cuh).
+template <typename scalar_t>
+__global__ void __launch_bounds__(kStagedThreads)
+    rms_norm_staged_kernel(const scalar_t* __restrict__ x, const scalar_t* __restrict__ weight,
+                           scalar_t* __restrict__ y, int64_t rows, int64_t hidden,
+                           acc_type<scalar_t> eps) {
+  using acc_t = acc_type<scalar_t>;
+  constexpr int kVec = vector_size<scalar_t>();
+  using Vec = AlignedVector<scalar_t, kVec>;
+  Vec* staged = staged_rows<Vec>();
+  const int num_vectors = static_cast<int>(hidden / kVec);
+  const acc_t inv_hidden = acc_t(1) / static_cast<acc_t>(hidden);
+  const Vec* weight_vec = reinterpret_cast<const Vec*>(weight);
+  for (int64_t row = blockIdx.x; row < rows; row += gridDim.x) {
+    stage_vectors(staged, reinterpret_cast<const Vec*>(x + row * hidden), num_vectors);
+    wait_for_staged_vectors();
+    acc_t sum_sq[1] = {0};
+    for (int idx = threadIdx.x; idx < num_vectors; idx += kStagedThreads) {
+      const Vec xv = staged[idx];
+#pragma unroll
+      for (int k = 0; k < kVec; ++k) {
+        const acc_t v = static_cast<acc_t>(xv.val[k]);
+        sum_sq[0] += v * v;
+      }
+    }
+    row_sum(sum_sq);
+    const acc_t rstd = rsqrt_acc(sum_sq[0] * inv_hidden + eps);
+    Vec* y_row = reinterpret_cast<Vec*>(y + row * hidden);
+    for (int idx = threadIdx.x; idx < num_vectors; idx += kStagedThreads) {
+      const Vec xv = staged[idx];
+      Vec out;
+#pragma unroll
+      for (int k = 0; k < kVec; ++k) {
+        acc_t v = static_cast<acc_t>(xv.val[k]) * rstd;
+        if (weight_vec != nullptr) {
+          v *= static_cast<acc_t>(weight_vec[idx].val[k]);
+        }
+        out.val[k] = static_cast<scalar_t>(v);
+      }
+      y_row[idx] = out;
+    }
+  }
+}
+
 template <typename scalar_t>
 __global__ void __launch_bounds__(kMaxThreadsPerBlock)
     rms_norm_generic_kernel(const scalar_t* __restrict__ x, const scalar_t* __restrict__ weight,
@@ -177,34 +222,33 @@ void launch_rms_norm(const scalar_t* x, const scalar_t* weight, scalar_t* y, int
   const RowLaunch plan = plan_row_launch(hidden, vector_size<scalar_t>(), aligned, kForwardLimits);
   const cudaStream_t stream = current_stream();
   const acc_t eps_acc = static_cast<acc_t>(eps);
-  if (plan.vectors_per_thread == 0) {
-    const RowLaunch scalar_plan = plan_scalar_row_launch(hidden);
-    const dim3 grid(static_cast<unsigned>(row_blocks(rows, scalar_plan)));
-    const bool launched = launch_scalar_rows<scalar_t>(scalar_plan, [&](auto elems) {
-      rms_norm_scalar_kernel<scalar_t, decltype(elems)::value>
-          <<<grid, scalar_plan.block(), 0, stream>>>(x, weight, y, rows, hidden, eps_acc);
-    });
-    if (launched) {
-      HOTLOOP_KERNEL_LAUNCH_CHECK();
-      return;
-    }
-  }
   const dim3 grid(static_cast<unsigned>(row_blocks(rows, plan)));
-  switch (plan.vectors_per_thread) {
-#define HOTLOOP_LAUNCH(VPT)                                                       \
-  case VPT:                                                                       \
-    rms_norm_vector_kernel<scalar_t, VPT>                                         \
-        <<<grid, plan.block(), 0, stream>>>(x, weight, y, rows, hidden, eps_acc); \
-    break;
-    HOTLOOP_LAUNCH(1)
-    HOTLOOP_LAUNCH(2)
-    HOTLOOP_LAUNCH(4)
-    HOTLOOP_LAUNCH(8)
-#undef HOTLOOP_LAUNCH
-    default:
-      HOTLOOP_INTERNAL_ASSERT(plan.vectors_per_thread == 0);
-      rms_norm_generic_kernel<scalar_t>
-          <<<grid, plan.block(), 0, stream>>>(x, weight, y, rows, hidden, eps_acc);
+  const bool vector_launched = launch_vector_rows<1, 2, 4, 8>(plan, [&](auto vpt) {
+    rms_norm_vector_kernel<scalar_t, decltype(vpt)::value>
+        <<<grid, plan.block(), 0, stream>>>(x, weight, y, rows, hidden, eps_acc);
+  });
+  if (vector_launched) {
+    HOTLOOP_KERNEL_LAUNCH_CHECK();
+    return;
+  }
+  const int64_t row_bytes = hidden * static_cast<int64_t>(sizeof(scalar_t));
+  if (aligned && hidden % vector_size<scalar_t>() == 0 && row_bytes <= staged_bytes_limit()) {
+    const auto kernel = rms_norm_staged_kernel<scalar_t>;
+    const int64_t blocks = prepare_staged_launch(kernel, row_bytes, rows);
+    kernel<<<static_cast<unsigned>(blocks), kStagedThreads, row_bytes, stream>>>(x, weight, y, rows,
+                                                                                 hidden, eps_acc);
+    HOTLOOP_KERNEL_LAUNCH_CHECK();
+    return;
+  }
+  const RowLaunch scalar_plan = plan_scalar_row_launch(hidden);
+  const dim3 scalar_grid(static_cast<unsigned>(row_blocks(rows, scalar_plan)));
+  const bool scalar_launched = launch_scalar_rows<scalar_t>(scalar_plan, [&](auto elems) {
+    rms_norm_scalar_kernel<scalar_t, decltype(elems)::value>
+        <<<scalar_grid, scalar_plan.block(), 0, stream>>>(x, weight, y, rows, hidden, eps_acc);
+  });
+  if (!scalar_launched) {
+    rms_norm_generic_kernel<scalar_t>
+        <<<grid, plan.block(), 0, stream>>>(x, weight, y, rows, hidden, eps_acc);
   }
   HOTLOOP_KERNEL_LAUNCH_CHECK();
 }
@@ -422,6 +466,103 @@ __global__ void __launch_bounds__(kVectorsPerThread >= kBackwardWideVectors
   }
 }
 
+// Aligned rows longer than the vector kernels take: x and grad_out of the row staged in
+// shared memory (common/staged_rows.cuh), the grad_weight accumulator of this thread's
+// kVectorsPerThread vectors in registers, one partial row per block as in the vector
+// kernel.
+constexpr int kBackwardStagedMaxVectors = 16;
+
+template <typename scalar_t, int kVectorsPerThread>
+__global__ void __launch_bounds__(kStagedThreads)
+    rms_norm_backward_staged_kernel(const scalar_t* __restrict__ grad_out,
+                                    const scalar_t* __restrict__ x,
+                                    const scalar_t* __restrict__ weight,
+                                    scalar_t* __restrict__ grad_x,
+                                    acc_type<scalar_t>* __restrict__ weight_partials, int64_t rows,
+                                    int64_t hidden, acc_type<scalar_t> eps) {
+  using acc_t = acc_type<scalar_t>;
+  constexpr int kVec = vector_size<scalar_t>();
+  using Vec = AlignedVector<scalar_t, kVec>;
+  using AccVec = AlignedVector<acc_t, kVec>;
+  const int num_vectors = static_cast<int>(hidden / kVec);
+  Vec* staged_x = staged_rows<Vec>();
+  Vec* staged_go = staged_x + num_vectors;
+  const acc_t inv_hidden = acc_t(1) / static_cast<acc_t>(hidden);
+  const Vec* weight_vec = reinterpret_cast<const Vec*>(weight);
+
+  acc_t dw[kVectorsPerThread][kVec];
+#pragma unroll
+  for (int i = 0; i < kVectorsPerThread; ++i) {
+#pragma unroll
+    for (int k = 0; k < kVec; ++k) {
+      dw[i][k] = 0;
+    }
+  }
+  for (int64_t row = blockIdx.x; row < rows; row += gridDim.x) {
+    stage_vectors(staged_x, reinterpret_cast<const Vec*>(x + row * hidden), num_vectors);
+    stage_vectors(staged_go, reinterpret_cast<const Vec*>(grad_out + row * hidden), num_vectors);
+    wait_for_staged_vectors();
+    acc_t sums[2] = {0, 0};  // sum(x^2), sum(g * x)
+#pragma unroll
+    for (int i = 0; i < kVectorsPerThread; ++i) {
+      const int idx = threadIdx.x + i * kStagedThreads;
+      if (idx < num_vectors) {
+        const Vec xv = staged_x[idx];
+        const Vec gov = staged_go[idx];
+#pragma unroll
+        for (int k = 0; k < kVec; ++k) {
+          const acc_t xk = static_cast<acc_t>(xv.val[k]);
+          acc_t gk = static_cast<acc_t>(gov.val[k]);
+          if (weight_vec != nullptr) {
+            gk *= static_cast<acc_t>(weight_vec[idx].val[k]);
+          }
+          sums[0] += xk * xk;
+          sums[1] += gk * xk;
+        }
+      }
+    }
+    row_sum(sums);
+    const acc_t rstd = rsqrt_acc(sums[0] * inv_hidden + eps);
+    const acc_t x_coeff = rstd * rstd * rstd * sums[1] * inv_hidden;
+    Vec* gx_row = reinterpret_cast<Vec*>(grad_x + row * hidden);
+#pragma unroll
+    for (int i = 0; i < kVectorsPerThread; ++i) {
+      const int idx = threadIdx.x + i * kStagedThreads;
+      if (idx < num_vectors) {
+        const Vec xv = staged_x[idx];
+        const Vec gov = staged_go[idx];
+        Vec out;
+#pragma unroll
+        for (int k = 0; k < kVec; ++k) {
+          const acc_t xk = static_cast<acc_t>(xv.val[k]);
+          const acc_t gok = static_cast<acc_t>(gov.val[k]);
+          const acc_t wk =
+              weight_vec != nullptr ? static_cast<acc_t>(weight_vec[idx].val[k]) : acc_t(1);
+          out.val[k] = static_cast<scalar_t>(rstd * gok * wk - xk * x_coeff);
+          dw[i][k] += gok * xk * rstd;
+        }
+        gx_row[idx] = out;
+      }
+    }
+  }
+  if (weight_partials == nullptr) {
+    return;
+  }
+  AccVec* partial_row = reinterpret_cast<AccVec*>(weight_partials + blockIdx.x * hidden);
+#pragma unroll
+  for (int i = 0; i < kVectorsPerThread; ++i) {
+    const int idx = threadIdx.x + i * kStagedThreads;
+    if (idx < num_vectors) {
+      AccVec out;
+#pragma unroll
+      for (int k = 0; k < kVec; ++k) {
+        out.val[k] = dw[i][k];
+      }
+      partial_row[idx] = out;
+    }
+  }
+}
+
 // The backward of rms_norm_scalar_kernel: x and grad_out of the row in registers
 // as scalars; the grad_weight accumulator too, or, for the fixed-thread variants
 // whose accumulator fits in 48 KB, in shared memory (each thread only touches its
@@ -594,10 +735,11 @@ __global__ void sum_partials_kernel(const acc_type<scalar_t>* __restrict__ parti
 }
 
 template <typename Kernel>
-int64_t persistent_blocks(Kernel kernel, const RowLaunch& plan, int64_t rows) {
+int64_t persistent_blocks(Kernel kernel, const RowLaunch& plan, int64_t rows,
+                          int64_t shared_bytes) {
   int blocks_per_sm = 0;
   HOTLOOP_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(
-      &blocks_per_sm, kernel, plan.threads_per_row * plan.rows_per_block, 0));
+      &blocks_per_sm, kernel, plan.threads_per_row * plan.rows_per_block, shared_bytes));
   const int64_t full_gpu = static_cast<int64_t>(std::max(blocks_per_sm, 1)) * num_sms();
   return std::max<int64_t>(1, std::min(full_gpu, ceil_div(rows, plan.rows_per_block)));
 }
@@ -619,8 +761,9 @@ void launch_rms_norm_backward(const scalar_t* grad_out, const scalar_t* x, const
   // scalar kernels one per row slot, overwriting it; the generic kernel
   // accumulates into one per row slot, which must start at zero.
   enum class Partials { kPerBlock, kPerSlot, kPerSlotZeroed };
-  auto launch = [&](auto kernel, const RowLaunch& launch_plan, Partials kind) {
-    const int64_t blocks = persistent_blocks(kernel, launch_plan, rows);
+  auto launch = [&](auto kernel, const RowLaunch& launch_plan, Partials kind,
+                    int64_t shared_bytes = 0) {
+    const int64_t blocks = persistent_blocks(kernel, launch_plan, rows, shared_bytes);
     std::optional<Tensor> partials;
     acc_t* partials_ptr = nullptr;
     const int64_t num_partials =
@@ -631,7 +774,7 @@ void launch_rms_norm_backward(const scalar_t* grad_out, const scalar_t* x, const
                      : empty_on(like, {num_partials, hidden}, acc_dtype);
       partials_ptr = mutable_data<acc_t>(*partials);
     }
-    kernel<<<dim3(static_cast<unsigned>(blocks)), launch_plan.block(), 0, stream>>>(
+    kernel<<<dim3(static_cast<unsigned>(blocks)), launch_plan.block(), shared_bytes, stream>>>(
         grad_out, x, weight, grad_x, partials_ptr, rows, hidden, eps_acc);
     HOTLOOP_KERNEL_LAUNCH_CHECK();
     if (weight != nullptr) {
@@ -642,16 +785,34 @@ void launch_rms_norm_backward(const scalar_t* grad_out, const scalar_t* x, const
     }
   };
 
-  switch (plan.vectors_per_thread) {
-    case 1:
-      launch(rms_norm_backward_vector_kernel<scalar_t, 1>, plan, Partials::kPerBlock);
+  const bool vector_launched = launch_vector_rows<1, kBackwardWideVectors>(plan, [&](auto vpt) {
+    launch(rms_norm_backward_vector_kernel<scalar_t, decltype(vpt)::value>, plan,
+           Partials::kPerBlock);
+  });
+  if (vector_launched) {
+    return;
+  }
+  // Staged rows (x and grad_out): the vector kernels take up to 2048 vectors, so a thread
+  // of the staged kernel holds 8 or 16 (as far as shared memory allows: bfloat16 rows up
+  // to about 56000 elements on an H100).
+  const int64_t staged_bytes = 2 * hidden * static_cast<int64_t>(sizeof(scalar_t));
+  RowLaunch staged_plan;
+  staged_plan.threads_per_row = kStagedThreads;
+  staged_plan.vectors_per_thread = 8;
+  while (int64_t{staged_plan.vectors_per_thread} * kStagedThreads * vector_size<scalar_t>() <
+         hidden) {
+    staged_plan.vectors_per_thread *= 2;
+  }
+  if (aligned && hidden % vector_size<scalar_t>() == 0 && staged_bytes <= staged_bytes_limit()) {
+    const bool staged_launched =
+        launch_vector_rows<8, kBackwardStagedMaxVectors>(staged_plan, [&](auto vpt) {
+          const auto kernel = rms_norm_backward_staged_kernel<scalar_t, decltype(vpt)::value>;
+          allow_dynamic_shared_memory(kernel, staged_bytes);
+          launch(kernel, staged_plan, Partials::kPerBlock, staged_bytes);
+        });
+    if (staged_launched) {
       return;
-    case kBackwardWideVectors:
-      launch(rms_norm_backward_vector_kernel<scalar_t, kBackwardWideVectors>, plan,
-             Partials::kPerBlock);
-      return;
-    default:
-      HOTLOOP_INTERNAL_ASSERT(plan.vectors_per_thread == 0);
+    }
   }
   const RowLaunch scalar_plan = plan_scalar_row_launch(hidden);
   const bool launched = launch_scalar_rows<scalar_t>(scalar_plan, [&](auto elems) {

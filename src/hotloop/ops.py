@@ -136,9 +136,12 @@ def _autograd_has_nothing_to_do(*tensors: Tensor | None) -> bool:
     20 (H100, torch 2.11; benchmarks/NOTES.md). Under torch.compile/export and torch.func
     transforms the call keeps its usual path, which those trace or transform.
     """
-    if torch.compiler.is_compiling() or torch._C._are_functorch_transforms_active():
+    # is_compiling() first: Dynamo traces this function and cannot trace the torch._C calls.
+    if torch.compiler.is_compiling():
         return False
-    return not (torch.is_grad_enabled() and torch._C._any_requires_grad(*tensors))
+    if torch.is_grad_enabled() and torch._C._any_requires_grad(*tensors):
+        return False
+    return not torch._C._are_functorch_transforms_active()
 
 
 # ------------------------------------------------------------------------ input checks

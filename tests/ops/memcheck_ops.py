@@ -37,6 +37,8 @@ def main() -> int:
             (2, 12288),
             (1, 16384),
             (2, 20000),
+            (2, 20001),
+            (3, 40000),
         ):
             x = torch.randn(rows, hidden, device="cuda", dtype=dtype, requires_grad=True)
             w = torch.rand(hidden, device="cuda", dtype=dtype, requires_grad=True)

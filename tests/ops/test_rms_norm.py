@@ -10,10 +10,12 @@ from op_testing import TOLERANCES, requires_cuda, rms_norm_samples
 import hotloop
 
 DTYPES = [torch.float16, torch.bfloat16, torch.float32, torch.float64]
-# Hidden sizes that hit every kernel path: tiny, odd, not a multiple of the vector
+# Hidden sizes that hit every kernel path on GPUs: tiny, odd, not a multiple of the vector
 # width (register-resident scalars, 4095 and 8193), long aligned rows (the backward's
-# four-vector kernel on GPUs: 12288), and past the register-resident limit (20000).
-HIDDEN_SIZES = [1, 7, 64, 4095, 8193, 12288, 20000]
+# four-vector kernel: 12288), aligned rows past the register-resident limit (staged in
+# shared memory: the backward at 20000 and 40000, the forward at 40000 and float32's at
+# 20000), and long odd rows (the generic kernels: 20001).
+HIDDEN_SIZES = [1, 7, 64, 4095, 8193, 12288, 20000, 20001, 40000]
 
 
 def sample_inputs(device: str, dtype: torch.dtype, requires_grad: bool = False) -> list[tuple]:

@@ -1,0 +1,83 @@
+// Wide rows of the row-wise norms (rms_norm forward and backward, fused_add_rms_norm):
+// rows that are 16-byte aligned but too long to stay in registers (bfloat16 beyond 32768
+// elements in the forward, 16384 in the backward and fused_add_rms_norm). Each block
+// takes one row at a time and stages it in dynamic shared memory, so that the second
+// pass over the row reads the staged copy instead of DRAM. The forward and backward copy
+// their rows with asynchronous 16-byte copies (cp.async, sm_80 and newer), all of a
+// thread's vectors in flight at once and none of them through registers; fused_add_rms_norm
+// stages the sums it computes. Every thread reads back only the vectors it staged itself,
+// so the passes need no barrier beyond the row sum's.
+//
+// Before this, such rows took the generic kernels with scalar loads: 34% of copy
+// bandwidth for the forward at H = 65536 and 32% for forward+backward at H = 32768
+// (H100, bfloat16; benchmarks/NOTES.md).
+#pragma once
+
+#include <algorithm>
+#include <cstdint>
+
+#include <cuda_pipeline.h>
+
+#include "cuda_utils.cuh"
+
+namespace hotloop {
+
+// 512 threads: up to 128 registers each for the loads in flight (and the backward's
+// grad_weight accumulator); 1024 threads, at most 64 registers each, spilled.
+constexpr int kStagedThreads = 512;
+// Vectors of each tensor a fused_add_rms_norm thread loads before it stages their sums.
+constexpr int kStagedUnroll = 4;
+// Shared memory the row sums and the compiler keep for themselves, out of the opt-in
+// maximum a block may have.
+constexpr int kStagedReservedBytes = 2 * 1024;
+
+// The block's staged rows, as vectors of T.
+template <typename T>
+__device__ __forceinline__ T* staged_rows() {
+  extern __shared__ __align__(16) unsigned char hotloop_staged_bytes[];
+  return reinterpret_cast<T*>(hotloop_staged_bytes);
+}
+
+// Vectors idx = threadIdx.x + i * kStagedThreads of `src` into the same places of `dst`,
+// asynchronously; wait_for_staged_vectors() waits for this thread's copies.
+template <typename Vec>
+__device__ __forceinline__ void stage_vectors(Vec* dst, const Vec* src, int num_vectors) {
+  static_assert(sizeof(Vec) == kVectorBytes, "cp.async copies 16 bytes at a time here");
+  for (int idx = threadIdx.x; idx < num_vectors; idx += kStagedThreads) {
+    __pipeline_memcpy_async(dst + idx, src + idx, sizeof(Vec));
+  }
+  __pipeline_commit();
+}
+
+__device__ __forceinline__ void wait_for_staged_vectors() { __pipeline_wait_prior(0); }
+
+// Dynamic shared memory a block of the current device may stage rows in.
+inline int64_t staged_bytes_limit() {
+  int optin = 0;
+  HOTLOOP_CUDA_CHECK(
+      cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, current_device()));
+  return int64_t{optin} - kStagedReservedBytes;
+}
+
+// Raises the kernel's dynamic shared memory limit to `bytes`: above 48 KB a kernel must
+// opt in.
+template <typename Kernel>
+void allow_dynamic_shared_memory(Kernel kernel, int64_t bytes) {
+  HOTLOOP_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                          static_cast<int>(bytes)));
+}
+
+// allow_dynamic_shared_memory, then the persistent grid: as many blocks as fit on the
+// GPU at once, at most one per row.
+template <typename Kernel>
+int64_t prepare_staged_launch(Kernel kernel, int64_t bytes, int64_t rows) {
+  allow_dynamic_shared_memory(kernel, bytes);
+  int blocks_per_sm = 0;
+  HOTLOOP_CUDA_CHECK(
+      cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks_per_sm, kernel, kStagedThreads, bytes));
+  HOTLOOP_CHECK(blocks_per_sm > 0, "hotloop: a block staging ", bytes,
+                " bytes of each row does not fit on this GPU");
+  return std::min<int64_t>(int64_t{blocks_per_sm} * num_sms(), rows);
+}
+
+}  // namespace hotloop
