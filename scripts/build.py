@@ -9,17 +9,16 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
-import sys
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from scripts import matrix, toolchain, tools
+from scripts import basics, matrix, toolchain, tools
+from scripts.basics import REPO
 from scripts.interpreters import Interpreter, find_interpreters
 from scripts.matrix import Row
 
-REPO = toolchain.REPO
 # What an sdist would carry: everything setup.py and the package need, nothing built.
 SOURCE_ITEMS = ("setup.py", "pyproject.toml", "MANIFEST.in", "README.md", "LICENSE", "csrc", "src")
 BUILD_REQUIREMENTS = (*tools.BUILD, "build")
@@ -51,8 +50,7 @@ def compile_times(build_dir: Path) -> dict[str, float]:
     return times
 
 
-def log(msg: str) -> None:
-    print(f"[build] {msg}", file=sys.stderr, flush=True)
+log = basics.logger("build")
 
 
 def uv_exe() -> str:

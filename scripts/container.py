@@ -36,11 +36,10 @@ import json
 import os
 import shutil
 import subprocess
-import sys
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
-from scripts import ci, matrix, toolchain
+from scripts import basics, ci, matrix, toolchain
 from scripts.interpreters import find_interpreters
 
 IMAGE_REPOSITORY = "localhost/hotloop-builder"
@@ -83,8 +82,7 @@ events_logger = "file"
 """
 
 
-def log(msg: str) -> None:
-    print(f"[container] {msg}", file=sys.stderr, flush=True)
+log = basics.logger("container")
 
 
 def podman_dir() -> Path:
@@ -109,10 +107,7 @@ def podman(*args: str, capture: bool = False) -> subprocess.CompletedProcess:
         raise SystemExit(
             "podman not found: install Debian's podman and runc (apt-get install podman runc)"
         )
-    log("$ podman " + " ".join(args))
-    return subprocess.run(
-        [exe, *args], env=podman_env(), check=True, capture_output=capture, text=True
-    )
+    return basics.run([exe, *args], log=log, env=podman_env(), capture_output=capture, text=True)
 
 
 def image_pythons(rows: Sequence[matrix.Row]) -> list[str]:
@@ -257,7 +252,7 @@ def pack_rootfs(rootfs: Path, tar: Path, epoch: int) -> str:
         str(tar),
         ".",
     ]
-    toolchain.run(cmd)
+    basics.run(cmd, log=log)
     digest = hashlib.sha256()
     with tar.open("rb") as fh:
         for block in iter(lambda: fh.read(1 << 20), b""):
@@ -316,7 +311,7 @@ def build_rootfs(rootfs: Path, homes: Mapping[str, Path]) -> None:
     dest = rootfs / SYSROOT_DIR.lstrip("/")
     shutil.copytree(sysroot, dest / "root", symlinks=True)
     shutil.copytree(sysroot.parent / "debs", dest / "debs")
-    toolchain.run(["ldconfig", "-r", str(rootfs)])
+    basics.run(["ldconfig", "-r", str(rootfs)], log=log)
     remove_volatile(rootfs)
 
 

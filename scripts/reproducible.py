@@ -32,7 +32,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from scripts import matrix, toolchain
+from scripts import basics, matrix, toolchain
 from scripts.wheelfile import sha256_of_file as sha256_file
 
 # Zip cannot store times before 1980; a commit older than that is clamped (as wheel does).
@@ -44,8 +44,7 @@ COMPRESSION = zipfile.ZIP_DEFLATED
 COMPRESS_LEVEL = 9
 
 
-def log(msg: str) -> None:
-    print(f"[reproducible] {msg}", file=sys.stderr, flush=True)
+log = basics.logger("reproducible")
 
 
 def record_hash(data: bytes) -> str:

@@ -31,9 +31,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from scripts import basics
+from scripts.basics import REPO
 from scripts.wheelfile import sha256_of_file as file_sha256
 
-REPO = Path(__file__).resolve().parent.parent
 SYSROOT_SUITE = "bullseye"  # glibc 2.31; buster (2.28) is no longer on the Debian mirror
 SYSROOT_PACKAGES = ("libc6", "libc6-dev", "linux-libc-dev")
 GCC_MAJOR = "12"
@@ -47,13 +48,7 @@ def cache_dir() -> Path:
     return path
 
 
-def log(msg: str) -> None:
-    print(f"[toolchain] {msg}", file=sys.stderr, flush=True)
-
-
-def run(cmd: Sequence[str | os.PathLike[str]], **kwargs) -> subprocess.CompletedProcess:
-    log("$ " + " ".join(str(c) for c in cmd))
-    return subprocess.run([str(c) for c in cmd], check=True, **kwargs)
+log = basics.logger("toolchain")
 
 
 def _stamped(path: Path, key: str) -> bool:
@@ -170,7 +165,7 @@ class Toolkit:
 
 def check_nvcc_release(nvcc: Path, release: str, what: str) -> None:
     """Raise unless ``nvcc --version`` says ``release <release>``."""
-    out = run([nvcc, "--version"], capture_output=True, text=True).stdout
+    out = basics.run([nvcc, "--version"], capture_output=True, text=True, log=log).stdout
     if f"release {release}," not in out:
         raise ToolkitError(f"{what}: {nvcc} is not CUDA {release}:\n{out}")
 
@@ -216,7 +211,7 @@ def ensure_pypi_toolkit(cuda: str, release: str, packages: Sequence[str]) -> Pat
         return home
     site = root / "site-packages"
     uv = shutil.which("uv") or "uv"
-    run(
+    basics.run(
         [
             uv,
             "pip",
@@ -227,7 +222,8 @@ def ensure_pypi_toolkit(cuda: str, release: str, packages: Sequence[str]) -> Pat
             "--target",
             site,
             *packages,
-        ]
+        ],
+        log=log,
     )
     for component in component_roots(site):
         _merge_tree(component, home)
@@ -352,10 +348,11 @@ def extract_deb_members(deb: Path, home: Path) -> list[str]:
 
 def deb_fields(deb: Path) -> tuple[str, str]:
     """``(Package, Version)`` from a ``.deb``'s control file."""
-    out = run(
+    out = basics.run(
         ["dpkg-deb", "--show", "--showformat=${Package}\t${Version}", deb],
         capture_output=True,
         text=True,
+        log=log,
     ).stdout
     name, version = out.split("\t")
     return name, version
@@ -568,12 +565,14 @@ def apt_download(
         # root downloads into our own cache dir, which apt's _apt sandbox user cannot write
         opts.append("-o=APT::Sandbox::User=root")
     (state / "status").touch()
-    run(["apt-get", *opts, "update"], stdout=subprocess.DEVNULL)
+    basics.run(["apt-get", *opts, "update"], stdout=subprocess.DEVNULL, log=log)
     debs = workdir / "debs"
     debs.mkdir(exist_ok=True)
     for old in debs.glob("*.deb"):
         old.unlink()
-    run(["apt-get", *opts, "download", *packages], cwd=debs, stdout=subprocess.DEVNULL)
+    basics.run(
+        ["apt-get", *opts, "download", *packages], cwd=debs, stdout=subprocess.DEVNULL, log=log
+    )
     found = sorted(debs.glob("*.deb"))
     if len(found) != len(packages):
         raise RuntimeError(f"apt-get download {packages} gave {[f.name for f in found]}")
@@ -581,7 +580,7 @@ def apt_download(
 
 
 def extract_deb(deb: Path, dest: Path) -> None:
-    run(["dpkg-deb", "-x", deb, dest])
+    basics.run(["dpkg-deb", "-x", deb, dest], log=log)
 
 
 def relativize_symlinks(root: Path) -> int:
@@ -679,7 +678,7 @@ def ensure_ccache() -> Path | None:
             f'exec "{tree}/usr/bin/ccache" "$@"\n'
         )
         script.chmod(0o755)
-    run([wrapper_dir / "ccache", "--version"], stdout=subprocess.DEVNULL)
+    basics.run([wrapper_dir / "ccache", "--version"], stdout=subprocess.DEVNULL, log=log)
     _stamp(base, key)
     return wrapper_dir
 

@@ -26,16 +26,15 @@ import traceback
 from collections.abc import Sequence
 from pathlib import Path
 
-from scripts import audit, build, matrix, reproducible, toolchain
+from scripts import audit, basics, build, matrix, reproducible, toolchain
 from scripts.interpreters import find_interpreters
 from scripts.report import CellReport, render_table, write_cell_json, write_run_report
 from scripts.wheeltest import run_op_tests
 
-DEFAULT_OUT = toolchain.REPO / "wheelhouse"
+DEFAULT_OUT = basics.REPO / "wheelhouse"
 
 
-def log(msg: str) -> None:
-    print(f"[wheels] {msg}", file=sys.stderr, flush=True)
+log = basics.logger("wheels")
 
 
 def publish_wheel(wheel: Path, out_dir: Path, variant: str) -> Path:

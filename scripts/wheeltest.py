@@ -15,9 +15,9 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from scripts.basics import REPO
 from scripts.build import create_venv
 from scripts.interpreters import Interpreter
-from scripts.toolchain import REPO
 
 PARALLEL_CELLS = 2  # two Python cells at a time: 2 cores, torch import is heavy
 

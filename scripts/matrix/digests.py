@@ -11,7 +11,7 @@ import hashlib
 from collections.abc import Iterable
 from pathlib import Path
 
-from scripts.toolchain import REPO
+from scripts.basics import REPO
 
 # Files whose content goes into a wheel (setup.py compiles csrc/, packages src/hotloop/).
 SOURCE_FILES = ("setup.py", "pyproject.toml")

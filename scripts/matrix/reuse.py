@@ -23,10 +23,10 @@ from pathlib import Path
 from typing import Any
 
 from scripts import toolchain
+from scripts.basics import REPO
 from scripts.matrix.digests import SOURCE_DIRS, SOURCE_FILES, source_digest
 from scripts.matrix.results import NOT_BUILT, NOT_RUN, log
 from scripts.matrix.table import Row, variant_wheels
-from scripts.toolchain import REPO
 from scripts.wheelfile import sha256_of_file as file_sha256
 
 BUILT = "built"

@@ -9,18 +9,13 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-if sys.version_info >= (3, 11):
-    import tomllib
-else:  # pragma: no cover - nox may run on 3.9/3.10, where tomli is installed
-    import tomli as tomllib
-
 from scripts import variant as variant_rule
+from scripts.basics import tomllib
 from scripts.toolchain import Toolkit
 
 MATRIX_FILE = Path(__file__).with_name("matrix.toml")
