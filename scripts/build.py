@@ -14,13 +14,11 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from scripts import basics, matrix, toolchain, tools
+from scripts import basics, matrix, toolchain, tools, wheel_sources
 from scripts.basics import REPO
 from scripts.interpreters import Interpreter, find_interpreters
 from scripts.matrix import Row
 
-# What an sdist would carry: everything setup.py and the package need, nothing built.
-SOURCE_ITEMS = ("setup.py", "pyproject.toml", "MANIFEST.in", "README.md", "LICENSE", "csrc", "src")
 BUILD_REQUIREMENTS = (*tools.BUILD, "build")
 
 
@@ -101,7 +99,8 @@ def git_output(*args: str) -> str:
 def git_commit() -> str:
     try:
         head = git_output("rev-parse", "HEAD")
-        dirty = git_output("status", "--porcelain", "--", *SOURCE_ITEMS)
+        items = (*wheel_sources.CODE, *wheel_sources.METADATA)
+        dirty = git_output("status", "--porcelain", "--", *items)
     except (OSError, subprocess.CalledProcessError):
         return "unknown"
     return head + ("-dirty" if dirty else "")
@@ -121,15 +120,10 @@ def copy_sources(dest: Path) -> None:
     if dest.exists():
         shutil.rmtree(dest)
     dest.mkdir(parents=True)
-    ignore = shutil.ignore_patterns(
-        "__pycache__", "*.so", "*.o", "_build_info.py", "*.egg-info", "build"
-    )
-    for item in SOURCE_ITEMS:
-        src = REPO / item
-        if src.is_dir():
-            shutil.copytree(src, dest / item, ignore=ignore)
-        elif src.is_file():
-            shutil.copy2(src, dest / item)
+    for path in wheel_sources.build_inputs(REPO):
+        target = dest / path.relative_to(REPO)
+        target.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(path, target)
     if not (dest / "README.md").exists() and (dest / "pyproject.toml").exists():
         # pyproject names README.md as the long description; until it exists, don't fail on it.
         log("README.md missing in the repository: using a one-line placeholder for the build")

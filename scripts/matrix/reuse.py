@@ -22,9 +22,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from scripts import toolchain
+from scripts import toolchain, wheel_sources
 from scripts.basics import REPO
-from scripts.matrix.digests import SOURCE_DIRS, SOURCE_FILES, source_digest
+from scripts.matrix.digests import source_digest
 from scripts.matrix.results import NOT_BUILT, NOT_RUN, log
 from scripts.matrix.table import Row, variant_wheels
 from scripts.wheelfile import sha256_of_file as file_sha256
@@ -99,7 +99,7 @@ def commit_matches_tree(commit: str, repo: Path = REPO) -> bool:
     """True if ``commit`` is clean and its wheel sources equal the working tree's."""
     if not re.fullmatch(r"[0-9a-f]{7,40}", commit or ""):
         return False  # "unknown" or "<sha>-dirty": built from uncommitted sources
-    paths = [*SOURCE_FILES, *SOURCE_DIRS]
+    paths = wheel_sources.CODE
     try:
         diff = subprocess.run(
             ["git", "diff", "--quiet", commit, "--", *paths], cwd=repo, capture_output=True
