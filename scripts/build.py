@@ -18,6 +18,7 @@ from scripts import basics, matrix, toolchain, tools, wheel_sources
 from scripts.basics import REPO
 from scripts.interpreters import Interpreter, find_interpreters
 from scripts.matrix import Row
+from scripts.toolchain import Toolchain
 
 BUILD_REQUIREMENTS = (*tools.BUILD, "build")
 
@@ -130,27 +131,27 @@ def copy_sources(dest: Path) -> None:
         (dest / "README.md").write_text("# hotloop\n")
 
 
-def build_env(
-    row: Row, cuda_home: Path, sysroot: Path, ccache_bin: Path | None, torch_site: Path
-) -> dict[str, str]:
-    """The environment setup.py's build contract reads (see setup.py's docstring)."""
+def build_env(row: Row, tools: Toolchain, torch_site: Path) -> dict[str, str]:
+    """The environment setup.py's build contract reads (see setup.py's docstring): the
+    caller's, less what would point the build elsewhere, plus the row's settings and what
+    the toolchain decides. A toolchain without CUDA makes a CPU-only build."""
     env = dict(os.environ)
     for var in (
         "CPATH",
         "CPLUS_INCLUDE_PATH",
         "C_INCLUDE_PATH",
         "LIBRARY_PATH",
+        "CUDA_HOME",
         "CUDA_PATH",
         "CUDAHOSTCXX",
+        "TORCH_CUDA_ARCH_LIST",
     ):
         env.pop(var, None)
+    with_cuda = tools.cuda_home is not None
     env.update(
         {
-            "HOTLOOP_CUDA": "1",
+            "HOTLOOP_CUDA": "1" if with_cuda else "0",
             "HOTLOOP_ABI": row.kind,
-            "CUDA_HOME": str(cuda_home),
-            "TORCH_CUDA_ARCH_LIST": row.arch_list,
-            "HOTLOOP_SYSROOT": str(sysroot),
             "MAX_JOBS": os.environ.get("MAX_JOBS", str(os.cpu_count() or 2)),
             "NVCC_THREADS": os.environ.get("NVCC_THREADS", "2"),
             "SOURCE_DATE_EPOCH": source_date_epoch(),
@@ -164,15 +165,13 @@ def build_env(
             "UV_PYTHON_DOWNLOADS": "never",
         }
     )
-    # torch's headers include cublas_v2.h, cusparse.h, ...: they ship in torch's nvidia deps.
-    includes = [str(p) for p in toolchain.torch_cuda_include_dirs(torch_site)]
-    if includes:
-        env["CPATH"] = os.pathsep.join(includes)
-    if ccache_bin is not None:
-        env.update(toolchain.compiler_wrappers(ccache_bin, cuda_home))
-        env.update(toolchain.ccache_env())
-    else:
-        env["CC"], env["CXX"] = shutil.which("gcc") or "gcc", shutil.which("g++") or "g++"
+    if with_cuda:
+        env["TORCH_CUDA_ARCH_LIST"] = row.arch_list
+        # torch's headers include cublas_v2.h, cusparse.h, ...: they ship in torch's nvidia deps.
+        includes = [str(p) for p in toolchain.torch_cuda_include_dirs(torch_site)]
+        if includes:
+            env["CPATH"] = os.pathsep.join(includes)
+    env.update(tools.environment())
     return env
 
 
@@ -207,22 +206,21 @@ def run_build(
         )
 
 
-def build_wheel(row: Row, workdir: Path, build_python: Interpreter | None = None) -> BuildResult:
-    """Build ``row``'s wheel into ``workdir/dist``; raises CalledProcessError on failure."""
+def build_wheel(
+    row: Row, workdir: Path, tools: Toolchain, build_python: Interpreter | None = None
+) -> BuildResult:
+    """Build ``row``'s wheel with ``tools`` into ``workdir/dist``; BuildError on failure."""
     start = time.monotonic()
     workdir.mkdir(parents=True, exist_ok=True)
-    cuda_home = toolchain.ensure_cuda_toolkit(row.cuda, row.toolkit)
-    sysroot = toolchain.ensure_sysroot()
-    ccache_bin = toolchain.ensure_ccache()
     interp = build_python or pick_build_python(row)
     log(f"{row.variant}: build venv on Python {interp.version} ({interp.path})")
     py = create_venv(workdir / "venv", interp.path, [f"torch=={row.torch}", *BUILD_REQUIREMENTS])
     src = workdir / "src"
     copy_sources(src)
-    env = build_env(row, cuda_home, sysroot, ccache_bin, site_packages(py))
+    env = build_env(row, tools, site_packages(py))
     env["PATH"] = os.pathsep.join([str(py.parent), env.get("PATH", "")])
     env["VIRTUAL_ENV"] = str(py.parent.parent)
-    if ccache_bin is not None:
+    if tools.ccache_env:
         # Same relative paths in every build of this variant: ccache hits across runs.
         env["CCACHE_BASEDIR"] = str(src)
     dist = workdir / "dist"

@@ -13,7 +13,8 @@
 * ccache: Debian's package (and ``libhiredis``) extracted into the cache, no root install.
 
 Everything lives under :func:`cache_dir` and is reused; each piece has a stamp file written
-last, so an interrupted download is redone instead of trusted.
+last, so an interrupted download is redone instead of trusted. :func:`assemble` puts the
+pieces together once per build, as one :class:`Toolchain` value that the build reads.
 """
 
 from __future__ import annotations
@@ -683,10 +684,15 @@ def ensure_ccache() -> Path | None:
     return wrapper_dir
 
 
+def plain_compilers() -> dict[str, str]:
+    """``CC`` and ``CXX`` without a compiler cache: the host's gcc and g++."""
+    return {"CC": shutil.which("gcc") or "gcc", "CXX": shutil.which("g++") or "g++"}
+
+
 def compiler_wrappers(
-    ccache_bin: Path, cuda_home: Path, cc: str = "gcc", cxx: str = "g++"
+    ccache_bin: Path, cuda_home: Path | None, cc: str = "gcc", cxx: str = "g++"
 ) -> dict[str, str]:
-    """``CC``, ``CXX`` and ``PYTORCH_NVCC`` that run through ccache.
+    """``CC``, ``CXX`` and (with a CUDA toolkit) ``PYTORCH_NVCC`` that run through ccache.
 
     The wrappers are named ``gcc``/``g++`` (nvcc gets ``CC`` as ``-ccbin`` and recognises the
     host compiler by name); ``CCACHE_DIR`` lives in the cache.
@@ -697,11 +703,10 @@ def compiler_wrappers(
     wrap.mkdir(parents=True, exist_ok=True)
     ccache = ccache_bin / "ccache"
     out: dict[str, str] = {}
-    for env_name, name, real in (
-        ("CC", "gcc", shutil.which(cc) or cc),
-        ("CXX", "g++", shutil.which(cxx) or cxx),
-        ("PYTORCH_NVCC", "nvcc", str(cuda_home / "bin" / "nvcc")),
-    ):
+    compilers = [("CC", "gcc", shutil.which(cc) or cc), ("CXX", "g++", shutil.which(cxx) or cxx)]
+    if cuda_home is not None:
+        compilers.append(("PYTORCH_NVCC", "nvcc", str(cuda_home / "bin" / "nvcc")))
+    for env_name, name, real in compilers:
         script = wrap / name
         script.write_text(f'#!/bin/sh\nexec "{ccache}" "{real}" "$@"\n')
         script.chmod(0o755)
@@ -718,6 +723,45 @@ def ccache_env() -> dict[str, str]:
         "CCACHE_NOHASHDIR": "1",
         "CCACHE_COMPILERCHECK": "content",
     }
+
+
+# --------------------------------------------------------------------------- the whole toolchain
+
+
+@dataclass(frozen=True)
+class Toolchain:
+    """What one build compiles with, assembled once (:func:`assemble`) and handed to it.
+
+    ``cuda_home``: the CUDA toolkit, ``None`` for a CPU-only build. ``compilers``: ``CC``,
+    ``CXX`` and, with ccache and a toolkit, ``PYTORCH_NVCC``: ccache wrappers where ccache is
+    used, else the host's gcc and g++. ``ccache_env``: ccache's settings (empty without it).
+    """
+
+    cuda_home: Path | None
+    sysroot: Path
+    compilers: Mapping[str, str]
+    ccache_env: Mapping[str, str]
+
+    def environment(self) -> dict[str, str]:
+        """The variables of setup.py's build contract that the toolchain decides."""
+        env = {"HOTLOOP_SYSROOT": str(self.sysroot), **self.compilers, **self.ccache_env}
+        if self.cuda_home is not None:
+            env["CUDA_HOME"] = str(self.cuda_home)
+        return env
+
+
+def assemble(
+    cuda: str, toolkit: Toolkit, *, with_cuda: bool = True, ccache: bool = True
+) -> Toolchain:
+    """The toolchain of a build for CUDA ``cuda``: its toolkit (unless ``with_cuda`` is
+    False), the glibc 2.31 sysroot and the compilers, wrapped in ccache when ``ccache`` is
+    wanted and available. Each piece is fetched once, then taken from the cache."""
+    cuda_home = ensure_cuda_toolkit(cuda, toolkit) if with_cuda else None
+    sysroot = ensure_sysroot()
+    ccache_bin = ensure_ccache() if ccache else None
+    if ccache_bin is None:
+        return Toolchain(cuda_home, sysroot, plain_compilers(), {})
+    return Toolchain(cuda_home, sysroot, compiler_wrappers(ccache_bin, cuda_home), ccache_env())
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -93,11 +93,10 @@ def run_cell(
         interp = build.pick_build_python(row, found)
         cell.build_python = f"{interp.version} ({interp.path})"
 
-        cuda_home = toolchain.ensure_cuda_toolkit(row.cuda, row.toolkit)
-        sysroot = toolchain.ensure_sysroot()
+        tools = toolchain.assemble(row.cuda, row.toolkit)
 
         cell.stage = "build"
-        result = build.build_wheel(row, workdir, interp)
+        result = build.build_wheel(row, workdir, tools, interp)
         cell.build_seconds = result.seconds
         cell.compile_seconds = result.compile_seconds
         for obj, secs in sorted(result.compile_seconds.items()):
@@ -113,7 +112,7 @@ def run_cell(
             shutil.rmtree(final_dir, ignore_errors=True)
             final_dir.mkdir(parents=True)
             return reproducible.finalize_release(
-                row, repaired, final_dir, cuda_home, sysroot, epoch
+                row, repaired, final_dir, tools.cuda_home, tools.sysroot, epoch
             )
 
         repaired, report = audit.repair_and_audit(
