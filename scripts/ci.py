@@ -38,6 +38,7 @@ from typing import Any
 
 from scripts import basics, matrix, toolchain, tools, variant
 from scripts.basics import REPO
+from scripts.wheelfile import sha256_of_file
 
 WORKFLOWS = REPO / ".github" / "workflows"
 
@@ -329,7 +330,7 @@ def repair(wheel: Path, dest_dir: Path, row: matrix.Row) -> Path:
             repaired, _ = audit.repair_wheel(wheel, Path(tmp), provided)
             audit.run_abi3audit(repaired)
             final = finalize(repaired)
-    log(f"{final.name}: SBOM ok, sha256 {reproducible.sha256_file(final)}")
+    log(f"{final.name}: SBOM ok, sha256 {sha256_of_file(final)}")
     return final
 
 

@@ -38,6 +38,7 @@ import shutil
 import subprocess
 from collections.abc import Mapping, Sequence
 from pathlib import Path
+from typing import Any
 
 from scripts import basics, ci, matrix, toolchain
 from scripts.interpreters import find_interpreters
@@ -101,7 +102,7 @@ def podman_env(base: Mapping[str, str] | None = None) -> dict[str, str]:
     return env
 
 
-def podman(*args: str, capture: bool = False) -> subprocess.CompletedProcess:
+def podman(*args: str, capture: bool = False) -> subprocess.CompletedProcess[str]:
     exe = shutil.which("podman")
     if exe is None:
         raise SystemExit(
@@ -150,7 +151,7 @@ def full_version(home: Path, version: str) -> str:
     return out.stdout.strip()
 
 
-def image_spec(pythons: Mapping[str, str]) -> dict:
+def image_spec(pythons: Mapping[str, str]) -> dict[str, Any]:
     """Everything the image is made from; its hash is the image's tag."""
     return {
         "suite": SUITE,
@@ -162,7 +163,7 @@ def image_spec(pythons: Mapping[str, str]) -> dict:
     }
 
 
-def image_key(spec: Mapping) -> str:
+def image_key(spec: Mapping[str, Any]) -> str:
     return hashlib.sha256(json.dumps(spec, sort_keys=True).encode()).hexdigest()[:12]
 
 
@@ -315,7 +316,9 @@ def build_rootfs(rootfs: Path, homes: Mapping[str, Path]) -> None:
     remove_volatile(rootfs)
 
 
-def image_inputs(rows: Sequence[matrix.Row] | None = None) -> tuple[dict, dict[str, Path]]:
+def image_inputs(
+    rows: Sequence[matrix.Row] | None = None,
+) -> tuple[dict[str, Any], dict[str, Path]]:
     """(spec, interpreter homes) of the image for every row of the table."""
     rows = list(rows or matrix.load_rows())
     versions = image_pythons(rows)

@@ -29,6 +29,7 @@ from pathlib import Path
 from scripts import audit, basics, build, matrix, reproducible, toolchain
 from scripts.interpreters import find_interpreters
 from scripts.report import CellReport, render_table, write_cell_json, write_run_report
+from scripts.wheelfile import sha256_of_file
 from scripts.wheeltest import run_op_tests
 
 DEFAULT_OUT = basics.REPO / "wheelhouse"
@@ -119,7 +120,7 @@ def run_cell(
             result.wheel, workdir / "repaired", row, site, finalize
         )
         cell.wheel = repaired.name
-        cell.sha256 = reproducible.sha256_file(repaired)
+        cell.sha256 = sha256_of_file(repaired)
         cell.size_bytes = repaired.stat().st_size
         parts = audit.wheel_name_parts(repaired.name)
         cell.tag = f"{parts['python']}-{parts['abi']}-{parts['platform']}"

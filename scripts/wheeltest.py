@@ -14,6 +14,7 @@ from collections.abc import Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import Any
 
 from scripts.basics import REPO
 from scripts.build import create_venv
@@ -32,7 +33,7 @@ class PythonTestResult:
     seconds: float = 0.0
     log: str = ""
 
-    def as_dict(self) -> dict:
+    def as_dict(self) -> dict[str, Any]:
         return asdict(self)
 
 

@@ -45,9 +45,10 @@ def read_json_or_none(path: Path) -> dict[str, Any] | None:
     if not path.is_file():
         return None
     try:
-        return json.loads(path.read_text())
+        record: dict[str, Any] = json.loads(path.read_text())
     except ValueError:
         return None
+    return record
 
 
 class ResultCache:

@@ -91,7 +91,8 @@ def read_build_info(wheel: Path) -> dict[str, Any]:
         if isinstance(node, ast.Assign) and any(
             isinstance(t, ast.Name) and t.id == "BUILD_INFO" for t in node.targets
         ):
-            return ast.literal_eval(node.value)
+            info: dict[str, Any] = ast.literal_eval(node.value)
+            return info
     raise ValueError(f"{wheel.name}: no BUILD_INFO in hotloop/_build_info.py")
 
 

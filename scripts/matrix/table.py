@@ -63,7 +63,8 @@ class Row:
     @property
     def variant(self) -> str:
         """Local version label of the wheel serving this row: ``stable.cu13``, ``pt29cu128``."""
-        return self._variant.label
+        label: str = self._variant.label
+        return label
 
     @property
     def _variant(self) -> Any:
@@ -77,7 +78,8 @@ class Row:
     @property
     def requires_torch(self) -> str:
         """The Requires-Dist the wheel must carry: ``torch>=2.10`` or ``torch==2.9.*``."""
-        return self._variant.requires_torch
+        requires: str = self._variant.requires_torch
+        return requires
 
     @property
     def archs(self) -> list[str]:
@@ -105,7 +107,8 @@ def variant_wheels(folder: Path, variant: str) -> list[Path]:
 
 def variant_label(torch_version: str, cuda: str | None) -> str:
     """The label of the wheel serving that torch: ``stable.cu13``, ``pt29cu128``, ``pt28cpu``."""
-    return variant_rule.variant_for(torch_version, cuda).label
+    label: str = variant_rule.variant_for(torch_version, cuda).label
+    return label
 
 
 def archs_from_list(arch_list: str) -> list[str]:

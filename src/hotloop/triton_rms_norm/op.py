@@ -109,15 +109,17 @@ def _rms_norm_triton_backward(
     return grad_x, grad_weight
 
 
-def _setup_context(ctx, inputs, output):
+def _setup_context(ctx: Any, inputs: tuple[Any, ...], output: torch.Tensor) -> None:
     x, weight, eps = inputs
     ctx.save_for_backward(x, weight)
     ctx.eps = eps
 
 
-def _backward(ctx, grad_out):
+def _backward(
+    ctx: Any, grad_out: torch.Tensor
+) -> tuple[torch.Tensor, Optional[torch.Tensor], None]:
     x, weight = ctx.saved_tensors
-    grad_x, grad_weight = torch.ops.hotloop.rms_norm_triton_backward(grad_out, x, weight, ctx.eps)
+    grad_x, grad_weight = rms_norm_backward(grad_out, x, weight, ctx.eps)
     return grad_x, (grad_weight if weight is not None else None), None
 
 
@@ -137,11 +139,15 @@ def rms_norm(
     """
     if eps is None:
         eps = torch.finfo(x.dtype).eps if x.is_floating_point() else 0.0
-    return torch.ops.hotloop.rms_norm_triton(x, weight, eps)
+    y: torch.Tensor = torch.ops.hotloop.rms_norm_triton(x, weight, eps)
+    return y
 
 
 def rms_norm_backward(
     grad_out: torch.Tensor, x: torch.Tensor, weight: Optional[torch.Tensor], eps: float
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """(grad_x, grad_weight) of :func:`rms_norm`; grad_weight is ``(0,)`` without weight."""
-    return torch.ops.hotloop.rms_norm_triton_backward(grad_out, x, weight, eps)
+    grads: tuple[torch.Tensor, torch.Tensor] = torch.ops.hotloop.rms_norm_triton_backward(
+        grad_out, x, weight, eps
+    )
+    return grads
