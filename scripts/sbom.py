@@ -15,7 +15,6 @@ from the wheel and ``SOURCE_DATE_EPOCH`` so that the SBOM is as reproducible as 
 
 from __future__ import annotations
 
-import ast
 import datetime
 import hashlib
 import json
@@ -33,7 +32,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from scripts import tools
-from scripts.wheelfile import SBOM_MEMBER
+from scripts.wheelfile import BUILD_INFO_MEMBER, SBOM_MEMBER, build_info_of
 
 if TYPE_CHECKING:
     from cyclonedx.model.component import Component
@@ -93,16 +92,10 @@ def _dist_info(names: Sequence[str]) -> str:
 def wheel_build_info(zf: zipfile.ZipFile) -> dict[str, Any] | None:
     """``BUILD_INFO`` of ``hotloop/_build_info.py`` in the wheel, read without importing it."""
     try:
-        text = zf.read("hotloop/_build_info.py").decode()
+        text = zf.read(BUILD_INFO_MEMBER).decode()
     except KeyError:
         return None
-    for node in ast.parse(text).body:
-        if isinstance(node, ast.Assign) and any(
-            getattr(t, "id", None) == "BUILD_INFO" for t in node.targets
-        ):
-            info: dict[str, Any] = ast.literal_eval(node.value)
-            return info
-    return None
+    return build_info_of(text)
 
 
 def installed_distributions(site: Path) -> list[Package]:

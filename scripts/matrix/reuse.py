@@ -11,7 +11,6 @@
 
 from __future__ import annotations
 
-import ast
 import json
 import re
 import subprocess
@@ -27,6 +26,7 @@ from scripts.basics import REPO
 from scripts.matrix.digests import source_digest
 from scripts.matrix.results import NOT_BUILT, NOT_RUN, log
 from scripts.matrix.table import Row, variant_wheels
+from scripts.wheelfile import BUILD_INFO_MEMBER, build_info_of
 from scripts.wheelfile import sha256_of_file as file_sha256
 
 BUILT = "built"
@@ -85,15 +85,10 @@ def write_sidecar(wheel: Path, digest: str) -> Path:
 def read_build_info(wheel: Path) -> dict[str, Any]:
     """``hotloop/_build_info.py``'s ``BUILD_INFO`` from inside a wheel (without importing it)."""
     with zipfile.ZipFile(wheel) as zf:
-        text = zf.read("hotloop/_build_info.py").decode()
-    tree = ast.parse(text)
-    for node in tree.body:
-        if isinstance(node, ast.Assign) and any(
-            isinstance(t, ast.Name) and t.id == "BUILD_INFO" for t in node.targets
-        ):
-            info: dict[str, Any] = ast.literal_eval(node.value)
-            return info
-    raise ValueError(f"{wheel.name}: no BUILD_INFO in hotloop/_build_info.py")
+        info = build_info_of(zf.read(BUILD_INFO_MEMBER).decode())
+    if info is None:
+        raise ValueError(f"{wheel.name}: no BUILD_INFO in {BUILD_INFO_MEMBER}")
+    return info
 
 
 def commit_matches_tree(commit: str, repo: Path = REPO) -> bool:
