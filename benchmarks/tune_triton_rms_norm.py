@@ -6,8 +6,8 @@ prefetching the next tile, Triton's loop pipeliner) is checked against a float64
 reference, then timed the way benchmarks/bench_rms_norm.py times (CUDA events, median,
 inputs rotated past L2). Writes ``tune_triton_rms_norm.json`` (every setting's time) and
 ``tune_triton_rms_norm.md`` (the best per hidden size next to the default the module
-picks today). The winners go into ``_FWD_CONFIG`` / ``_BWD_CONFIG`` of
-src/hotloop/triton_rms_norm.py by hand, with the run that chose them.
+picks today). The winners go into ``FWD_CONFIG`` / ``BWD_CONFIG`` of
+src/hotloop/triton_rms_norm/launch_config.py by hand, with the run that chose them.
 
 Usage: python benchmarks/tune_triton_rms_norm.py [--hidden 4096,8193] [--out DIR]
        [--deadline SECONDS]
@@ -16,6 +16,7 @@ Usage: python benchmarks/tune_triton_rms_norm.py [--hidden 4096,8193] [--out DIR
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import itertools
 import json
 import sys
@@ -109,7 +110,7 @@ class Sweep:
         entry: dict[str, Any] = {
             "hidden": hidden,
             "kind": kind,
-            "config": config._asdict() if config is not None else "default",
+            "config": dataclasses.asdict(config) if config is not None else "default",
             "max_rel_err": err,
         }
         if not err <= TOLERANCE[DTYPE]:
@@ -184,7 +185,7 @@ def _failed(hidden: int, kind: str, config: Any, exc: Exception) -> dict[str, An
     return {
         "hidden": hidden,
         "kind": kind,
-        "config": config._asdict() if config is not None else "default",
+        "config": dataclasses.asdict(config) if config is not None else "default",
         "status": "error",
         "note": f"{type(exc).__name__}: {str(exc).splitlines()[0][:200] if str(exc) else ''}",
     }

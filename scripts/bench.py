@@ -15,7 +15,7 @@ import argparse
 from collections.abc import Sequence
 from pathlib import Path
 
-from scripts import matrix, toolchain, tools
+from scripts import basics, matrix, tools
 
 # Installed next to the wheel: the plot, and the implementation compared against.
 TOOLS = tools.group("bench")
@@ -41,7 +41,7 @@ def plan(argv: Sequence[str]) -> tuple[Path, list[str]]:
     choice = parser.add_mutually_exclusive_group()
     choice.add_argument("--wheel", type=Path)
     choice.add_argument("--torch")
-    parser.add_argument("--wheelhouse", type=Path, default=toolchain.REPO / "wheelhouse")
+    parser.add_argument("--wheelhouse", type=Path, default=basics.REPO / "wheelhouse")
     args, rest = parser.parse_known_args(list(argv))
     if args.wheel is not None:
         if not args.wheel.is_file():

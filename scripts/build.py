@@ -9,19 +9,17 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
-import sys
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from scripts import matrix, toolchain, tools
+from scripts import basics, matrix, toolchain, tools, wheel_sources
+from scripts.basics import REPO
 from scripts.interpreters import Interpreter, find_interpreters
 from scripts.matrix import Row
+from scripts.toolchain import Toolchain
 
-REPO = toolchain.REPO
-# What an sdist would carry: everything setup.py and the package need, nothing built.
-SOURCE_ITEMS = ("setup.py", "pyproject.toml", "MANIFEST.in", "README.md", "LICENSE", "csrc", "src")
 BUILD_REQUIREMENTS = (*tools.BUILD, "build")
 
 
@@ -51,8 +49,7 @@ def compile_times(build_dir: Path) -> dict[str, float]:
     return times
 
 
-def log(msg: str) -> None:
-    print(f"[build] {msg}", file=sys.stderr, flush=True)
+log = basics.logger("build")
 
 
 def uv_exe() -> str:
@@ -103,7 +100,8 @@ def git_output(*args: str) -> str:
 def git_commit() -> str:
     try:
         head = git_output("rev-parse", "HEAD")
-        dirty = git_output("status", "--porcelain", "--", *SOURCE_ITEMS)
+        items = (*wheel_sources.CODE, *wheel_sources.METADATA)
+        dirty = git_output("status", "--porcelain", "--", *items)
     except (OSError, subprocess.CalledProcessError):
         return "unknown"
     return head + ("-dirty" if dirty else "")
@@ -123,42 +121,37 @@ def copy_sources(dest: Path) -> None:
     if dest.exists():
         shutil.rmtree(dest)
     dest.mkdir(parents=True)
-    ignore = shutil.ignore_patterns(
-        "__pycache__", "*.so", "*.o", "_build_info.py", "*.egg-info", "build"
-    )
-    for item in SOURCE_ITEMS:
-        src = REPO / item
-        if src.is_dir():
-            shutil.copytree(src, dest / item, ignore=ignore)
-        elif src.is_file():
-            shutil.copy2(src, dest / item)
+    for path in wheel_sources.build_inputs(REPO):
+        target = dest / path.relative_to(REPO)
+        target.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(path, target)
     if not (dest / "README.md").exists() and (dest / "pyproject.toml").exists():
         # pyproject names README.md as the long description; until it exists, don't fail on it.
         log("README.md missing in the repository: using a one-line placeholder for the build")
         (dest / "README.md").write_text("# hotloop\n")
 
 
-def build_env(
-    row: Row, cuda_home: Path, sysroot: Path, ccache_bin: Path | None, torch_site: Path
-) -> dict[str, str]:
-    """The environment setup.py's build contract reads (see setup.py's docstring)."""
+def build_env(row: Row, tools: Toolchain, torch_site: Path) -> dict[str, str]:
+    """The environment setup.py's build contract reads (see setup.py's docstring): the
+    caller's, less what would point the build elsewhere, plus the row's settings and what
+    the toolchain decides. A toolchain without CUDA makes a CPU-only build."""
     env = dict(os.environ)
     for var in (
         "CPATH",
         "CPLUS_INCLUDE_PATH",
         "C_INCLUDE_PATH",
         "LIBRARY_PATH",
+        "CUDA_HOME",
         "CUDA_PATH",
         "CUDAHOSTCXX",
+        "TORCH_CUDA_ARCH_LIST",
     ):
         env.pop(var, None)
+    with_cuda = tools.cuda_home is not None
     env.update(
         {
-            "HOTLOOP_CUDA": "1",
+            "HOTLOOP_CUDA": "1" if with_cuda else "0",
             "HOTLOOP_ABI": row.kind,
-            "CUDA_HOME": str(cuda_home),
-            "TORCH_CUDA_ARCH_LIST": row.arch_list,
-            "HOTLOOP_SYSROOT": str(sysroot),
             "MAX_JOBS": os.environ.get("MAX_JOBS", str(os.cpu_count() or 2)),
             "NVCC_THREADS": os.environ.get("NVCC_THREADS", "2"),
             "SOURCE_DATE_EPOCH": source_date_epoch(),
@@ -172,15 +165,13 @@ def build_env(
             "UV_PYTHON_DOWNLOADS": "never",
         }
     )
-    # torch's headers include cublas_v2.h, cusparse.h, ...: they ship in torch's nvidia deps.
-    includes = [str(p) for p in toolchain.torch_cuda_include_dirs(torch_site)]
-    if includes:
-        env["CPATH"] = os.pathsep.join(includes)
-    if ccache_bin is not None:
-        env.update(toolchain.compiler_wrappers(ccache_bin, cuda_home))
-        env.update(toolchain.ccache_env())
-    else:
-        env["CC"], env["CXX"] = shutil.which("gcc") or "gcc", shutil.which("g++") or "g++"
+    if with_cuda:
+        env["TORCH_CUDA_ARCH_LIST"] = row.arch_list
+        # torch's headers include cublas_v2.h, cusparse.h, ...: they ship in torch's nvidia deps.
+        includes = [str(p) for p in toolchain.torch_cuda_include_dirs(torch_site)]
+        if includes:
+            env["CPATH"] = os.pathsep.join(includes)
+    env.update(tools.environment())
     return env
 
 
@@ -215,22 +206,21 @@ def run_build(
         )
 
 
-def build_wheel(row: Row, workdir: Path, build_python: Interpreter | None = None) -> BuildResult:
-    """Build ``row``'s wheel into ``workdir/dist``; raises CalledProcessError on failure."""
+def build_wheel(
+    row: Row, workdir: Path, tools: Toolchain, build_python: Interpreter | None = None
+) -> BuildResult:
+    """Build ``row``'s wheel with ``tools`` into ``workdir/dist``; BuildError on failure."""
     start = time.monotonic()
     workdir.mkdir(parents=True, exist_ok=True)
-    cuda_home = toolchain.ensure_cuda_toolkit(row.cuda, row.toolkit)
-    sysroot = toolchain.ensure_sysroot()
-    ccache_bin = toolchain.ensure_ccache()
     interp = build_python or pick_build_python(row)
     log(f"{row.variant}: build venv on Python {interp.version} ({interp.path})")
     py = create_venv(workdir / "venv", interp.path, [f"torch=={row.torch}", *BUILD_REQUIREMENTS])
     src = workdir / "src"
     copy_sources(src)
-    env = build_env(row, cuda_home, sysroot, ccache_bin, site_packages(py))
+    env = build_env(row, tools, site_packages(py))
     env["PATH"] = os.pathsep.join([str(py.parent), env.get("PATH", "")])
     env["VIRTUAL_ENV"] = str(py.parent.parent)
-    if ccache_bin is not None:
+    if tools.ccache_env:
         # Same relative paths in every build of this variant: ccache hits across runs.
         env["CCACHE_BASEDIR"] = str(src)
     dist = workdir / "dist"

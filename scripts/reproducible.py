@@ -32,7 +32,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from scripts import matrix, toolchain
+from scripts import basics, matrix, toolchain
 from scripts.wheelfile import sha256_of_file as sha256_file
 
 # Zip cannot store times before 1980; a commit older than that is clamped (as wheel does).
@@ -44,8 +44,7 @@ COMPRESSION = zipfile.ZIP_DEFLATED
 COMPRESS_LEVEL = 9
 
 
-def log(msg: str) -> None:
-    print(f"[reproducible] {msg}", file=sys.stderr, flush=True)
+log = basics.logger("reproducible")
 
 
 def record_hash(data: bytes) -> str:
@@ -252,22 +251,15 @@ def build_once(
     from scripts import build
 
     interp = python or build.pick_build_python(row).path
-    cuda_home = toolchain.ensure_cuda_toolkit(row.cuda, row.toolkit) if with_cuda else None
-    sysroot = toolchain.ensure_sysroot()
+    tools = toolchain.assemble(row.cuda, row.toolkit, with_cuda=with_cuda, ccache=False)
     py = build.create_venv(
         workdir / "venv", interp, [f"torch=={row.torch}", *build.BUILD_REQUIREMENTS]
     )
     src = workdir / "src"
     build.copy_sources(src)
-    env = build.build_env(
-        row, cuda_home or Path("/nonexistent"), sysroot, None, build.site_packages(py)
-    )
-    if not with_cuda:
-        env["HOTLOOP_CUDA"] = "0"
-        for var in ("CUDA_HOME", "TORCH_CUDA_ARCH_LIST", "CPATH"):
-            env.pop(var, None)
-    elif cuda_home is not None:
-        wrapper = write_nvcc_wrapper(workdir / "bin" / "nvcc", cuda_home / "bin" / "nvcc")
+    env = build.build_env(row, tools, build.site_packages(py))
+    if tools.cuda_home is not None:
+        wrapper = write_nvcc_wrapper(workdir / "bin" / "nvcc", tools.cuda_home / "bin" / "nvcc")
         env["PYTORCH_NVCC"] = str(wrapper)
     env["PATH"] = os.pathsep.join([str(py.parent), env.get("PATH", "")])
     env["VIRTUAL_ENV"] = str(py.parent.parent)
@@ -293,9 +285,8 @@ def release_wheel(
     site = build.site_packages(python)
     provided = audit.torch_provided_libs(site)
     repaired, _ = audit.repair_wheel(wheel, out_dir / "repaired", provided)
-    cuda_home = toolchain.ensure_cuda_toolkit(row.cuda, row.toolkit) if with_cuda else None
-    sysroot = toolchain.ensure_sysroot()
-    return finalize_release(row, repaired, out_dir / "final", cuda_home, sysroot, epoch)
+    tools = toolchain.assemble(row.cuda, row.toolkit, with_cuda=with_cuda, ccache=False)
+    return finalize_release(row, repaired, out_dir / "final", tools.cuda_home, tools.sysroot, epoch)
 
 
 def build_twice(

@@ -15,7 +15,6 @@ from the wheel and ``SOURCE_DATE_EPOCH`` so that the SBOM is as reproducible as 
 
 from __future__ import annotations
 
-import ast
 import datetime
 import hashlib
 import json
@@ -30,9 +29,15 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from email.parser import Parser
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 from scripts import tools
-from scripts.wheelfile import SBOM_MEMBER
+from scripts.wheelfile import BUILD_INFO_MEMBER, SBOM_MEMBER, build_info_of
+
+if TYPE_CHECKING:
+    from cyclonedx.model.component import Component
+
+    from scripts.matrix import Row
 
 # The library that writes the SBOM, pinned with the pipeline's other tools.
 TOOLS = tools.SBOM
@@ -84,18 +89,13 @@ def _dist_info(names: Sequence[str]) -> str:
     return dirs.pop()
 
 
-def wheel_build_info(zf: zipfile.ZipFile) -> dict | None:
+def wheel_build_info(zf: zipfile.ZipFile) -> dict[str, Any] | None:
     """``BUILD_INFO`` of ``hotloop/_build_info.py`` in the wheel, read without importing it."""
     try:
-        text = zf.read("hotloop/_build_info.py").decode()
+        text = zf.read(BUILD_INFO_MEMBER).decode()
     except KeyError:
         return None
-    for node in ast.parse(text).body:
-        if isinstance(node, ast.Assign) and any(
-            getattr(t, "id", None) == "BUILD_INFO" for t in node.targets
-        ):
-            return ast.literal_eval(node.value)
-    return None
+    return build_info_of(text)
 
 
 def installed_distributions(site: Path) -> list[Package]:
@@ -145,7 +145,7 @@ def compiler_version(exe: str) -> str:
 
 
 def collect_inputs(
-    row, wheel: Path, cuda_home: Path | None, sysroot: Path | None, epoch: int
+    row: Row, wheel: Path, cuda_home: Path | None, sysroot: Path | None, epoch: int
 ) -> SbomInputs:
     """What a wheel built for ``row`` was made from.
 
@@ -187,7 +187,7 @@ def collect_inputs(
 # --------------------------------------------------------------------------- writing
 
 
-def _component(pkg: Package, description: str):
+def _component(pkg: Package, description: str) -> Component:
     from cyclonedx.model import HashAlgorithm, HashType, Property
     from cyclonedx.model.component import Component, ComponentType
     from packageurl import PackageURL
@@ -315,7 +315,7 @@ def project_sbom(wheel: Path) -> bytes:
     return sboms[SBOM_NAME]
 
 
-def sbom_properties(document: Mapping) -> dict[str, str]:
+def sbom_properties(document: Mapping[str, Any]) -> dict[str, str]:
     component = document.get("metadata", {}).get("component", {})
     return {p["name"]: p.get("value", "") for p in component.get("properties", [])}
 

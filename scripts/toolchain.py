@@ -13,7 +13,8 @@
 * ccache: Debian's package (and ``libhiredis``) extracted into the cache, no root install.
 
 Everything lives under :func:`cache_dir` and is reused; each piece has a stamp file written
-last, so an interrupted download is redone instead of trusted.
+last, so an interrupted download is redone instead of trusted. :func:`assemble` puts the
+pieces together once per build, as one :class:`Toolchain` value that the build reads.
 """
 
 from __future__ import annotations
@@ -31,9 +32,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from scripts import basics
+from scripts.basics import REPO
 from scripts.wheelfile import sha256_of_file as file_sha256
 
-REPO = Path(__file__).resolve().parent.parent
 SYSROOT_SUITE = "bullseye"  # glibc 2.31; buster (2.28) is no longer on the Debian mirror
 SYSROOT_PACKAGES = ("libc6", "libc6-dev", "linux-libc-dev")
 GCC_MAJOR = "12"
@@ -47,13 +49,7 @@ def cache_dir() -> Path:
     return path
 
 
-def log(msg: str) -> None:
-    print(f"[toolchain] {msg}", file=sys.stderr, flush=True)
-
-
-def run(cmd: Sequence[str | os.PathLike[str]], **kwargs) -> subprocess.CompletedProcess:
-    log("$ " + " ".join(str(c) for c in cmd))
-    return subprocess.run([str(c) for c in cmd], check=True, **kwargs)
+log = basics.logger("toolchain")
 
 
 def _stamped(path: Path, key: str) -> bool:
@@ -170,7 +166,7 @@ class Toolkit:
 
 def check_nvcc_release(nvcc: Path, release: str, what: str) -> None:
     """Raise unless ``nvcc --version`` says ``release <release>``."""
-    out = run([nvcc, "--version"], capture_output=True, text=True).stdout
+    out = basics.run([nvcc, "--version"], capture_output=True, text=True, log=log).stdout
     if f"release {release}," not in out:
         raise ToolkitError(f"{what}: {nvcc} is not CUDA {release}:\n{out}")
 
@@ -216,7 +212,7 @@ def ensure_pypi_toolkit(cuda: str, release: str, packages: Sequence[str]) -> Pat
         return home
     site = root / "site-packages"
     uv = shutil.which("uv") or "uv"
-    run(
+    basics.run(
         [
             uv,
             "pip",
@@ -227,7 +223,8 @@ def ensure_pypi_toolkit(cuda: str, release: str, packages: Sequence[str]) -> Pat
             "--target",
             site,
             *packages,
-        ]
+        ],
+        log=log,
     )
     for component in component_roots(site):
         _merge_tree(component, home)
@@ -352,10 +349,11 @@ def extract_deb_members(deb: Path, home: Path) -> list[str]:
 
 def deb_fields(deb: Path) -> tuple[str, str]:
     """``(Package, Version)`` from a ``.deb``'s control file."""
-    out = run(
+    out = basics.run(
         ["dpkg-deb", "--show", "--showformat=${Package}\t${Version}", deb],
         capture_output=True,
         text=True,
+        log=log,
     ).stdout
     name, version = out.split("\t")
     return name, version
@@ -568,12 +566,14 @@ def apt_download(
         # root downloads into our own cache dir, which apt's _apt sandbox user cannot write
         opts.append("-o=APT::Sandbox::User=root")
     (state / "status").touch()
-    run(["apt-get", *opts, "update"], stdout=subprocess.DEVNULL)
+    basics.run(["apt-get", *opts, "update"], stdout=subprocess.DEVNULL, log=log)
     debs = workdir / "debs"
     debs.mkdir(exist_ok=True)
     for old in debs.glob("*.deb"):
         old.unlink()
-    run(["apt-get", *opts, "download", *packages], cwd=debs, stdout=subprocess.DEVNULL)
+    basics.run(
+        ["apt-get", *opts, "download", *packages], cwd=debs, stdout=subprocess.DEVNULL, log=log
+    )
     found = sorted(debs.glob("*.deb"))
     if len(found) != len(packages):
         raise RuntimeError(f"apt-get download {packages} gave {[f.name for f in found]}")
@@ -581,7 +581,7 @@ def apt_download(
 
 
 def extract_deb(deb: Path, dest: Path) -> None:
-    run(["dpkg-deb", "-x", deb, dest])
+    basics.run(["dpkg-deb", "-x", deb, dest], log=log)
 
 
 def relativize_symlinks(root: Path) -> int:
@@ -679,15 +679,20 @@ def ensure_ccache() -> Path | None:
             f'exec "{tree}/usr/bin/ccache" "$@"\n'
         )
         script.chmod(0o755)
-    run([wrapper_dir / "ccache", "--version"], stdout=subprocess.DEVNULL)
+    basics.run([wrapper_dir / "ccache", "--version"], stdout=subprocess.DEVNULL, log=log)
     _stamp(base, key)
     return wrapper_dir
 
 
+def plain_compilers() -> dict[str, str]:
+    """``CC`` and ``CXX`` without a compiler cache: the host's gcc and g++."""
+    return {"CC": shutil.which("gcc") or "gcc", "CXX": shutil.which("g++") or "g++"}
+
+
 def compiler_wrappers(
-    ccache_bin: Path, cuda_home: Path, cc: str = "gcc", cxx: str = "g++"
+    ccache_bin: Path, cuda_home: Path | None, cc: str = "gcc", cxx: str = "g++"
 ) -> dict[str, str]:
-    """``CC``, ``CXX`` and ``PYTORCH_NVCC`` that run through ccache.
+    """``CC``, ``CXX`` and (with a CUDA toolkit) ``PYTORCH_NVCC`` that run through ccache.
 
     The wrappers are named ``gcc``/``g++`` (nvcc gets ``CC`` as ``-ccbin`` and recognises the
     host compiler by name); ``CCACHE_DIR`` lives in the cache.
@@ -698,11 +703,10 @@ def compiler_wrappers(
     wrap.mkdir(parents=True, exist_ok=True)
     ccache = ccache_bin / "ccache"
     out: dict[str, str] = {}
-    for env_name, name, real in (
-        ("CC", "gcc", shutil.which(cc) or cc),
-        ("CXX", "g++", shutil.which(cxx) or cxx),
-        ("PYTORCH_NVCC", "nvcc", str(cuda_home / "bin" / "nvcc")),
-    ):
+    compilers = [("CC", "gcc", shutil.which(cc) or cc), ("CXX", "g++", shutil.which(cxx) or cxx)]
+    if cuda_home is not None:
+        compilers.append(("PYTORCH_NVCC", "nvcc", str(cuda_home / "bin" / "nvcc")))
+    for env_name, name, real in compilers:
         script = wrap / name
         script.write_text(f'#!/bin/sh\nexec "{ccache}" "{real}" "$@"\n')
         script.chmod(0o755)
@@ -719,6 +723,45 @@ def ccache_env() -> dict[str, str]:
         "CCACHE_NOHASHDIR": "1",
         "CCACHE_COMPILERCHECK": "content",
     }
+
+
+# --------------------------------------------------------------------------- the whole toolchain
+
+
+@dataclass(frozen=True)
+class Toolchain:
+    """What one build compiles with, assembled once (:func:`assemble`) and handed to it.
+
+    ``cuda_home``: the CUDA toolkit, ``None`` for a CPU-only build. ``compilers``: ``CC``,
+    ``CXX`` and, with ccache and a toolkit, ``PYTORCH_NVCC``: ccache wrappers where ccache is
+    used, else the host's gcc and g++. ``ccache_env``: ccache's settings (empty without it).
+    """
+
+    cuda_home: Path | None
+    sysroot: Path
+    compilers: Mapping[str, str]
+    ccache_env: Mapping[str, str]
+
+    def environment(self) -> dict[str, str]:
+        """The variables of setup.py's build contract that the toolchain decides."""
+        env = {"HOTLOOP_SYSROOT": str(self.sysroot), **self.compilers, **self.ccache_env}
+        if self.cuda_home is not None:
+            env["CUDA_HOME"] = str(self.cuda_home)
+        return env
+
+
+def assemble(
+    cuda: str, toolkit: Toolkit, *, with_cuda: bool = True, ccache: bool = True
+) -> Toolchain:
+    """The toolchain of a build for CUDA ``cuda``: its toolkit (unless ``with_cuda`` is
+    False), the glibc 2.31 sysroot and the compilers, wrapped in ccache when ``ccache`` is
+    wanted and available. Each piece is fetched once, then taken from the cache."""
+    cuda_home = ensure_cuda_toolkit(cuda, toolkit) if with_cuda else None
+    sysroot = ensure_sysroot()
+    ccache_bin = ensure_ccache() if ccache else None
+    if ccache_bin is None:
+        return Toolchain(cuda_home, sysroot, plain_compilers(), {})
+    return Toolchain(cuda_home, sysroot, compiler_wrappers(ccache_bin, cuda_home), ccache_env())
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -11,7 +11,7 @@ import re
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
-from scripts.matrix import tomllib
+from scripts.basics import tomllib
 
 PYPROJECT = Path(__file__).resolve().parent.parent / "pyproject.toml"
 

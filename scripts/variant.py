@@ -10,11 +10,12 @@ from __future__ import annotations
 import importlib.util
 import sys
 from pathlib import Path
+from types import ModuleType
 
 _PATH = Path(__file__).resolve().parent.parent / "src" / "hotloop" / "_variant.py"
 
 
-def _load():
+def _load() -> ModuleType:
     spec = importlib.util.spec_from_file_location("hotloop_variant_rule", _PATH)
     assert spec is not None
     assert spec.loader is not None

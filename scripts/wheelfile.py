@@ -10,6 +10,7 @@ chunks and only METADATA is read from the zip. Standard library only.
 
 from __future__ import annotations
 
+import ast
 import hashlib
 import re
 import zipfile
@@ -18,6 +19,7 @@ from dataclasses import dataclass
 from email.parser import Parser
 from email.policy import compat32
 from pathlib import Path
+from typing import Any
 
 from scripts.variant import Variant, parse_label
 
@@ -127,6 +129,29 @@ def read_wheel_metadata(path: Path) -> bytes:
     if len(data) > _METADATA_LIMIT:
         raise WheelError(f"{path.name}: METADATA is larger than {_METADATA_LIMIT} bytes")
     return data
+
+
+# What setup.py records about a build (version, torch, CUDA, archs, commit), as a literal dict.
+BUILD_INFO_MEMBER = "hotloop/_build_info.py"
+
+
+def build_info_of(source: str) -> dict[str, Any] | None:
+    """``BUILD_INFO`` of a ``_build_info.py``'s source, read without running it; None when
+    the source has no literal ``BUILD_INFO`` dict."""
+    try:
+        tree = ast.parse(source)
+    except SyntaxError:
+        return None
+    for node in tree.body:
+        if isinstance(node, ast.Assign) and any(
+            isinstance(t, ast.Name) and t.id == "BUILD_INFO" for t in node.targets
+        ):
+            try:
+                value = ast.literal_eval(node.value)
+            except ValueError:
+                return None
+            return value if isinstance(value, dict) else None
+    return None
 
 
 # hotloop's own SBOM inside a wheel, under its .dist-info folder (scripts/sbom.py writes it).

@@ -26,16 +26,16 @@ import traceback
 from collections.abc import Sequence
 from pathlib import Path
 
-from scripts import audit, build, matrix, reproducible, toolchain
+from scripts import audit, basics, build, matrix, reproducible, toolchain
 from scripts.interpreters import find_interpreters
 from scripts.report import CellReport, render_table, write_cell_json, write_run_report
+from scripts.wheelfile import sha256_of_file
 from scripts.wheeltest import run_op_tests
 
-DEFAULT_OUT = toolchain.REPO / "wheelhouse"
+DEFAULT_OUT = basics.REPO / "wheelhouse"
 
 
-def log(msg: str) -> None:
-    print(f"[wheels] {msg}", file=sys.stderr, flush=True)
+log = basics.logger("wheels")
 
 
 def publish_wheel(wheel: Path, out_dir: Path, variant: str) -> Path:
@@ -94,11 +94,10 @@ def run_cell(
         interp = build.pick_build_python(row, found)
         cell.build_python = f"{interp.version} ({interp.path})"
 
-        cuda_home = toolchain.ensure_cuda_toolkit(row.cuda, row.toolkit)
-        sysroot = toolchain.ensure_sysroot()
+        tools = toolchain.assemble(row.cuda, row.toolkit)
 
         cell.stage = "build"
-        result = build.build_wheel(row, workdir, interp)
+        result = build.build_wheel(row, workdir, tools, interp)
         cell.build_seconds = result.seconds
         cell.compile_seconds = result.compile_seconds
         for obj, secs in sorted(result.compile_seconds.items()):
@@ -114,14 +113,14 @@ def run_cell(
             shutil.rmtree(final_dir, ignore_errors=True)
             final_dir.mkdir(parents=True)
             return reproducible.finalize_release(
-                row, repaired, final_dir, cuda_home, sysroot, epoch
+                row, repaired, final_dir, tools.cuda_home, tools.sysroot, epoch
             )
 
         repaired, report = audit.repair_and_audit(
             result.wheel, workdir / "repaired", row, site, finalize
         )
         cell.wheel = repaired.name
-        cell.sha256 = reproducible.sha256_file(repaired)
+        cell.sha256 = sha256_of_file(repaired)
         cell.size_bytes = repaired.stat().st_size
         parts = audit.wheel_name_parts(repaired.name)
         cell.tag = f"{parts['python']}-{parts['abi']}-{parts['platform']}"

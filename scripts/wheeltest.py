@@ -14,10 +14,11 @@ from collections.abc import Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import Any
 
+from scripts.basics import REPO
 from scripts.build import create_venv
 from scripts.interpreters import Interpreter
-from scripts.toolchain import REPO
 
 PARALLEL_CELLS = 2  # two Python cells at a time: 2 cores, torch import is heavy
 
@@ -32,7 +33,7 @@ class PythonTestResult:
     seconds: float = 0.0
     log: str = ""
 
-    def as_dict(self) -> dict:
+    def as_dict(self) -> dict[str, Any]:
         return asdict(self)
 
 

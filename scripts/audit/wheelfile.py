@@ -7,7 +7,6 @@ becomes one rule's finding and one bad wheel never stops the audit of the others
 
 from __future__ import annotations
 
-import ast
 import zipfile
 import zlib
 from collections.abc import Iterator
@@ -15,6 +14,8 @@ from email.message import Message
 from email.parser import Parser
 from pathlib import Path
 from typing import Any
+
+from scripts.wheelfile import BUILD_INFO_MEMBER, build_info_of
 
 # What zipfile raises for a member whose compressed data is cut short or corrupt.
 _MEMBER_ERRORS = (zipfile.BadZipFile, zlib.error, EOFError, OSError)
@@ -155,19 +156,6 @@ class Wheel:
 
     def build_info(self) -> dict[str, Any] | None:
         """``BUILD_INFO`` from ``hotloop/_build_info.py``; None if missing or not a literal dict."""
-        if not self.has("hotloop/_build_info.py"):
+        if not self.has(BUILD_INFO_MEMBER):
             return None
-        try:
-            tree = ast.parse(self.text("hotloop/_build_info.py"))
-        except SyntaxError:
-            return None
-        for node in tree.body:
-            if isinstance(node, ast.Assign) and any(
-                getattr(t, "id", None) == "BUILD_INFO" for t in node.targets
-            ):
-                try:
-                    value = ast.literal_eval(node.value)
-                except ValueError:
-                    return None
-                return value if isinstance(value, dict) else None
-        return None
+        return build_info_of(self.text(BUILD_INFO_MEMBER))

@@ -27,7 +27,6 @@ from scripts.matrix.table import (
     github_matrix,
     load_rows,
     select_rows,
-    tomllib,
     variant_label,
     variant_wheels,
 )
@@ -42,7 +41,6 @@ __all__ = [
     "github_matrix",
     "load_rows",
     "select_rows",
-    "tomllib",
     "variant_label",
     "variant_wheels",
 ]

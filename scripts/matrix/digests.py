@@ -11,36 +11,13 @@ import hashlib
 from collections.abc import Iterable
 from pathlib import Path
 
-from scripts.toolchain import REPO
-
-# Files whose content goes into a wheel (setup.py compiles csrc/, packages src/hotloop/).
-SOURCE_FILES = ("setup.py", "pyproject.toml")
-SOURCE_DIRS = ("csrc", "src/hotloop")
-SOURCE_EXCLUDE = ("_build_info.py",)
-SOURCE_EXCLUDE_DIRS = ("__pycache__", "build")
-SOURCE_EXCLUDE_SUFFIXES = (".so", ".o", ".pyc")
+from scripts import wheel_sources
+from scripts.basics import REPO
 
 
 def source_paths(repo: Path = REPO) -> list[Path]:
-    """The files a wheel is built from, sorted (generated and compiled files left out)."""
-    paths = [repo / f for f in SOURCE_FILES if (repo / f).is_file()]
-    for folder in SOURCE_DIRS:
-        root = repo / folder
-        if not root.is_dir():
-            continue
-        for path in root.rglob("*"):
-            rel = path.relative_to(root)
-            if (
-                not path.is_file()
-                or path.name in SOURCE_EXCLUDE
-                or path.suffix in SOURCE_EXCLUDE_SUFFIXES
-                or any(
-                    part in SOURCE_EXCLUDE_DIRS or part.endswith(".egg-info") for part in rel.parts
-                )
-            ):
-                continue
-            paths.append(path)
-    return sorted(paths)
+    """The files a wheel's code is built from, sorted (see scripts/wheel_sources.py)."""
+    return wheel_sources.code_files(repo)
 
 
 def digest_files(paths: Iterable[Path], root: Path) -> str:

@@ -89,7 +89,8 @@ def pin_admits(wheel: variant.Variant, torch_version: str) -> bool:
 
     The pin says nothing about CUDA: it is the variant's rule with the device left out.
     """
-    return dataclasses.replace(wheel, cuda=None).serves(torch_version, None)
+    admits: bool = dataclasses.replace(wheel, cuda=None).serves(torch_version, None)
+    return admits
 
 
 def plan_negatives(pairs: Sequence[NegativePair], rows: Sequence[Row]) -> list[NegativePlan]:

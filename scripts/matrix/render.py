@@ -13,6 +13,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from scripts.basics import REPO
 from scripts.matrix.negatives import DEFAULT_NEGATIVES, not_run, plan_negatives
 from scripts.matrix.plan import ALL_PYTHONS, TEST, plan_row
 from scripts.matrix.results import (
@@ -26,7 +27,6 @@ from scripts.matrix.results import (
 )
 from scripts.matrix.reuse import WheelState
 from scripts.matrix.table import Row, build_rows
-from scripts.toolchain import REPO
 
 DOCS = REPO / "docs"
 MD_NAME = "compatibility.md"

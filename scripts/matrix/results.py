@@ -10,11 +10,11 @@ from __future__ import annotations
 import datetime
 import hashlib
 import json
-import sys
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from scripts import basics
 from scripts.matrix.table import Row
 
 PASS = "pass"
@@ -25,9 +25,8 @@ NOT_RUN = "not run"  # skipped in this run, or no result yet; the cell says why
 STATUSES = (PASS, FAIL, UNSUPPORTED, NOT_BUILT, NOT_RUN)
 
 
-def log(msg: str) -> None:
-    """A progress line of the run, on stderr (stdout carries the table)."""
-    print(f"[matrix] {msg}", file=sys.stderr, flush=True)
+# Progress lines of the run on stderr; stdout carries the table.
+log = basics.logger("matrix")
 
 
 def utc_now() -> str:
@@ -46,9 +45,10 @@ def read_json_or_none(path: Path) -> dict[str, Any] | None:
     if not path.is_file():
         return None
     try:
-        return json.loads(path.read_text())
+        record: dict[str, Any] = json.loads(path.read_text())
     except ValueError:
         return None
+    return record
 
 
 class ResultCache:

@@ -11,7 +11,6 @@
 
 from __future__ import annotations
 
-import ast
 import json
 import re
 import subprocess
@@ -22,11 +21,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from scripts import toolchain
-from scripts.matrix.digests import SOURCE_DIRS, SOURCE_FILES, source_digest
+from scripts import toolchain, wheel_sources
+from scripts.basics import REPO
+from scripts.matrix.digests import source_digest
 from scripts.matrix.results import NOT_BUILT, NOT_RUN, log
 from scripts.matrix.table import Row, variant_wheels
-from scripts.toolchain import REPO
+from scripts.wheelfile import BUILD_INFO_MEMBER, build_info_of
 from scripts.wheelfile import sha256_of_file as file_sha256
 
 BUILT = "built"
@@ -85,21 +85,17 @@ def write_sidecar(wheel: Path, digest: str) -> Path:
 def read_build_info(wheel: Path) -> dict[str, Any]:
     """``hotloop/_build_info.py``'s ``BUILD_INFO`` from inside a wheel (without importing it)."""
     with zipfile.ZipFile(wheel) as zf:
-        text = zf.read("hotloop/_build_info.py").decode()
-    tree = ast.parse(text)
-    for node in tree.body:
-        if isinstance(node, ast.Assign) and any(
-            isinstance(t, ast.Name) and t.id == "BUILD_INFO" for t in node.targets
-        ):
-            return ast.literal_eval(node.value)
-    raise ValueError(f"{wheel.name}: no BUILD_INFO in hotloop/_build_info.py")
+        info = build_info_of(zf.read(BUILD_INFO_MEMBER).decode())
+    if info is None:
+        raise ValueError(f"{wheel.name}: no BUILD_INFO in {BUILD_INFO_MEMBER}")
+    return info
 
 
 def commit_matches_tree(commit: str, repo: Path = REPO) -> bool:
     """True if ``commit`` is clean and its wheel sources equal the working tree's."""
     if not re.fullmatch(r"[0-9a-f]{7,40}", commit or ""):
         return False  # "unknown" or "<sha>-dirty": built from uncommitted sources
-    paths = [*SOURCE_FILES, *SOURCE_DIRS]
+    paths = wheel_sources.CODE
     try:
         diff = subprocess.run(
             ["git", "diff", "--quiet", commit, "--", *paths], cwd=repo, capture_output=True

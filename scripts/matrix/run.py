@@ -31,6 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from scripts import build, toolchain, wheeltest
+from scripts.basics import REPO
 from scripts.interpreters import Interpreter, find_interpreters
 from scripts.matrix.digests import source_digest, suite_digest
 from scripts.matrix.negatives import (
@@ -74,7 +75,6 @@ from scripts.matrix.schedule import (
     release,
 )
 from scripts.matrix.table import Row, load_rows, select_rows
-from scripts.toolchain import REPO
 from scripts.wheelfile import sha256_of_file as file_sha256
 
 

@@ -9,18 +9,13 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-if sys.version_info >= (3, 11):
-    import tomllib
-else:  # pragma: no cover - nox may run on 3.9/3.10, where tomli is installed
-    import tomli as tomllib
-
 from scripts import variant as variant_rule
+from scripts.basics import tomllib
 from scripts.toolchain import Toolkit
 
 MATRIX_FILE = Path(__file__).with_name("matrix.toml")
@@ -68,7 +63,8 @@ class Row:
     @property
     def variant(self) -> str:
         """Local version label of the wheel serving this row: ``stable.cu13``, ``pt29cu128``."""
-        return self._variant.label
+        label: str = self._variant.label
+        return label
 
     @property
     def _variant(self) -> Any:
@@ -82,7 +78,8 @@ class Row:
     @property
     def requires_torch(self) -> str:
         """The Requires-Dist the wheel must carry: ``torch>=2.10`` or ``torch==2.9.*``."""
-        return self._variant.requires_torch
+        requires: str = self._variant.requires_torch
+        return requires
 
     @property
     def archs(self) -> list[str]:
@@ -110,7 +107,8 @@ def variant_wheels(folder: Path, variant: str) -> list[Path]:
 
 def variant_label(torch_version: str, cuda: str | None) -> str:
     """The label of the wheel serving that torch: ``stable.cu13``, ``pt29cu128``, ``pt28cpu``."""
-    return variant_rule.variant_for(torch_version, cuda).label
+    label: str = variant_rule.variant_for(torch_version, cuda).label
+    return label
 
 
 def archs_from_list(arch_list: str) -> list[str]:

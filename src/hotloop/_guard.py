@@ -121,7 +121,8 @@ def read_build_info() -> dict[str, Any]:
             "unbuilt source tree. Build it with `pip install --no-build-isolation -e .`, "
             "or install a wheel."
         ) from None
-    return BUILD_INFO
+    build_info: dict[str, Any] = BUILD_INFO
+    return build_info
 
 
 def load_extension() -> None:
@@ -136,7 +137,8 @@ def load_extension() -> None:
         raise ImportError(f"{mismatch} To fix: {hint}.")
     path = library_path()
     try:
-        torch.ops.load_library(str(path))
+        # torch.ops.load_library carries no annotations of its own.
+        torch.ops.load_library(str(path))  # type: ignore[no-untyped-call]
         import hotloop._C  # noqa: F401  (the limited-API module the wheel's tag stands for)
     except (ImportError, OSError, RuntimeError) as err:
         raise ImportError(

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from scripts import build
+from scripts import build, toolchain
 
 
 def test_build_env_follows_the_setup_py_contract(tmp_path, monkeypatch, newest_row):
@@ -12,9 +12,13 @@ def test_build_env_follows_the_setup_py_contract(tmp_path, monkeypatch, newest_r
     monkeypatch.setenv("CPATH", "/usr/local/cuda/include")  # never the system CUDA
     site = tmp_path / "site"
     (site / "nvidia/cu13/include").mkdir(parents=True)
-    env = build.build_env(
-        newest_row, tmp_path / "cuda", tmp_path / "sysroot", tmp_path / "ccache", site
+    tools = toolchain.Toolchain(
+        tmp_path / "cuda",
+        tmp_path / "sysroot",
+        toolchain.compiler_wrappers(tmp_path / "ccache", tmp_path / "cuda"),
+        toolchain.ccache_env(),
     )
+    env = build.build_env(newest_row, tools, site)
     assert env["HOTLOOP_CUDA"] == "1"
     assert env["CUDA_HOME"] == str(tmp_path / "cuda")
     assert env["TORCH_CUDA_ARCH_LIST"] == "8.0;8.6;8.9;9.0;10.0;12.0+PTX"

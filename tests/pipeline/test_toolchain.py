@@ -6,6 +6,7 @@ that have the real packages' layout; ``test_toolchain_slow.py`` fetches the real
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import os
 import shutil
@@ -438,3 +439,67 @@ def test_debian_toolkit_download_failure_says_what_to_pin(debian_toolkit, monkey
     assert "nvidia-cuda-toolkit=12.4.131~12.4.1-2" in str(err.value)
     assert "from Debian trixie (main non-free): exit 100" in str(err.value)
     assert "pin those in scripts/matrix.toml" in str(err.value)
+
+
+# --------------------------------------------------------------------------- the whole toolchain
+
+
+@pytest.fixture
+def fetched_pieces(tmp_path, monkeypatch):
+    """ensure_* replaced by folders in tmp_path; the test sets what ensure_ccache finds."""
+    monkeypatch.setenv("HOTLOOP_CACHE_DIR", str(tmp_path / "cache"))
+    asked: list[str] = []
+
+    def cuda_toolkit(cuda, toolkit):
+        asked.append(f"cuda {cuda}")
+        return tmp_path / "cuda"
+
+    def sysroot():
+        asked.append("sysroot")
+        return tmp_path / "sysroot"
+
+    monkeypatch.setattr(toolchain, "ensure_cuda_toolkit", cuda_toolkit)
+    monkeypatch.setattr(toolchain, "ensure_sysroot", sysroot)
+    monkeypatch.setattr(toolchain, "ensure_ccache", lambda: tmp_path / "ccbin")
+    return asked
+
+
+def test_assemble_wraps_every_compiler_in_ccache(fetched_pieces, tmp_path, newest_row):
+    tools = toolchain.assemble(newest_row.cuda, newest_row.toolkit)
+    assert fetched_pieces == [f"cuda {newest_row.cuda}", "sysroot"]
+    assert tools.cuda_home == tmp_path / "cuda"
+    assert tools.sysroot == tmp_path / "sysroot"
+    assert sorted(tools.compilers) == ["CC", "CXX", "PYTORCH_NVCC"]
+    assert all("ccache" in Path(path).read_text() for path in tools.compilers.values())
+    env = tools.environment()
+    assert env["CUDA_HOME"] == str(tmp_path / "cuda")
+    assert env["HOTLOOP_SYSROOT"] == str(tmp_path / "sysroot")
+    assert env["CCACHE_DIR"] == str(tmp_path / "cache" / "ccache")
+    assert env["PYTORCH_NVCC"] == tools.compilers["PYTORCH_NVCC"]
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        tools.sysroot = tmp_path  # type: ignore[misc]
+
+
+def test_assemble_without_ccache_uses_the_plain_compilers(fetched_pieces, newest_row):
+    tools = toolchain.assemble(newest_row.cuda, newest_row.toolkit, ccache=False)
+    assert tools.compilers == toolchain.plain_compilers()
+    assert tools.ccache_env == {}
+    assert not any(name.startswith("CCACHE_") for name in tools.environment())
+
+
+def test_assemble_for_a_cpu_build_fetches_no_toolkit(fetched_pieces, newest_row):
+    tools = toolchain.assemble(newest_row.cuda, newest_row.toolkit, with_cuda=False)
+    assert fetched_pieces == ["sysroot"]
+    assert tools.cuda_home is None
+    assert sorted(tools.compilers) == ["CC", "CXX"]
+    assert "CUDA_HOME" not in tools.environment()
+
+
+def test_build_env_of_a_cpu_toolchain_builds_for_the_cpu(fetched_pieces, newest_row, tmp_path):
+    from scripts import build
+
+    tools = toolchain.assemble(newest_row.cuda, newest_row.toolkit, with_cuda=False)
+    env = build.build_env(newest_row, tools, tmp_path / "site")
+    assert env["HOTLOOP_CUDA"] == "0"
+    for var in ("CUDA_HOME", "TORCH_CUDA_ARCH_LIST", "CPATH", "PYTORCH_NVCC"):
+        assert var not in env

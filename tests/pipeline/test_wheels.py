@@ -22,9 +22,10 @@ def fake_pipeline(monkeypatch, tmp_path, wheel_factory, newest_row):
     )
     monkeypatch.setattr(wheels.toolchain, "ensure_cuda_toolkit", lambda cuda, pkgs: tmp_path)
     monkeypatch.setattr(wheels.toolchain, "ensure_sysroot", lambda: tmp_path)
+    monkeypatch.setattr(wheels.toolchain, "ensure_ccache", lambda: None)
     monkeypatch.setattr(build, "site_packages", lambda python: tmp_path)
 
-    def fake_build(row, workdir, interp):
+    def fake_build(row, workdir, tools, interp):
         if "build" in failures:
             raise build.BuildError(failures["build"])
         return build.BuildResult(wheel_factory(tag="cp39-abi3-linux_x86_64"), 1.0, tmp_path / "log")
@@ -77,7 +78,7 @@ def test_an_interrupted_run_changes_nothing_in_out(fake_pipeline, tmp_path, monk
     assert wheels.main(["--out", str(out)]) == 0
     before = {p.name: p.read_bytes() for p in out.iterdir()}
 
-    def interrupted(row, workdir, interp):
+    def interrupted(row, workdir, tools, interp):
         raise KeyboardInterrupt
 
     monkeypatch.setattr(build, "build_wheel", interrupted)
@@ -111,7 +112,7 @@ def test_skip_tests(fake_pipeline, tmp_path, newest_row):
 def test_pinned_option_builds_the_aten_flavour_of_the_row(fake_pipeline, tmp_path, monkeypatch):
     built = []
 
-    def record(row, workdir, interp):
+    def record(row, workdir, tools, interp):
         built.append((row.variant, row.kind, row.torch))
         raise build.BuildError("stop after recording what was asked for")
 

@@ -1,0 +1,245 @@
+"""Host side of the Triton RMSNorm: pick the launch settings for 2-d (rows, H) tensors and
+launch the kernels, through ``wrap_triton`` so that torch.compile traces into them.
+
+``forward_rows`` and ``backward_rows`` take a ``config`` that overrides the tuned
+settings: benchmarks/tune_triton_rms_norm.py sweeps them through these two functions.
+"""
+
+from typing import Any, Optional
+
+import torch
+import triton
+
+from hotloop.triton_rms_norm.kernels import (
+    interpreting,
+    rms_norm_bwd_kernel,
+    rms_norm_bwd_looped_kernel,
+    rms_norm_bwd_row_stats_kernel,
+    rms_norm_fwd_kernel,
+    rms_norm_fwd_looped_kernel,
+)
+from hotloop.triton_rms_norm.launch_config import (
+    LOOPED_BLOCK,
+    RELOAD_W_TILE,
+    VECTOR_BYTES,
+    BwdConfig,
+    FwdConfig,
+    bwd_config,
+    fused,
+    fwd_config,
+    row_alignment,
+    row_blocks,
+)
+
+
+def _alignment(width: int, *matrices: torch.Tensor) -> tuple[int, bool]:
+    """(ALIGN, whether rows start on 16-byte boundaries) for (rows, width) matrices of one
+    dtype."""
+    element_size = matrices[0].element_size()
+    align = row_alignment(element_size, width, *(m.stride(0) for m in matrices))
+    return align, align * element_size == VECTOR_BYTES
+
+
+def _sm_count(device: torch.device) -> int:
+    """Streaming multiprocessors of the device; under the interpreter a small number, so
+    that a few persistent programs still exercise the dw reduction."""
+    if device.type != "cuda":
+        return 2
+    return torch.cuda.get_device_properties(device).multi_processor_count
+
+
+def _persistent_programs(device: torch.device, per_sm: int, work_items: Any) -> int:
+    """Programs of a persistent kernel: per_sm on every SM, fewer when there are fewer
+    work items (row tiles) than that.
+
+    The count is a plain int even when torch.compile traces with a symbolic row count
+    (then it is not capped): the [programs, H] partials and their reduction get a static
+    shape instead of a nest of symbolic ceil-divisions.
+    """
+    programs = _sm_count(device) * per_sm
+    if isinstance(work_items, int):
+        programs = max(1, min(programs, work_items))
+    return programs
+
+
+def _launch(kernel: Any, grid: tuple[Any, ...], *args: Any, **kwargs: Any) -> None:
+    """Launch a kernel so that torch.compile sees it (``wrap_triton``).
+
+    Under the interpreter, ``wrap_triton`` hands the kernel back unwrapped, so the ops are
+    plain custom ops there (see op.define_op) whose fake kernel is this same function body:
+    with fake tensors, nothing is launched.
+    """
+    if interpreting():
+        from torch._subclasses.fake_tensor import is_fake
+
+        if any(is_fake(a) for a in args if isinstance(a, torch.Tensor)):
+            return
+        kernel[grid](*args, **kwargs)
+    else:
+        torch.library.wrap_triton(kernel)[grid](*args, **kwargs)
+
+
+def _static(size: Any) -> int:
+    """A size as a plain int. The hidden size picks the kernels' block shapes (constexprs),
+    so under torch.compile with dynamic shapes it is specialised (guarded) rather than
+    carried symbolically; leading dims stay dynamic."""
+    return int(size)
+
+
+def forward_rows(
+    x: torch.Tensor,
+    weight: Optional[torch.Tensor],
+    y: torch.Tensor,
+    eps: float,
+    config: Optional[FwdConfig] = None,
+) -> None:
+    """Launch the forward on 2-d (rows, H) tensors with unit column stride: y = RMSNorm(x).
+
+    ``config`` overrides the launch settings of the fused kernel (benchmarks/
+    tune_triton_rms_norm.py sweeps them); by default they come from fwd_config.
+    """
+    n_rows, n_cols = x.shape
+    has_weight = weight is not None
+    fp64 = x.dtype == torch.float64
+    width = _static(n_cols)
+    if fused(width):
+        block_n, block_tail = row_blocks(width)
+        align, aligned = _alignment(width, x, y)
+        config = config or fwd_config(width, aligned)
+        _launch(
+            rms_norm_fwd_kernel,
+            (triton.cdiv(n_rows, config.block_m),),
+            x,
+            weight if has_weight else x,  # never read when HAS_WEIGHT is False
+            y,
+            n_rows,
+            n_cols,
+            x.stride(0),
+            y.stride(0),
+            eps,
+            HAS_WEIGHT=has_weight,
+            FP64=fp64,
+            BLOCK_M=config.block_m,
+            BLOCK_N=block_n,
+            BLOCK_TAIL=block_tail,
+            ALIGN=align,
+            num_warps=config.num_warps,
+        )
+    else:
+        _launch(
+            rms_norm_fwd_looped_kernel,
+            (n_rows,),
+            x,
+            weight if has_weight else x,
+            y,
+            n_cols,
+            x.stride(0),
+            y.stride(0),
+            eps,
+            HAS_WEIGHT=has_weight,
+            FP64=fp64,
+            BLOCK_N=LOOPED_BLOCK,
+            num_warps=8,
+        )
+
+
+def backward_rows(
+    grad_out: torch.Tensor,
+    x: torch.Tensor,
+    weight: Optional[torch.Tensor],
+    grad_x: torch.Tensor,
+    eps: float,
+    config: Optional[BwdConfig] = None,
+) -> Optional[torch.Tensor]:
+    """Launch the backward on 2-d (rows, H) tensors with unit column stride: writes grad_x
+    and returns the [programs, H] partial sums of grad_weight (None without weight).
+
+    ``config`` overrides the launch settings of the fused kernel, as in forward_rows.
+    """
+    n_rows, n_cols = x.shape
+    has_weight = weight is not None
+    fp64 = x.dtype == torch.float64
+    acc_dtype = torch.float64 if fp64 else torch.float32
+    width = _static(n_cols)
+    if fused(width):
+        block_n, block_tail = row_blocks(width)
+        align, aligned = _alignment(width, grad_out, x, grad_x)
+        config = config or bwd_config(width, aligned)
+        programs = _persistent_programs(
+            x.device, config.programs_per_sm, triton.cdiv(n_rows, config.block_m)
+        )
+        dw_partial = torch.empty(
+            (programs, n_cols) if has_weight else (0,), dtype=acc_dtype, device=x.device
+        )
+        _launch(
+            rms_norm_bwd_kernel,
+            (programs,),
+            grad_out,
+            x,
+            weight if has_weight else x,
+            grad_x,
+            dw_partial if has_weight else grad_x,  # never written when HAS_WEIGHT is False
+            n_rows,
+            n_cols,
+            grad_out.stride(0),
+            x.stride(0),
+            grad_x.stride(0),
+            eps,
+            HAS_WEIGHT=has_weight,
+            FP64=fp64,
+            BLOCK_M=config.block_m,
+            BLOCK_N=block_n,
+            BLOCK_TAIL=block_tail,
+            RELOAD_W=config.block_m * block_n > RELOAD_W_TILE,
+            PREFETCH=config.prefetch,
+            LOOP_STAGES=config.loop_stages,
+            ALIGN=align,
+            num_warps=config.num_warps,
+        )
+    else:
+        rstd = torch.empty((n_rows,), dtype=acc_dtype, device=x.device)
+        coef = torch.empty((n_rows,), dtype=acc_dtype, device=x.device)
+        _launch(
+            rms_norm_bwd_row_stats_kernel,
+            (n_rows,),
+            grad_out,
+            x,
+            weight if has_weight else x,
+            rstd,
+            coef,
+            n_cols,
+            grad_out.stride(0),
+            x.stride(0),
+            eps,
+            HAS_WEIGHT=has_weight,
+            FP64=fp64,
+            BLOCK_N=LOOPED_BLOCK,
+            num_warps=16,
+        )
+        col_blocks = triton.cdiv(n_cols, LOOPED_BLOCK)
+        # About two programs an SM in all, each (row set, column block) one of them.
+        row_sets = min(n_rows, max(1, triton.cdiv(2 * _sm_count(x.device), col_blocks)))
+        dw_partial = torch.empty(
+            (row_sets, n_cols) if has_weight else (0,), dtype=acc_dtype, device=x.device
+        )
+        _launch(
+            rms_norm_bwd_looped_kernel,
+            (row_sets, col_blocks),
+            grad_out,
+            x,
+            weight if has_weight else x,
+            rstd,
+            coef,
+            grad_x,
+            dw_partial if has_weight else grad_x,
+            n_rows,
+            n_cols,
+            grad_out.stride(0),
+            x.stride(0),
+            grad_x.stride(0),
+            HAS_WEIGHT=has_weight,
+            FP64=fp64,
+            BLOCK_N=LOOPED_BLOCK,
+            num_warps=16,
+        )
+    return dw_partial if has_weight else None

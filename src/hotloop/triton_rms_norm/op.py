@@ -1,0 +1,153 @@
+"""The Triton RMSNorm as custom ops (``torch.library.triton_op``: torch.compile sees the
+kernels themselves), with their checks, fake kernels and autograd, and the Python API.
+"""
+
+from typing import Any, Callable, Optional
+
+import torch
+
+from hotloop.triton_rms_norm.kernels import interpreting
+from hotloop.triton_rms_norm.launch import backward_rows, forward_rows
+
+_SUPPORTED_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
+
+
+def _check_inputs(op: str, x: torch.Tensor, weight: Optional[torch.Tensor]) -> None:
+    if x.device.type != "cuda" and not interpreting():
+        raise ValueError(
+            f"{op}(backend='triton'): x is on {x.device.type}; the Triton kernels need a "
+            "CUDA tensor (or TRITON_INTERPRET=1 set before importing hotloop, for the "
+            "interpreter)"
+        )
+    if x.dim() < 1:
+        raise ValueError(
+            f"{op}(backend='triton'): expected x to have at least 1 dimension (the "
+            "normalised one) but got a 0-dim tensor"
+        )
+    if x.dtype not in _SUPPORTED_DTYPES:
+        raise ValueError(
+            f"{op}(backend='triton'): expected a floating-point tensor (float16, bfloat16, "
+            f"float32, float64) but got {x.dtype} for x"
+        )
+    if weight is not None:
+        if weight.device != x.device:
+            raise ValueError(
+                f"{op}(backend='triton'): x is on {x.device} but weight is on {weight.device}"
+            )
+        if weight.dtype != x.dtype:
+            raise ValueError(
+                f"{op}(backend='triton'): x is {x.dtype} but weight is {weight.dtype} "
+                "(expected the same dtype)"
+            )
+        if weight.numel() != x.shape[-1]:
+            raise ValueError(
+                f"{op}(backend='triton'): weight has {weight.numel()} elements but x's last "
+                f"dim is {x.shape[-1]}"
+            )
+
+
+def define_op(name: str) -> Callable[[Callable[..., Any]], Any]:
+    """``torch.library.triton_op``, or under the interpreter a custom op with the same
+    body as its fake kernel (``wrap_triton`` can't trace interpreted kernels)."""
+
+    def register(fn: Callable[..., Any]) -> Any:
+        if not interpreting():
+            return torch.library.triton_op(name, mutates_args=())(fn)
+        op = torch.library.custom_op(name, mutates_args=())(fn)
+        op.register_fake(fn)
+        return op
+
+    return register
+
+
+def _as_rows(t: torch.Tensor, n_cols: int) -> torch.Tensor:
+    """t as a 2-d (rows, n_cols) tensor with unit column stride (a view where possible)."""
+    rows = t.reshape(-1, n_cols)
+    if rows.stride(1) != 1:
+        rows = rows.contiguous()
+    return rows
+
+
+@define_op("hotloop::rms_norm_triton")
+def _rms_norm_triton(x: torch.Tensor, weight: Optional[torch.Tensor], eps: float) -> torch.Tensor:
+    _check_inputs("rms_norm", x, weight)
+    y = torch.empty(x.shape, dtype=x.dtype, device=x.device)
+    if x.numel() == 0:
+        return y
+    n_cols = x.shape[-1]
+    w = weight.reshape(-1).contiguous() if weight is not None else None
+    forward_rows(_as_rows(x, n_cols), w, y.view(-1, n_cols), eps)
+    return y
+
+
+@define_op("hotloop::rms_norm_triton_backward")
+def _rms_norm_triton_backward(
+    grad_out: torch.Tensor, x: torch.Tensor, weight: Optional[torch.Tensor], eps: float
+) -> tuple[torch.Tensor, torch.Tensor]:
+    _check_inputs("rms_norm_backward", x, weight)
+    if grad_out.shape != x.shape or grad_out.dtype != x.dtype or grad_out.device != x.device:
+        raise ValueError(
+            "rms_norm_backward(backend='triton'): grad_out is "
+            f"{grad_out.dtype}{list(grad_out.shape)} on {grad_out.device} but x is "
+            f"{x.dtype}{list(x.shape)} on {x.device} (expected the same shape, dtype, device)"
+        )
+    grad_x = torch.empty(x.shape, dtype=x.dtype, device=x.device)
+    if weight is None:
+        grad_weight = torch.empty((0,), dtype=x.dtype, device=x.device)
+    elif x.numel() == 0:
+        return grad_x, torch.zeros(weight.shape, dtype=weight.dtype, device=weight.device)
+    if x.numel() == 0:
+        return grad_x, grad_weight
+
+    n_cols = x.shape[-1]
+    w = weight.reshape(-1).contiguous() if weight is not None else None
+    dw_partial = backward_rows(
+        _as_rows(grad_out, n_cols), _as_rows(x, n_cols), w, grad_x.view(-1, n_cols), eps
+    )
+    if weight is not None and dw_partial is not None:
+        grad_weight = dw_partial.sum(0).to(weight.dtype).view(weight.shape)
+    return grad_x, grad_weight
+
+
+def _setup_context(ctx: Any, inputs: tuple[Any, ...], output: torch.Tensor) -> None:
+    x, weight, eps = inputs
+    ctx.save_for_backward(x, weight)
+    ctx.eps = eps
+
+
+def _backward(
+    ctx: Any, grad_out: torch.Tensor
+) -> tuple[torch.Tensor, Optional[torch.Tensor], None]:
+    x, weight = ctx.saved_tensors
+    grad_x, grad_weight = rms_norm_backward(grad_out, x, weight, ctx.eps)
+    return grad_x, (grad_weight if weight is not None else None), None
+
+
+torch.library.register_autograd("hotloop::rms_norm_triton", _backward, setup_context=_setup_context)
+
+
+# ------------------------------------------------------------------------ Python API
+
+
+def rms_norm(
+    x: torch.Tensor, weight: Optional[torch.Tensor] = None, eps: Optional[float] = None
+) -> torch.Tensor:
+    """``F.rms_norm(x, (x.size(-1),), weight, eps)`` through the Triton kernels.
+
+    ``eps=None`` means ``torch.finfo(x.dtype).eps``, as in ``F.rms_norm``. Differentiable
+    in ``x`` and ``weight``; traced by torch.compile without a graph break.
+    """
+    if eps is None:
+        eps = torch.finfo(x.dtype).eps if x.is_floating_point() else 0.0
+    y: torch.Tensor = torch.ops.hotloop.rms_norm_triton(x, weight, eps)
+    return y
+
+
+def rms_norm_backward(
+    grad_out: torch.Tensor, x: torch.Tensor, weight: Optional[torch.Tensor], eps: float
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(grad_x, grad_weight) of :func:`rms_norm`; grad_weight is ``(0,)`` without weight."""
+    grads: tuple[torch.Tensor, torch.Tensor] = torch.ops.hotloop.rms_norm_triton_backward(
+        grad_out, x, weight, eps
+    )
+    return grads

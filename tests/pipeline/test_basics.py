@@ -1,0 +1,49 @@
+"""scripts.basics: the one log and the one command runner of the pipeline modules."""
+
+from __future__ import annotations
+
+import ast
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from scripts import basics
+
+SCRIPTS = Path(basics.__file__).resolve().parent
+
+
+def test_logger_writes_tagged_lines_to_stderr(capsys) -> None:
+    basics.logger("build")("compiling")
+    out, err = capsys.readouterr()
+    assert out == ""
+    assert err == "[build] compiling\n"
+
+
+def test_run_logs_the_command_and_returns_its_output(capsys) -> None:
+    proc = basics.run(
+        [sys.executable, "-c", "print('hi')"],
+        log=basics.logger("t"),
+        capture_output=True,
+        text=True,
+    )
+    assert proc.stdout == "hi\n"
+    assert capsys.readouterr().err == f"[t] $ {sys.executable} -c print('hi')\n"
+
+
+def test_run_raises_when_the_command_fails() -> None:
+    with pytest.raises(subprocess.CalledProcessError):
+        basics.run([sys.executable, "-c", "raise SystemExit(3)"], log=lambda _: None)
+
+
+def test_no_pipeline_module_defines_its_own_log() -> None:
+    # One log: each module takes basics.logger(...) instead of a print to stderr of its own.
+    own = [
+        f"{path.relative_to(SCRIPTS)}:{node.lineno}"
+        for path in sorted(SCRIPTS.rglob("*.py"))
+        if path.name != "basics.py"
+        for node in ast.walk(ast.parse(path.read_text()))
+        if isinstance(node, ast.FunctionDef) and node.name == "log"
+    ]
+    assert own == []
