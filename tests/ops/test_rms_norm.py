@@ -279,3 +279,24 @@ def test_no_grad_call_matches_and_records_nothing(device: str) -> None:
     torch.testing.assert_close(y, rms_norm_reference(x.detach(), w.detach(), 1e-6).float())
     y = hotloop.rms_norm(x, w, 1e-6)  # grad mode: recorded
     assert y.grad_fn is not None
+
+
+@pytest.mark.parametrize(
+    "backend",
+    ["native", pytest.param("triton", marks=[pytest.mark.gpu, requires_cuda])],
+)
+def test_float64_gradient_where_it_cancels(device: str, backend: str) -> None:
+    """At H = 1, grad_x = g * rstd * eps / (x^2 + eps): a difference of two nearly equal
+    terms, so any approximation in rstd shows up magnified (x / eps times). float64 must
+    stay within float64's own rounding, not an approximate rsqrt's."""
+    if backend == "triton" and device != "cuda":
+        pytest.skip("the Triton kernels run on CUDA tensors")
+    x = torch.tensor([[0.01], [0.03], [0.1], [1.0], [3.0]], device=device, dtype=torch.float64)
+    x.requires_grad_()
+    w = torch.ones(1, device=device, dtype=torch.float64, requires_grad=True)
+    g = torch.ones_like(x)
+    got = torch.autograd.grad(hotloop.rms_norm(x, w, 1e-6, backend=backend), (x, w), g)
+    x64, w64 = x.detach().requires_grad_(), w.detach().requires_grad_()
+    expected = torch.autograd.grad(rms_norm_reference(x64, w64, 1e-6), (x64, w64), g)
+    for got_t, expected_t in zip(got, expected):
+        torch.testing.assert_close(got_t, expected_t, rtol=1e-12, atol=1e-12)

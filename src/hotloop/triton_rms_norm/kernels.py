@@ -21,12 +21,16 @@ def _to_acc(v, FP64: tl.constexpr):
 
 @triton.jit
 def _rsqrt(v, FP64: tl.constexpr):
-    # tl.rsqrt is float32-only; float64 takes an IEEE sqrt and a division. The cast first:
+    # tl.rsqrt is float32-only. For float64, 1 / sqrt(v) came out about 1e-10 off (the
+    # compiler may turn it into an approximate reciprocal square root; sqrt_rn and div_rn
+    # are float32-only), which float64 gradients that cancel magnify (seen at H = 1 on an
+    # H100): one Newton step brings it back to float64's own rounding. The cast first:
     # under torch.compile, Inductor may pass eps as a float64 scalar, which would promote
     # everything downstream (and break loop-carried accumulators) in a float32 kernel.
     v = _to_acc(v, FP64)
     if FP64:
-        return 1.0 / tl.sqrt(v)
+        r = 1.0 / tl.sqrt(v)
+        return r * (1.5 - 0.5 * v * r * r)
     else:
         return tl.rsqrt(v)
 
