@@ -152,8 +152,10 @@ __global__ void __launch_bounds__(kStagedThreads)
   const int num_vectors = static_cast<int>(hidden / kVec);
   const acc_t inv_hidden = acc_t(1) / static_cast<acc_t>(hidden);
   const Vec* weight_vec = reinterpret_cast<const Vec*>(weight);
+  if (blockIdx.x < rows) {
+    stage_vectors(staged, reinterpret_cast<const Vec*>(x + blockIdx.x * hidden), num_vectors);
+  }
   for (int64_t row = blockIdx.x; row < rows; row += gridDim.x) {
-    stage_vectors(staged, reinterpret_cast<const Vec*>(x + row * hidden), num_vectors);
     wait_for_staged_vectors();
     acc_t sum_sq[1] = {0};
     for (int idx = threadIdx.x; idx < num_vectors; idx += kStagedThreads) {
@@ -167,6 +169,8 @@ __global__ void __launch_bounds__(kStagedThreads)
     row_sum(sum_sq);
     const acc_t rstd = rsqrt_acc(sum_sq[0] * inv_hidden + eps);
     Vec* y_row = reinterpret_cast<Vec*>(y + row * hidden);
+    const int64_t next = next_staged_row(row, rows);
+    const Vec* x_next = reinterpret_cast<const Vec*>(x + next * hidden);
     for (int idx = threadIdx.x; idx < num_vectors; idx += kStagedThreads) {
       const Vec xv = staged[idx];
       Vec out;
@@ -179,6 +183,10 @@ __global__ void __launch_bounds__(kStagedThreads)
         out.val[k] = static_cast<scalar_t>(v);
       }
       y_row[idx] = out;
+      // After the store, which needs the read: the copy may not overtake it.
+      if (next >= 0) {
+        stage_vector(staged + idx, x_next + idx);
+      }
     }
   }
 }
@@ -498,9 +506,12 @@ __global__ void __launch_bounds__(kStagedThreads)
       dw[i][k] = 0;
     }
   }
+  if (blockIdx.x < rows) {
+    stage_vectors(staged_x, reinterpret_cast<const Vec*>(x + blockIdx.x * hidden), num_vectors);
+    stage_vectors(staged_go, reinterpret_cast<const Vec*>(grad_out + blockIdx.x * hidden),
+                  num_vectors);
+  }
   for (int64_t row = blockIdx.x; row < rows; row += gridDim.x) {
-    stage_vectors(staged_x, reinterpret_cast<const Vec*>(x + row * hidden), num_vectors);
-    stage_vectors(staged_go, reinterpret_cast<const Vec*>(grad_out + row * hidden), num_vectors);
     wait_for_staged_vectors();
     acc_t sums[2] = {0, 0};  // sum(x^2), sum(g * x)
 #pragma unroll
@@ -525,6 +536,9 @@ __global__ void __launch_bounds__(kStagedThreads)
     const acc_t rstd = rsqrt_acc(sums[0] * inv_hidden + eps);
     const acc_t x_coeff = rstd * rstd * rstd * sums[1] * inv_hidden;
     Vec* gx_row = reinterpret_cast<Vec*>(grad_x + row * hidden);
+    const int64_t next = next_staged_row(row, rows);
+    const Vec* x_next = reinterpret_cast<const Vec*>(x + next * hidden);
+    const Vec* go_next = reinterpret_cast<const Vec*>(grad_out + next * hidden);
 #pragma unroll
     for (int i = 0; i < kVectorsPerThread; ++i) {
       const int idx = threadIdx.x + i * kStagedThreads;
@@ -542,6 +556,11 @@ __global__ void __launch_bounds__(kStagedThreads)
           dw[i][k] += gok * xk * rstd;
         }
         gx_row[idx] = out;
+        // After the store, which needs both reads: the copies may not overtake them.
+        if (next >= 0) {
+          stage_vector(staged_x + idx, x_next + idx);
+          stage_vector(staged_go + idx, go_next + idx);
+        }
       }
     }
   }
