@@ -20,17 +20,23 @@ def _to_acc(v, FP64: tl.constexpr):
 
 
 @triton.jit
+def _eps(eps, eps_lo, FP64: tl.constexpr):
+    # Triton passes a Python float as float32: float64 kernels get eps as float32(eps) plus
+    # the float32 rest (eps_lo, see launch.eps_parts), which add up to eps within 2^-48.
+    if FP64:
+        return tl.cast(eps, tl.float64) + tl.cast(eps_lo, tl.float64)
+    else:
+        return eps
+
+
+@triton.jit
 def _rsqrt(v, FP64: tl.constexpr):
-    # tl.rsqrt is float32-only. For float64, 1 / sqrt(v) came out about 1e-10 off (the
-    # compiler may turn it into an approximate reciprocal square root; sqrt_rn and div_rn
-    # are float32-only), which float64 gradients that cancel magnify (seen at H = 1 on an
-    # H100): one Newton step brings it back to float64's own rounding. The cast first:
+    # tl.rsqrt is float32-only; float64 takes a sqrt and a division. The cast first:
     # under torch.compile, Inductor may pass eps as a float64 scalar, which would promote
     # everything downstream (and break loop-carried accumulators) in a float32 kernel.
     v = _to_acc(v, FP64)
     if FP64:
-        r = 1.0 / tl.sqrt(v)
-        return r * (1.5 - 0.5 * v * r * r)
+        return 1.0 / tl.sqrt(v)
     else:
         return tl.rsqrt(v)
 
@@ -95,6 +101,7 @@ def rms_norm_fwd_kernel(
     stride_x_row,
     stride_y_row,
     eps,
+    eps_lo,
     HAS_WEIGHT: tl.constexpr,
     FP64: tl.constexpr,
     BLOCK_M: tl.constexpr,
@@ -117,7 +124,7 @@ def rms_norm_fwd_kernel(
         tail = BLOCK_N + tl.arange(0, BLOCK_TAIL)
         x_tail = _to_acc(_load_tile(X, rows, row_mask, stride_x_row, tail, n_cols), FP64)
         sum_sq += tl.sum(x_tail * x_tail, axis=1)
-    rstd = _rsqrt(sum_sq / n_cols + eps, FP64)
+    rstd = _rsqrt(sum_sq / n_cols + _eps(eps, eps_lo, FP64), FP64)
     _store_normed(Y, W, rows, row_mask, stride_y_row, cols, n_cols, x, rstd, HAS_WEIGHT, FP64)
     if BLOCK_TAIL > 0:
         _store_normed(
@@ -134,6 +141,7 @@ def rms_norm_fwd_looped_kernel(
     stride_x_row,
     stride_y_row,
     eps,
+    eps_lo,
     HAS_WEIGHT: tl.constexpr,
     FP64: tl.constexpr,
     BLOCK_N: tl.constexpr,
@@ -148,7 +156,7 @@ def rms_norm_fwd_looped_kernel(
         cols = start + tl.arange(0, BLOCK_N)
         x = _to_acc(tl.load(x_row + cols, mask=cols < n_cols, other=0.0), FP64)
         acc += x * x
-    rstd = _rsqrt(tl.sum(acc, axis=0) / n_cols + eps, FP64)
+    rstd = _rsqrt(tl.sum(acc, axis=0) / n_cols + _eps(eps, eps_lo, FP64), FP64)
     for start in range(0, n_cols, BLOCK_N):
         cols = start + tl.arange(0, BLOCK_N)
         col_mask = cols < n_cols
@@ -171,6 +179,7 @@ def rms_norm_bwd_kernel(
     stride_x_row,
     stride_dx_row,
     eps,
+    eps_lo,
     HAS_WEIGHT: tl.constexpr,
     FP64: tl.constexpr,
     BLOCK_M: tl.constexpr,
@@ -257,7 +266,7 @@ def rms_norm_bwd_kernel(
                 g_tail = dy_tail
             sum_sq += tl.sum(x_tail * x_tail, axis=1)
             sum_gx += tl.sum(g_tail * x_tail, axis=1)
-        rstd = _rsqrt(sum_sq / n_cols + eps, FP64)
+        rstd = _rsqrt(sum_sq / n_cols + _eps(eps, eps_lo, FP64), FP64)
         c = sum_gx / n_cols * rstd * rstd
         dx = (g - x * c[:, None]) * rstd[:, None]
         _store_tile(DX, rows, row_mask, stride_dx_row, cols, n_cols, dx)
@@ -286,6 +295,7 @@ def rms_norm_bwd_row_stats_kernel(
     stride_dy_row,
     stride_x_row,
     eps,
+    eps_lo,
     HAS_WEIGHT: tl.constexpr,
     FP64: tl.constexpr,
     BLOCK_N: tl.constexpr,
@@ -304,7 +314,7 @@ def rms_norm_bwd_row_stats_kernel(
             g = g * _load_weight(W, cols, n_cols, FP64)
         sum_sq += x * x
         sum_gx += g * x
-    rstd = _rsqrt(tl.sum(sum_sq, axis=0) / n_cols + eps, FP64)
+    rstd = _rsqrt(tl.sum(sum_sq, axis=0) / n_cols + _eps(eps, eps_lo, FP64), FP64)
     coef = tl.sum(sum_gx, axis=0) / n_cols * rstd * rstd
     tl.store(RSTD + row, rstd)
     tl.store(COEF + row, coef)

@@ -5,6 +5,7 @@ launch the kernels, through ``wrap_triton`` so that torch.compile traces into th
 settings: benchmarks/tune_triton_rms_norm.py sweeps them through these two functions.
 """
 
+import ctypes
 from typing import Any, Optional
 
 import torch
@@ -86,6 +87,14 @@ def _static(size: Any) -> int:
     return int(size)
 
 
+def eps_parts(eps: float) -> tuple[float, float]:
+    """eps as float32(eps) and the float32 rest, for kernels whose float arguments Triton
+    passes as float32: the float64 kernels add them up again (within 2^-48 of eps rather
+    than float32's 2.5e-9 at eps = 1e-6, which float64 gradients that cancel magnify)."""
+    high = ctypes.c_float(eps).value
+    return high, eps - high
+
+
 def forward_rows(
     x: torch.Tensor,
     weight: Optional[torch.Tensor],
@@ -116,7 +125,7 @@ def forward_rows(
             n_cols,
             x.stride(0),
             y.stride(0),
-            eps,
+            *eps_parts(eps),
             HAS_WEIGHT=has_weight,
             FP64=fp64,
             BLOCK_M=config.block_m,
@@ -135,7 +144,7 @@ def forward_rows(
             n_cols,
             x.stride(0),
             y.stride(0),
-            eps,
+            *eps_parts(eps),
             HAS_WEIGHT=has_weight,
             FP64=fp64,
             BLOCK_N=LOOPED_BLOCK,
@@ -184,7 +193,7 @@ def backward_rows(
             grad_out.stride(0),
             x.stride(0),
             grad_x.stride(0),
-            eps,
+            *eps_parts(eps),
             HAS_WEIGHT=has_weight,
             FP64=fp64,
             BLOCK_M=config.block_m,
@@ -210,7 +219,7 @@ def backward_rows(
             n_cols,
             grad_out.stride(0),
             x.stride(0),
-            eps,
+            *eps_parts(eps),
             HAS_WEIGHT=has_weight,
             FP64=fp64,
             BLOCK_N=LOOPED_BLOCK,
