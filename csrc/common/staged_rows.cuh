@@ -25,9 +25,13 @@
 
 namespace hotloop {
 
-// 512 threads: up to 128 registers each for the loads in flight (and the backward's
-// grad_weight accumulator); 1024 threads, at most 64 registers each, spilled.
+// 512 threads: up to 128 registers each for the loads in flight (fused_add_rms_norm) and
+// the backward's grad_weight accumulator; with 1024, at most 64 registers each, they
+// spilled. The forward, which stages its loads with cp.async, needs few registers and
+// takes 1024: a block of 512 left an SM with 16 warps to hide each row's latency
+// (ncu at H = 65536 on an H100: 25% occupancy, warps stalled on L1TEX 75% of the time).
 constexpr int kStagedThreads = 512;
+constexpr int kStagedForwardThreads = kMaxThreadsPerBlock;
 // Vectors of each tensor a fused_add_rms_norm thread loads before it stages their sums.
 constexpr int kStagedUnroll = 4;
 // Shared memory the row sums and the compiler keep for themselves, out of the opt-in
@@ -48,10 +52,10 @@ __device__ __forceinline__ void stage_vector(Vec* dst, const Vec* src) {
   __pipeline_memcpy_async(dst, src, sizeof(Vec));
 }
 
-// Vectors idx = threadIdx.x + i * kStagedThreads of `src` into the same places of `dst`.
-template <typename Vec>
+// Vectors idx = threadIdx.x + i * kThreads of `src` into the same places of `dst`.
+template <int kThreads, typename Vec>
 __device__ __forceinline__ void stage_vectors(Vec* dst, const Vec* src, int num_vectors) {
-  for (int idx = threadIdx.x; idx < num_vectors; idx += kStagedThreads) {
+  for (int idx = threadIdx.x; idx < num_vectors; idx += kThreads) {
     stage_vector(dst + idx, src + idx);
   }
 }
@@ -87,11 +91,11 @@ void allow_dynamic_shared_memory(Kernel kernel, int64_t bytes) {
 // allow_dynamic_shared_memory, then the persistent grid: as many blocks as fit on the
 // GPU at once, at most one per row.
 template <typename Kernel>
-int64_t prepare_staged_launch(Kernel kernel, int64_t bytes, int64_t rows) {
+int64_t prepare_staged_launch(Kernel kernel, int threads, int64_t bytes, int64_t rows) {
   allow_dynamic_shared_memory(kernel, bytes);
   int blocks_per_sm = 0;
   HOTLOOP_CUDA_CHECK(
-      cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks_per_sm, kernel, kStagedThreads, bytes));
+      cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks_per_sm, kernel, threads, bytes));
   HOTLOOP_CHECK(blocks_per_sm > 0, "hotloop: a block staging ", bytes,
                 " bytes of each row does not fit on this GPU");
   return std::min<int64_t>(int64_t{blocks_per_sm} * num_sms(), rows);

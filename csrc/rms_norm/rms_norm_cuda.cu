@@ -141,7 +141,7 @@ __global__ void __launch_bounds__(scalar_max_threads(kElemsPerThread))
 
 // Aligned rows longer than the vector kernel takes (common/staged_rows.cuh).
 template <typename scalar_t>
-__global__ void __launch_bounds__(kStagedThreads)
+__global__ void __launch_bounds__(kStagedForwardThreads)
     rms_norm_staged_kernel(const scalar_t* __restrict__ x, const scalar_t* __restrict__ weight,
                            scalar_t* __restrict__ y, int64_t rows, int64_t hidden,
                            acc_type<scalar_t> eps) {
@@ -153,12 +153,13 @@ __global__ void __launch_bounds__(kStagedThreads)
   const acc_t inv_hidden = acc_t(1) / static_cast<acc_t>(hidden);
   const Vec* weight_vec = reinterpret_cast<const Vec*>(weight);
   if (blockIdx.x < rows) {
-    stage_vectors(staged, reinterpret_cast<const Vec*>(x + blockIdx.x * hidden), num_vectors);
+    stage_vectors<kStagedForwardThreads>(
+        staged, reinterpret_cast<const Vec*>(x + blockIdx.x * hidden), num_vectors);
   }
   for (int64_t row = blockIdx.x; row < rows; row += gridDim.x) {
     wait_for_staged_vectors();
     acc_t sum_sq[1] = {0};
-    for (int idx = threadIdx.x; idx < num_vectors; idx += kStagedThreads) {
+    for (int idx = threadIdx.x; idx < num_vectors; idx += kStagedForwardThreads) {
       const Vec xv = staged[idx];
 #pragma unroll
       for (int k = 0; k < kVec; ++k) {
@@ -171,7 +172,7 @@ __global__ void __launch_bounds__(kStagedThreads)
     Vec* y_row = reinterpret_cast<Vec*>(y + row * hidden);
     const int64_t next = next_staged_row(row, rows);
     const Vec* x_next = reinterpret_cast<const Vec*>(x + next * hidden);
-    for (int idx = threadIdx.x; idx < num_vectors; idx += kStagedThreads) {
+    for (int idx = threadIdx.x; idx < num_vectors; idx += kStagedForwardThreads) {
       const Vec xv = staged[idx];
       Vec out;
 #pragma unroll
@@ -242,9 +243,9 @@ void launch_rms_norm(const scalar_t* x, const scalar_t* weight, scalar_t* y, int
   const int64_t row_bytes = hidden * static_cast<int64_t>(sizeof(scalar_t));
   if (aligned && hidden % vector_size<scalar_t>() == 0 && row_bytes <= staged_bytes_limit()) {
     const auto kernel = rms_norm_staged_kernel<scalar_t>;
-    const int64_t blocks = prepare_staged_launch(kernel, row_bytes, rows);
-    kernel<<<static_cast<unsigned>(blocks), kStagedThreads, row_bytes, stream>>>(x, weight, y, rows,
-                                                                                 hidden, eps_acc);
+    const int64_t blocks = prepare_staged_launch(kernel, kStagedForwardThreads, row_bytes, rows);
+    kernel<<<static_cast<unsigned>(blocks), kStagedForwardThreads, row_bytes, stream>>>(
+        x, weight, y, rows, hidden, eps_acc);
     HOTLOOP_KERNEL_LAUNCH_CHECK();
     return;
   }
@@ -507,9 +508,10 @@ __global__ void __launch_bounds__(kStagedThreads)
     }
   }
   if (blockIdx.x < rows) {
-    stage_vectors(staged_x, reinterpret_cast<const Vec*>(x + blockIdx.x * hidden), num_vectors);
-    stage_vectors(staged_go, reinterpret_cast<const Vec*>(grad_out + blockIdx.x * hidden),
-                  num_vectors);
+    stage_vectors<kStagedThreads>(staged_x, reinterpret_cast<const Vec*>(x + blockIdx.x * hidden),
+                                  num_vectors);
+    stage_vectors<kStagedThreads>(
+        staged_go, reinterpret_cast<const Vec*>(grad_out + blockIdx.x * hidden), num_vectors);
   }
   for (int64_t row = blockIdx.x; row < rows; row += gridDim.x) {
     wait_for_staged_vectors();
