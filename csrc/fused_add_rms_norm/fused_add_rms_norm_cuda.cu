@@ -280,10 +280,9 @@ void launch_fused_add_rms_norm(scalar_t* x, scalar_t* residual, const scalar_t* 
   const int64_t row_bytes = hidden * static_cast<int64_t>(sizeof(scalar_t));
   if (aligned && hidden % vector_size<scalar_t>() == 0 && row_bytes <= staged_bytes_limit()) {
     const auto kernel = fused_add_rms_norm_staged_kernel<scalar_t>;
-    const int64_t blocks = prepare_staged_launch(kernel, kStagedThreads, row_bytes, rows);
-    kernel<<<static_cast<unsigned>(blocks), kStagedThreads, row_bytes, stream>>>(
-        x, residual, weight, rows, hidden, eps_acc);
-    HOTLOOP_KERNEL_LAUNCH_CHECK();
+    const StagedLaunch staged =
+        plan_staged_launch(kernel, /*cluster=*/1, kStagedThreads, row_bytes, rows);
+    launch_staged(staged, stream, kernel, x, residual, weight, rows, hidden, eps_acc);
     return;
   }
   const RowLaunch scalar_plan = plan_scalar_row_launch(hidden);

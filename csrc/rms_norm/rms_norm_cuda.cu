@@ -139,8 +139,9 @@ __global__ void __launch_bounds__(scalar_max_threads(kElemsPerThread))
   }
 }
 
-// Aligned rows longer than the vector kernel takes (common/staged_rows.cuh).
-template <typename scalar_t>
+// Aligned rows longer than the vector kernel takes, staged in shared memory, each row
+// split over kCluster blocks (common/staged_rows.cuh).
+template <typename scalar_t, int kCluster>
 __global__ void __launch_bounds__(kStagedForwardThreads)
     rms_norm_staged_kernel(const scalar_t* __restrict__ x, const scalar_t* __restrict__ weight,
                            scalar_t* __restrict__ y, int64_t rows, int64_t hidden,
@@ -148,18 +149,20 @@ __global__ void __launch_bounds__(kStagedForwardThreads)
   using acc_t = acc_type<scalar_t>;
   constexpr int kVec = vector_size<scalar_t>();
   using Vec = AlignedVector<scalar_t, kVec>;
+  __shared__ acc_t exchange[2][1];
   Vec* staged = staged_rows<Vec>();
-  const int num_vectors = static_cast<int>(hidden / kVec);
+  const RowPart part = row_part<kCluster>(static_cast<int>(hidden / kVec));
   const acc_t inv_hidden = acc_t(1) / static_cast<acc_t>(hidden);
-  const Vec* weight_vec = reinterpret_cast<const Vec*>(weight);
-  if (blockIdx.x < rows) {
-    stage_vectors<kStagedForwardThreads>(
-        staged, reinterpret_cast<const Vec*>(x + blockIdx.x * hidden), num_vectors);
+  const Vec* weight_vec = weight != nullptr ? part_vectors<Vec>(weight, 0, hidden, part) : nullptr;
+  if (part.first_row < rows) {
+    stage_vectors<kStagedForwardThreads>(staged, part_vectors<Vec>(x, part.first_row, hidden, part),
+                                         part.num_vectors);
   }
-  for (int64_t row = blockIdx.x; row < rows; row += gridDim.x) {
+  int parity = 0;
+  for (int64_t row = part.first_row; row < rows; row += part.row_step, parity ^= 1) {
     wait_for_staged_vectors();
     acc_t sum_sq[1] = {0};
-    for (int idx = threadIdx.x; idx < num_vectors; idx += kStagedForwardThreads) {
+    for (int idx = threadIdx.x; idx < part.num_vectors; idx += kStagedForwardThreads) {
       const Vec xv = staged[idx];
 #pragma unroll
       for (int k = 0; k < kVec; ++k) {
@@ -168,11 +171,12 @@ __global__ void __launch_bounds__(kStagedForwardThreads)
       }
     }
     row_sum(sum_sq);
+    cluster_sum<kCluster>(sum_sq, exchange, parity);
     const acc_t rstd = rsqrt_acc(sum_sq[0] * inv_hidden + eps);
-    Vec* y_row = reinterpret_cast<Vec*>(y + row * hidden);
-    const int64_t next = next_staged_row(row, rows);
-    const Vec* x_next = reinterpret_cast<const Vec*>(x + next * hidden);
-    for (int idx = threadIdx.x; idx < num_vectors; idx += kStagedForwardThreads) {
+    Vec* y_part = part_vectors<Vec>(y, row, hidden, part);
+    const int64_t next = next_staged_row(part, row, rows);
+    const Vec* x_next = part_vectors<Vec>(x, next, hidden, part);
+    for (int idx = threadIdx.x; idx < part.num_vectors; idx += kStagedForwardThreads) {
       const Vec xv = staged[idx];
       Vec out;
 #pragma unroll
@@ -183,13 +187,14 @@ __global__ void __launch_bounds__(kStagedForwardThreads)
         }
         out.val[k] = static_cast<scalar_t>(v);
       }
-      y_row[idx] = out;
+      y_part[idx] = out;
       // After the store, which needs the read: the copy may not overtake it.
       if (next >= 0) {
         stage_vector(staged + idx, x_next + idx);
       }
     }
   }
+  leave_cluster<kCluster>();
 }
 
 template <typename scalar_t>
@@ -241,12 +246,16 @@ void launch_rms_norm(const scalar_t* x, const scalar_t* weight, scalar_t* y, int
     return;
   }
   const int64_t row_bytes = hidden * static_cast<int64_t>(sizeof(scalar_t));
-  if (aligned && hidden % vector_size<scalar_t>() == 0 && row_bytes <= staged_bytes_limit()) {
-    const auto kernel = rms_norm_staged_kernel<scalar_t>;
-    const int64_t blocks = prepare_staged_launch(kernel, kStagedForwardThreads, row_bytes, rows);
-    kernel<<<static_cast<unsigned>(blocks), kStagedForwardThreads, row_bytes, stream>>>(
-        x, weight, y, rows, hidden, eps_acc);
-    HOTLOOP_KERNEL_LAUNCH_CHECK();
+  const int64_t row_vectors = hidden / vector_size<scalar_t>();
+  const int cluster = aligned && hidden % vector_size<scalar_t>() == 0
+                          ? staged_cluster_size(row_bytes, row_vectors)
+                          : 0;
+  if (cluster > 0) {
+    const auto kernel = cluster == 1 ? rms_norm_staged_kernel<scalar_t, 1>
+                                     : rms_norm_staged_kernel<scalar_t, kStagedCluster>;
+    const StagedLaunch staged =
+        plan_staged_launch(kernel, cluster, kStagedForwardThreads, row_bytes / cluster, rows);
+    launch_staged(staged, stream, kernel, x, weight, y, rows, hidden, eps_acc);
     return;
   }
   const RowLaunch scalar_plan = plan_scalar_row_launch(hidden);
@@ -481,7 +490,7 @@ __global__ void __launch_bounds__(kVectorsPerThread >= kBackwardWideVectors
 // kernel.
 constexpr int kBackwardStagedMaxVectors = 16;
 
-template <typename scalar_t, int kVectorsPerThread>
+template <typename scalar_t, int kVectorsPerThread, int kCluster>
 __global__ void __launch_bounds__(kStagedThreads)
     rms_norm_backward_staged_kernel(const scalar_t* __restrict__ grad_out,
                                     const scalar_t* __restrict__ x,
@@ -493,11 +502,12 @@ __global__ void __launch_bounds__(kStagedThreads)
   constexpr int kVec = vector_size<scalar_t>();
   using Vec = AlignedVector<scalar_t, kVec>;
   using AccVec = AlignedVector<acc_t, kVec>;
-  const int num_vectors = static_cast<int>(hidden / kVec);
+  __shared__ acc_t exchange[2][2];
+  const RowPart part = row_part<kCluster>(static_cast<int>(hidden / kVec));
   Vec* staged_x = staged_rows<Vec>();
-  Vec* staged_go = staged_x + num_vectors;
+  Vec* staged_go = staged_x + part.num_vectors;
   const acc_t inv_hidden = acc_t(1) / static_cast<acc_t>(hidden);
-  const Vec* weight_vec = reinterpret_cast<const Vec*>(weight);
+  const Vec* weight_vec = weight != nullptr ? part_vectors<Vec>(weight, 0, hidden, part) : nullptr;
 
   acc_t dw[kVectorsPerThread][kVec];
 #pragma unroll
@@ -507,19 +517,20 @@ __global__ void __launch_bounds__(kStagedThreads)
       dw[i][k] = 0;
     }
   }
-  if (blockIdx.x < rows) {
-    stage_vectors<kStagedThreads>(staged_x, reinterpret_cast<const Vec*>(x + blockIdx.x * hidden),
-                                  num_vectors);
+  if (part.first_row < rows) {
+    stage_vectors<kStagedThreads>(staged_x, part_vectors<Vec>(x, part.first_row, hidden, part),
+                                  part.num_vectors);
     stage_vectors<kStagedThreads>(
-        staged_go, reinterpret_cast<const Vec*>(grad_out + blockIdx.x * hidden), num_vectors);
+        staged_go, part_vectors<Vec>(grad_out, part.first_row, hidden, part), part.num_vectors);
   }
-  for (int64_t row = blockIdx.x; row < rows; row += gridDim.x) {
+  int parity = 0;
+  for (int64_t row = part.first_row; row < rows; row += part.row_step, parity ^= 1) {
     wait_for_staged_vectors();
     acc_t sums[2] = {0, 0};  // sum(x^2), sum(g * x)
 #pragma unroll
     for (int i = 0; i < kVectorsPerThread; ++i) {
       const int idx = threadIdx.x + i * kStagedThreads;
-      if (idx < num_vectors) {
+      if (idx < part.num_vectors) {
         const Vec xv = staged_x[idx];
         const Vec gov = staged_go[idx];
 #pragma unroll
@@ -535,16 +546,17 @@ __global__ void __launch_bounds__(kStagedThreads)
       }
     }
     row_sum(sums);
+    cluster_sum<kCluster>(sums, exchange, parity);
     const acc_t rstd = rsqrt_acc(sums[0] * inv_hidden + eps);
     const acc_t x_coeff = rstd * rstd * rstd * sums[1] * inv_hidden;
-    Vec* gx_row = reinterpret_cast<Vec*>(grad_x + row * hidden);
-    const int64_t next = next_staged_row(row, rows);
-    const Vec* x_next = reinterpret_cast<const Vec*>(x + next * hidden);
-    const Vec* go_next = reinterpret_cast<const Vec*>(grad_out + next * hidden);
+    Vec* gx_part = part_vectors<Vec>(grad_x, row, hidden, part);
+    const int64_t next = next_staged_row(part, row, rows);
+    const Vec* x_next = part_vectors<Vec>(x, next, hidden, part);
+    const Vec* go_next = part_vectors<Vec>(grad_out, next, hidden, part);
 #pragma unroll
     for (int i = 0; i < kVectorsPerThread; ++i) {
       const int idx = threadIdx.x + i * kStagedThreads;
-      if (idx < num_vectors) {
+      if (idx < part.num_vectors) {
         const Vec xv = staged_x[idx];
         const Vec gov = staged_go[idx];
         Vec out;
@@ -557,7 +569,7 @@ __global__ void __launch_bounds__(kStagedThreads)
           out.val[k] = static_cast<scalar_t>(rstd * gok * wk - xk * x_coeff);
           dw[i][k] += gok * xk * rstd;
         }
-        gx_row[idx] = out;
+        gx_part[idx] = out;
         // After the store, which needs both reads: the copies may not overtake them.
         if (next >= 0) {
           stage_vector(staged_x + idx, x_next + idx);
@@ -566,20 +578,24 @@ __global__ void __launch_bounds__(kStagedThreads)
       }
     }
   }
+  leave_cluster<kCluster>();
   if (weight_partials == nullptr) {
     return;
   }
-  AccVec* partial_row = reinterpret_cast<AccVec*>(weight_partials + blockIdx.x * hidden);
+  // One partial row per cluster, each block writing its columns.
+  AccVec* partial_part =
+      reinterpret_cast<AccVec*>(weight_partials + (blockIdx.x / kCluster) * hidden) +
+      part.first_vector;
 #pragma unroll
   for (int i = 0; i < kVectorsPerThread; ++i) {
     const int idx = threadIdx.x + i * kStagedThreads;
-    if (idx < num_vectors) {
+    if (idx < part.num_vectors) {
       AccVec out;
 #pragma unroll
       for (int k = 0; k < kVec; ++k) {
         out.val[k] = dw[i][k];
       }
-      partial_row[idx] = out;
+      partial_part[idx] = out;
     }
   }
 }
@@ -756,11 +772,10 @@ __global__ void sum_partials_kernel(const acc_type<scalar_t>* __restrict__ parti
 }
 
 template <typename Kernel>
-int64_t persistent_blocks(Kernel kernel, const RowLaunch& plan, int64_t rows,
-                          int64_t shared_bytes) {
+int64_t persistent_blocks(Kernel kernel, const RowLaunch& plan, int64_t rows) {
   int blocks_per_sm = 0;
   HOTLOOP_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(
-      &blocks_per_sm, kernel, plan.threads_per_row * plan.rows_per_block, shared_bytes));
+      &blocks_per_sm, kernel, plan.threads_per_row * plan.rows_per_block, 0));
   const int64_t full_gpu = static_cast<int64_t>(std::max(blocks_per_sm, 1)) * num_sms();
   return std::max<int64_t>(1, std::min(full_gpu, ceil_div(rows, plan.rows_per_block)));
 }
@@ -778,32 +793,37 @@ void launch_rms_norm_backward(const scalar_t* grad_out, const scalar_t* x, const
   const acc_t eps_acc = static_cast<acc_t>(eps);
   const ScalarType acc_dtype = acc_dtype_of(like.scalar_type());
 
-  // The vector kernels write one partial row per block, overwriting it; the
-  // scalar kernels one per row slot, overwriting it; the generic kernel
-  // accumulates into one per row slot, which must start at zero.
-  enum class Partials { kPerBlock, kPerSlot, kPerSlotZeroed };
-  auto launch = [&](auto kernel, const RowLaunch& launch_plan, Partials kind,
-                    int64_t shared_bytes = 0) {
-    const int64_t blocks = persistent_blocks(kernel, launch_plan, rows, shared_bytes);
+  // Runs `run(partials)`, the kernel given num_partials rows of float32 (float64)
+  // partial sums of grad_weight (nullptr without a weight), then sums them into grad_weight.
+  auto with_partials = [&](int64_t num_partials, bool zeroed, auto&& run) {
     std::optional<Tensor> partials;
     acc_t* partials_ptr = nullptr;
-    const int64_t num_partials =
-        kind == Partials::kPerBlock ? blocks : blocks * launch_plan.rows_per_block;
     if (weight != nullptr) {
-      partials = kind == Partials::kPerSlotZeroed
-                     ? zeros_on(like, {num_partials, hidden}, acc_dtype)
-                     : empty_on(like, {num_partials, hidden}, acc_dtype);
+      partials = zeroed ? zeros_on(like, {num_partials, hidden}, acc_dtype)
+                        : empty_on(like, {num_partials, hidden}, acc_dtype);
       partials_ptr = mutable_data<acc_t>(*partials);
     }
-    kernel<<<dim3(static_cast<unsigned>(blocks)), launch_plan.block(), shared_bytes, stream>>>(
-        grad_out, x, weight, grad_x, partials_ptr, rows, hidden, eps_acc);
-    HOTLOOP_KERNEL_LAUNCH_CHECK();
+    run(partials_ptr);
     if (weight != nullptr) {
       const dim3 sum_grid(static_cast<unsigned>(ceil_div(hidden, kSumColumns)));
       sum_partials_kernel<scalar_t><<<sum_grid, dim3(kSumColumns, kSumRowGroups), 0, stream>>>(
           partials_ptr, grad_weight, num_partials, hidden);
       HOTLOOP_KERNEL_LAUNCH_CHECK();
     }
+  };
+  // The vector kernels write one partial row per block, overwriting it; the
+  // scalar kernels one per row slot, overwriting it; the generic kernel
+  // accumulates into one per row slot, which must start at zero.
+  enum class Partials { kPerBlock, kPerSlot, kPerSlotZeroed };
+  auto launch = [&](auto kernel, const RowLaunch& launch_plan, Partials kind) {
+    const int64_t blocks = persistent_blocks(kernel, launch_plan, rows);
+    const int64_t num_partials =
+        kind == Partials::kPerBlock ? blocks : blocks * launch_plan.rows_per_block;
+    with_partials(num_partials, kind == Partials::kPerSlotZeroed, [&](acc_t* partials_ptr) {
+      kernel<<<dim3(static_cast<unsigned>(blocks)), launch_plan.block(), 0, stream>>>(
+          grad_out, x, weight, grad_x, partials_ptr, rows, hidden, eps_acc);
+      HOTLOOP_KERNEL_LAUNCH_CHECK();
+    });
   };
 
   const bool vector_launched = launch_vector_rows<1, kBackwardWideVectors>(plan, [&](auto vpt) {
@@ -813,23 +833,38 @@ void launch_rms_norm_backward(const scalar_t* grad_out, const scalar_t* x, const
   if (vector_launched) {
     return;
   }
-  // Staged rows (x and grad_out): the vector kernels take up to 2048 vectors, so a thread
-  // of the staged kernel holds 8 or 16 (as far as shared memory allows: bfloat16 rows up
-  // to about 56000 elements on an H100).
+  // Staged rows (x and grad_out; common/staged_rows.cuh), one partial row per cluster: the
+  // vector kernels take up to 2048 vectors, so a thread of the staged kernel holds 8 or 16
+  // of its block's part of the row.
+  const int64_t row_vectors = hidden / vector_size<scalar_t>();
   const int64_t staged_bytes = 2 * hidden * static_cast<int64_t>(sizeof(scalar_t));
-  RowLaunch staged_plan;
-  staged_plan.threads_per_row = kStagedThreads;
-  staged_plan.vectors_per_thread = 8;
-  while (int64_t{staged_plan.vectors_per_thread} * kStagedThreads * vector_size<scalar_t>() <
-         hidden) {
-    staged_plan.vectors_per_thread *= 2;
-  }
-  if (aligned && hidden % vector_size<scalar_t>() == 0 && staged_bytes <= staged_bytes_limit()) {
+  const int cluster = aligned && hidden % vector_size<scalar_t>() == 0
+                          ? staged_cluster_size(staged_bytes, row_vectors)
+                          : 0;
+  if (cluster > 0) {
+    RowLaunch staged_plan;
+    staged_plan.threads_per_row = kStagedThreads;
+    staged_plan.vectors_per_thread = 8;
+    while (int64_t{staged_plan.vectors_per_thread} * kStagedThreads * cluster < row_vectors) {
+      staged_plan.vectors_per_thread *= 2;
+    }
     const bool staged_launched =
         launch_vector_rows<8, kBackwardStagedMaxVectors>(staged_plan, [&](auto vpt) {
-          const auto kernel = rms_norm_backward_staged_kernel<scalar_t, decltype(vpt)::value>;
-          allow_dynamic_shared_memory(kernel, staged_bytes);
-          launch(kernel, staged_plan, Partials::kPerBlock, staged_bytes);
+          auto run = [&](auto cluster_size) {
+            const auto kernel = rms_norm_backward_staged_kernel<scalar_t, decltype(vpt)::value,
+                                                                decltype(cluster_size)::value>;
+            const StagedLaunch staged =
+                plan_staged_launch(kernel, cluster, kStagedThreads, staged_bytes / cluster, rows);
+            with_partials(staged.clusters, /*zeroed=*/false, [&](acc_t* partials_ptr) {
+              launch_staged(staged, stream, kernel, grad_out, x, weight, grad_x, partials_ptr, rows,
+                            hidden, eps_acc);
+            });
+          };
+          if (cluster == 1) {
+            run(std::integral_constant<int, 1>{});
+          } else {
+            run(std::integral_constant<int, kStagedCluster>{});
+          }
         });
     if (staged_launched) {
       return;
