@@ -248,7 +248,7 @@ void launch_rms_norm(const scalar_t* x, const scalar_t* weight, scalar_t* y, int
   const int64_t row_bytes = hidden * static_cast<int64_t>(sizeof(scalar_t));
   const int64_t row_vectors = hidden / vector_size<scalar_t>();
   const int cluster = aligned && hidden % vector_size<scalar_t>() == 0
-                          ? staged_cluster_size(row_bytes, row_vectors)
+                          ? staged_cluster_size(row_bytes, row_vectors, /*min_blocks_per_sm=*/2)
                           : 0;
   if (cluster > 0) {
     const auto kernel = cluster == 1 ? rms_norm_staged_kernel<scalar_t, 1>
@@ -839,7 +839,7 @@ void launch_rms_norm_backward(const scalar_t* grad_out, const scalar_t* x, const
   const int64_t row_vectors = hidden / vector_size<scalar_t>();
   const int64_t staged_bytes = 2 * hidden * static_cast<int64_t>(sizeof(scalar_t));
   const int cluster = aligned && hidden % vector_size<scalar_t>() == 0
-                          ? staged_cluster_size(staged_bytes, row_vectors)
+                          ? staged_cluster_size(staged_bytes, row_vectors, /*min_blocks_per_sm=*/1)
                           : 0;
   if (cluster > 0) {
     RowLaunch staged_plan;
