@@ -39,6 +39,7 @@ def main() -> int:
             (2, 20000),
             (2, 20001),
             (3, 40000),
+            (2, 65536),
         ):
             x = torch.randn(rows, hidden, device="cuda", dtype=dtype, requires_grad=True)
             w = torch.rand(hidden, device="cuda", dtype=dtype, requires_grad=True)

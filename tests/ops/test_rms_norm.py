@@ -14,8 +14,9 @@ DTYPES = [torch.float16, torch.bfloat16, torch.float32, torch.float64]
 # width (register-resident scalars, 4095 and 8193), long aligned rows (the backward's
 # four-vector kernel: 12288), aligned rows past the register-resident limit (staged in
 # shared memory: the backward at 20000 and 40000, the forward at 40000 and float32's at
-# 20000), and long odd rows (the generic kernels: 20001).
-HIDDEN_SIZES = [1, 7, 64, 4095, 8193, 12288, 20000, 20001, 40000]
+# 20000; split over a cluster of blocks on sm_90: the 16-bit forward and backward at
+# 65536, float32's forward at 40000), and long odd rows (the generic kernels: 20001).
+HIDDEN_SIZES = [1, 7, 64, 4095, 8193, 12288, 20000, 20001, 40000, 65536]
 
 
 def sample_inputs(device: str, dtype: torch.dtype, requires_grad: bool = False) -> list[tuple]:
