@@ -155,10 +155,10 @@ __device__ __forceinline__ int64_t next_staged_row(const RowPart& part, int64_t 
 
 // Dynamic shared memory a block of the current device may stage rows in.
 inline int64_t staged_bytes_limit() {
-  int optin = 0;
-  HOTLOOP_CUDA_CHECK(
-      cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, current_device()));
-  return int64_t{optin} - kStagedReservedBytes;
+  int opt_in_bytes = 0;
+  HOTLOOP_CUDA_CHECK(cudaDeviceGetAttribute(&opt_in_bytes, cudaDevAttrMaxSharedMemoryPerBlockOptin,
+                                            current_device()));
+  return int64_t{opt_in_bytes} - kStagedReservedBytes;
 }
 
 // Blocks a staged row of `row_bytes` (every tensor the kernel stages) and `row_vectors`
