@@ -242,10 +242,11 @@ def test_conversion_rounds_to_nearest_even_and_saturates(device: str) -> None:
             if g != e
         ]
         assert not mismatches, mismatches
-    # torch's own conversion agrees wherever no saturation is involved
+    # torch's own conversion agrees wherever no saturation is involved (compared as bytes:
+    # torch 2.9 can't index float8 tensors)
     in_range = values.abs() < E4M3_MAX
     torch.testing.assert_close(
-        out[0].cpu()[in_range].view(torch.uint8), values[in_range].to(FP8_DTYPE).view(torch.uint8)
+        out[0].cpu().view(torch.uint8)[in_range], values.to(FP8_DTYPE).view(torch.uint8)[in_range]
     )
 
 
