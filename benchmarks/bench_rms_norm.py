@@ -488,18 +488,18 @@ def bench_rms_norm_fp8(
     def fp8_err(out: torch.Tensor, scales: torch.Tensor, ref: torch.Tensor) -> float:
         return rel_err(out.double() * scales.double(), ref)
 
-    statics: dict[str, Callable[..., Any]] = {
+    static_impls: dict[str, Callable[..., Any]] = {
         "pytorch (F.rms_norm + cast)": rms_norm_fp8_unfused,
         "torch.compile": _compile(rms_norm_fp8_unfused),
     }
-    dynamics: dict[str, Callable[..., Any]] = {
+    dynamic_impls: dict[str, Callable[..., Any]] = {
         "pytorch (F.rms_norm + cast)": rms_norm_fp8_dynamic_unfused,
         "torch.compile": _compile(rms_norm_fp8_dynamic_unfused),
     }
     if hotloop is not None:
-        statics["hotloop CUDA"] = hotloop.rms_norm_fp8
-        dynamics["hotloop CUDA"] = hotloop.rms_norm_fp8_dynamic
-    for name, impl in statics.items():
+        static_impls["hotloop CUDA"] = hotloop.rms_norm_fp8
+        dynamic_impls["hotloop CUDA"] = hotloop.rms_norm_fp8_dynamic
+    for name, impl in static_impls.items():
 
         def check(impl: Callable[..., Any] = impl) -> float:
             with torch.no_grad():
@@ -516,7 +516,7 @@ def bench_rms_norm_fp8(
             check,
             FP8_TOLERANCE,
         )
-    for name, impl in dynamics.items():
+    for name, impl in dynamic_impls.items():
 
         def check(impl: Callable[..., Any] = impl) -> float:
             with torch.no_grad():
