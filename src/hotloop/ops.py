@@ -837,3 +837,109 @@ def _fused_add_rms_norm_vmap(
     x_rows.copy_(x_copy)
     residual_rows.copy_(residual_copy)
     return None, None
+
+
+# The FP8 ops take one weight and one scale (or scale_ub) for every row: a batch of x is more
+# rows. A weight or scale per sample is not something the kernels take, and emulating it would
+# round differently from them: those calls are refused.
+
+
+def _padded(in_dims: Sequence[int | None], count: int) -> tuple[int | None, ...]:
+    """in_dims for all `count` arguments: vmap leaves out trailing defaulted ones (scale_ub)."""
+    return (*in_dims, *[None] * (count - len(in_dims)))
+
+
+def _refuse_batched(op: str, in_dims: Sequence[int | None], names: Sequence[str]) -> None:
+    batched = [n for n, d in zip(names, in_dims) if d is not None]
+    if batched:
+        raise RuntimeError(
+            f"vmap: {op} takes one {' and one '.join(names)} for all samples, but "
+            f"{' and '.join(batched)} is batched; call {op} once per sample's "
+            f"{' and '.join(batched)} instead"
+        )
+
+
+@torch.library.register_vmap("hotloop::rms_norm_fp8")
+def _rms_norm_fp8_vmap(
+    info: Any, in_dims: Sequence[int | None], x: Tensor, weight: Tensor, scale: Tensor, eps: float
+) -> tuple[Tensor, int]:
+    _refuse_batched("rms_norm_fp8", in_dims[1:3], ("weight", "scale"))
+    return rms_norm_fp8(_batch_first(x, in_dims[0], info.batch_size), weight, scale, eps), 0
+
+
+@torch.library.register_vmap("hotloop::rms_norm_fp8_dynamic")
+def _rms_norm_fp8_dynamic_vmap(
+    info: Any,
+    in_dims: Sequence[int | None],
+    x: Tensor,
+    weight: Tensor,
+    eps: float,
+    scale_ub: Tensor | None = None,
+) -> tuple[tuple[Tensor, Tensor], tuple[int, int]]:
+    in_dims = _padded(in_dims, 4)
+    _refuse_batched("rms_norm_fp8_dynamic", (in_dims[1], in_dims[3]), ("weight", "scale_ub"))
+    x = _batch_first(x, in_dims[0], info.batch_size)
+    return rms_norm_fp8_dynamic(x, weight, eps, scale_ub), (0, 0)
+
+
+def _fused_fp8_rows(
+    op: str, info: Any, in_dims: Sequence[int | None], x: Tensor, residual: Tensor
+) -> tuple[Tensor, Tensor]:
+    """x and residual with the batch first; residual must be batched (it is written)."""
+    if in_dims[1] is None:
+        raise RuntimeError(
+            f"vmap: {op} writes residual in place, so it must be batched, but it is not while "
+            "x is: every sample would write its own result into the same memory. Give residual "
+            "a batch dimension (e.g. residual.expand(B, *residual.shape).clone()) before vmap"
+        )
+    return _batch_first(x, in_dims[0], info.batch_size), residual.movedim(in_dims[1], 0)
+
+
+def _run_fused_fp8(residual_rows: Tensor, run: Any) -> Any:
+    """run(residual) on residual_rows, through a contiguous copy where the batch dim is not
+    the outermost one (the kernel writes contiguous memory only)."""
+    if residual_rows.is_contiguous():
+        return run(residual_rows)
+    residual_copy = residual_rows.contiguous()
+    result = run(residual_copy)
+    residual_rows.copy_(residual_copy)
+    return result
+
+
+@torch.library.register_vmap("hotloop::fused_add_rms_norm_fp8")
+def _fused_add_rms_norm_fp8_vmap(
+    info: Any,
+    in_dims: Sequence[int | None],
+    x: Tensor,
+    residual: Tensor,
+    weight: Tensor,
+    scale: Tensor,
+    eps: float,
+) -> tuple[Tensor, int]:
+    op = "fused_add_rms_norm_fp8"
+    _refuse_batched(op, in_dims[2:4], ("weight", "scale"))
+    x_rows, residual_rows = _fused_fp8_rows(op, info, in_dims, x, residual)
+    out = _run_fused_fp8(
+        residual_rows, lambda r: fused_add_rms_norm_fp8(x_rows, r, weight, scale, eps)
+    )
+    return out, 0
+
+
+@torch.library.register_vmap("hotloop::fused_add_rms_norm_fp8_dynamic")
+def _fused_add_rms_norm_fp8_dynamic_vmap(
+    info: Any,
+    in_dims: Sequence[int | None],
+    x: Tensor,
+    residual: Tensor,
+    weight: Tensor,
+    eps: float,
+    scale_ub: Tensor | None = None,
+) -> tuple[tuple[Tensor, Tensor], tuple[int, int]]:
+    op = "fused_add_rms_norm_fp8_dynamic"
+    in_dims = _padded(in_dims, 5)
+    _refuse_batched(op, (in_dims[2], in_dims[4]), ("weight", "scale_ub"))
+    x_rows, residual_rows = _fused_fp8_rows(op, info, in_dims, x, residual)
+    outputs = _run_fused_fp8(
+        residual_rows, lambda r: fused_add_rms_norm_fp8_dynamic(x_rows, r, weight, eps, scale_ub)
+    )
+    return outputs, (0, 0)

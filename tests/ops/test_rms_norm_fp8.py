@@ -12,7 +12,7 @@ checked bit for bit on inputs whose norm float32 computes exactly.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
@@ -456,6 +456,76 @@ def test_export(device: str, op: Fp8Op) -> None:
     assert torch.equal(got[0].view(torch.uint8), expected[0].view(torch.uint8))
     torch.testing.assert_close(got[1:], expected[1:])
     torch.testing.assert_close(got_residual, expected_residual)
+
+
+# ------------------------------------------------------------------------ vmap
+
+
+@pytest.fixture
+def no_vmap_fallback() -> Iterator[None]:
+    """functorch's per-sample fallback off: a missing batching rule raises, not loops."""
+    previous = torch._C._functorch._is_vmap_fallback_enabled()
+    torch._C._functorch._set_vmap_fallback_enabled(False)
+    yield
+    torch._C._functorch._set_vmap_fallback_enabled(previous)
+
+
+@pytest.mark.usefixtures("no_vmap_fallback")
+@pytest.mark.parametrize(("x_dim", "residual_dim"), [(0, 1), (1, 0), (None, 0)], ids=str)
+@pytest.mark.parametrize("op", OPS)
+def test_vmap_matches_a_loop(device: str, op: Fp8Op, x_dim: int | None, residual_dim: int) -> None:
+    """Batched x (and residual, the batch dim outermost or not): the same bytes as a loop."""
+    if x_dim is None and not op.fused:
+        pytest.skip("nothing batched")
+    batch = 3
+    x = torch.randn(batch, 4, 16, device=device)
+    x = x[0] if x_dim is None else x.movedim(0, x_dim)
+    residual = torch.randn(batch, 4, 16, device=device).movedim(0, residual_dim)
+    weight = torch.rand(16, device=device) + 0.5
+    scale = torch.full((1,), 0.01, device=device)
+    expected_residual = residual.clone()
+    expected = []
+    for i in range(batch):
+        xi = x if x_dim is None else x.select(x_dim, i)
+        ri = expected_residual.select(residual_dim, i)
+        copy = ri.contiguous()
+        out, scales = op(xi, weight, 1e-6, scale=scale, residual=copy if op.fused else None)
+        ri.copy_(copy)
+        expected.append((out.view(torch.uint8), scales))
+
+    def f(x: torch.Tensor, residual: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        out, scales = op(x, weight, 1e-6, scale=scale, residual=residual if op.fused else None)
+        return out, scales
+
+    in_dims = (x_dim, residual_dim) if op.fused else (x_dim, None)
+    out, scales = torch.vmap(f, in_dims=in_dims)(x, residual)
+    assert torch.equal(out.view(torch.uint8), torch.stack([e[0] for e in expected]))
+    if op.dynamic:
+        assert torch.equal(scales, torch.stack([e[1] for e in expected]))
+    if op.fused:
+        assert torch.equal(residual, expected_residual)
+
+
+@pytest.mark.usefixtures("no_vmap_fallback")
+@pytest.mark.parametrize("op", OPS)
+def test_vmap_refuses_what_the_kernels_do_not_take(op: Fp8Op) -> None:
+    x = torch.randn(3, 4, 8)
+    weights = torch.rand(3, 8)
+
+    def with_weight(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+        residual = torch.zeros_like(x) if op.fused else None
+        return op(x, weight, 1e-6, scale=torch.ones(1), residual=residual)[0]
+
+    with pytest.raises(RuntimeError, match="weight is batched"):
+        torch.vmap(with_weight)(x, weights)
+    if op.fused:
+        weight = torch.rand(8)
+
+        def unbatched_residual(x: torch.Tensor) -> torch.Tensor:
+            return op(x, weight, 1e-6, scale=torch.ones(1), residual=torch.zeros(4, 8))[0]
+
+        with pytest.raises(RuntimeError, match="residual in place, so it must be batched"):
+            torch.vmap(unbatched_residual)(x)
 
 
 # ------------------------------------------------------------------------ bad inputs
