@@ -65,9 +65,14 @@ SMALL_BATCH_MODES = (
     "kernel fwd",
     "graph fwd",
 )
+# The FP8 norms beyond the headline: unaligned rows (the scalar kernels) and the widest
+# vector rows.
+FP8_SWEEP_HIDDEN = (4095, 8193, 16384)
 DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
 # Error allowed against the float64 reference, relative to the reference's largest value.
 TOLERANCE = {torch.bfloat16: 2e-2, torch.float16: 4e-3, torch.float32: 1e-4}
+# The FP8 ops' dequantised output: half an e4m3 ulp at the largest value is 2^-4 of it.
+FP8_TOLERANCE = 0.07
 
 
 # ------------------------------------------------------------------------------ timing
@@ -217,6 +222,26 @@ def add_rms_norm(
     """Unfused residual add + Llama RMSNorm: returns (normed, new residual)."""
     hidden = x + residual
     return llama_rms_norm(hidden, weight, eps), hidden
+
+
+def quantize_fp8(y: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+    """y / scale saturated to float8_e4m3fn's range, as the FP8 ops define it."""
+    return (y.float() * (1.0 / scale)).clamp(-448.0, 448.0).to(torch.float8_e4m3fn)
+
+
+def rms_norm_fp8_unfused(
+    x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor, eps: float
+) -> torch.Tensor:
+    """F.rms_norm then the quantisation, as plain PyTorch ops."""
+    return quantize_fp8(F.rms_norm(x, (x.shape[-1],), weight, eps), scale)
+
+
+def rms_norm_fp8_dynamic_unfused(
+    x: torch.Tensor, weight: torch.Tensor, eps: float
+) -> tuple[torch.Tensor, torch.Tensor]:
+    y = F.rms_norm(x, (x.shape[-1],), weight, eps).float()
+    scales = (y.abs().amax(-1, keepdim=True) / 448.0).clamp(min=1.0 / (448.0 * 512.0))
+    return quantize_fp8(y, scales), scales
 
 
 def eager_muladd(a: torch.Tensor, b: torch.Tensor, c: float) -> torch.Tensor:
@@ -591,6 +616,113 @@ def bench_fused_add_rms_norm(
         )
 
 
+def bench_rms_norm_fp8(
+    runner: Runner, hotloop: Any, shape: tuple[int, ...], dtype: torch.dtype
+) -> None:
+    """The FP8 norms (static and dynamic scale, and the fused add) against their unfused
+    PyTorch forms; each result is dequantised and checked against the float64 norm."""
+    H = shape[-1]
+    n = math.prod(shape)
+    rows = n // H
+    esize = torch.empty((), dtype=dtype).element_size()
+    gen = torch.Generator(device=DEVICE).manual_seed(3)
+    weight = (1.0 + 0.1 * torch.randn(H, device=DEVICE, generator=gen)).to(dtype)
+    dtype_name = str(dtype).removeprefix("torch.")
+    # read x and w, write out at one byte per element (+ a float32 scale per row)
+    static_bytes = n * esize + n + H * esize
+    k = n_buffers(static_bytes, runner.l2_bytes)
+    xs = [torch.randn(shape, device=DEVICE, dtype=dtype, generator=gen) for _ in range(k)]
+    rs = [torch.randn(shape, device=DEVICE, dtype=dtype, generator=gen) for _ in range(k)]
+    y64 = F.rms_norm(xs[0].double(), (H,), weight.double(), EPS)
+    scale = (y64.abs().max() / 448.0).float().reshape(1)
+    ref_static = y64.clamp(-448.0 * scale.item(), 448.0 * scale.item())
+
+    def fp8_err(out: torch.Tensor, scales: torch.Tensor, ref: torch.Tensor) -> float:
+        return rel_err(out.double() * scales.double(), ref)
+
+    static_impls: dict[str, Callable[..., Any]] = {
+        "pytorch (F.rms_norm + cast)": rms_norm_fp8_unfused,
+        "torch.compile": _compile(rms_norm_fp8_unfused),
+    }
+    dynamic_impls: dict[str, Callable[..., Any]] = {
+        "pytorch (F.rms_norm + cast)": rms_norm_fp8_dynamic_unfused,
+        "torch.compile": _compile(rms_norm_fp8_dynamic_unfused),
+    }
+    if hotloop is not None:
+        static_impls["hotloop CUDA"] = hotloop.rms_norm_fp8
+        dynamic_impls["hotloop CUDA"] = hotloop.rms_norm_fp8_dynamic
+    for name, impl in static_impls.items():
+
+        def check(impl: Callable[..., Any] = impl) -> float:
+            with torch.no_grad():
+                return fp8_err(impl(xs[0], weight, scale, EPS), scale, ref_static)
+
+        def run(x: torch.Tensor, impl: Callable[..., Any] = impl) -> Any:
+            with torch.no_grad():
+                return impl(x, weight, scale, EPS)
+
+        runner.measure(
+            Result("rms_norm_fp8", "fwd", name, list(shape), H, dtype_name, static_bytes),
+            run,
+            [(x,) for x in xs],
+            check,
+            FP8_TOLERANCE,
+        )
+    for name, impl in dynamic_impls.items():
+
+        def check(impl: Callable[..., Any] = impl) -> float:
+            with torch.no_grad():
+                return fp8_err(*impl(xs[0], weight, EPS), y64)
+
+        def run(x: torch.Tensor, impl: Callable[..., Any] = impl) -> Any:
+            with torch.no_grad():
+                return impl(x, weight, EPS)
+
+        runner.measure(
+            Result(
+                "rms_norm_fp8_dynamic",
+                "fwd",
+                name,
+                list(shape),
+                H,
+                dtype_name,
+                static_bytes + 4 * rows,
+            ),
+            run,
+            [(x,) for x in xs],
+            check,
+            FP8_TOLERANCE,
+        )
+    if hotloop is None:
+        return
+    # read x, residual, w; write residual, out at one byte per element
+    fused_bytes = 3 * n * esize + n + H * esize
+    new_residual = (xs[0].double() + rs[0].double()).to(dtype).double()
+    fused_y64 = F.rms_norm(new_residual, (H,), weight.double(), EPS)
+    fused_scale = (fused_y64.abs().max() / 448.0).float().reshape(1)
+    fused_ref = fused_y64.clamp(-448.0 * fused_scale.item(), 448.0 * fused_scale.item())
+
+    def fused_check() -> float:
+        with torch.no_grad():
+            out = hotloop.fused_add_rms_norm_fp8(xs[0], rs[0].clone(), weight, fused_scale, EPS)
+        return fp8_err(out, fused_scale, fused_ref)
+
+    def fused_run(x: torch.Tensor, r: torch.Tensor) -> Any:
+        # residual grows by the normalised x at every call: finite, which is all timing needs
+        with torch.no_grad():
+            return hotloop.fused_add_rms_norm_fp8(x, r, weight, fused_scale, EPS)
+
+    runner.measure(
+        Result(
+            "fused_add_rms_norm_fp8", "fwd", "hotloop CUDA", list(shape), H, dtype_name, fused_bytes
+        ),
+        fused_run,
+        list(zip(xs, rs)),
+        fused_check,
+        FP8_TOLERANCE,
+    )
+
+
 def bench_muladd(runner: Runner, hotloop: Any, shape: tuple[int, ...], dtype: torch.dtype) -> None:
     n = math.prod(shape)
     esize = torch.empty((), dtype=dtype).element_size()
@@ -782,7 +914,9 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         "matches (e.g. 'triton,compile')",
     )
     p.add_argument(
-        "--rms-norm-only", action="store_true", help="skip fused_add_rms_norm and muladd"
+        "--rms-norm-only",
+        action="store_true",
+        help="skip fused_add_rms_norm, muladd and the FP8 norms",
     )
     p.add_argument("--no-plot", action="store_true", help="write the JSON only")
     p.add_argument(
@@ -845,10 +979,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     if not args.no_small_batch:
         for shape in SMALL_BATCH_SHAPES:
             bench_small_batch(runner, impls, hotloop, shape, torch.bfloat16)
-    # 4. fused_add_rms_norm and muladd at the headline shape.
+    # 4. fused_add_rms_norm, muladd and (on GPUs that have FP8) the FP8 norms at the
+    # headline shape.
     if not args.rms_norm_only:
         bench_fused_add_rms_norm(runner, hotloop, LigerFusedAdd, headline, torch.bfloat16)
         bench_muladd(runner, hotloop, headline, torch.bfloat16)
+        if torch.cuda.get_device_capability() >= (8, 9):
+            bench_rms_norm_fp8(runner, hotloop, headline, torch.bfloat16)
+            for hidden in () if args.quick else FP8_SWEEP_HIDDEN:
+                bench_rms_norm_fp8(runner, hotloop, sweep_shape(hidden, total), torch.bfloat16)
+                torch.cuda.empty_cache()
+        else:
+            print("note: no FP8 benchmark: this GPU's compute capability is below 8.9")
         for hidden in () if args.quick else FUSED_ADD_SWEEP_HIDDEN:
             shape = sweep_shape(hidden, total)
             bench_fused_add_rms_norm(runner, hotloop, LigerFusedAdd, shape, torch.bfloat16)
@@ -871,6 +1013,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             "fwd+bwd": "fwd + read x, w, dy; write dx, dw",
             "fused_add_rms_norm": "read x, residual, w; write residual, y",
             "muladd": "read a, b; write out",
+            "rms_norm_fp8": "read x, w; write out (1 byte per element)",
+            "rms_norm_fp8_dynamic": "read x, w; write out (1 byte per element), scales",
+            "fused_add_rms_norm_fp8": "read x, residual, w; write residual, out (1 byte)",
         },
         "timing": "median of CUDA-event times per call after warm-up; inputs rotated through "
         ">= 4x L2 of buffers; a GPU sleep ahead of each batch hides CPU launch time",

@@ -27,4 +27,27 @@ HOTLOOP_LIBRARY(m) {
   //   residual.add_(x); x.copy_(rms_norm(residual, weight, eps))
   // up to float32 rounding, on CPU and CUDA alike.
   m.def("fused_add_rms_norm(Tensor(a!) x, Tensor(b!) residual, Tensor weight, float eps) -> ()");
+
+  // RMSNorm with a float8_e4m3fn output, for FP8 GEMMs (vLLM's
+  // rms_norm_static_fp8_quant and rms_norm_dynamic_per_token_quant):
+  // y = rms_norm(x) * weight, kept in float32 (float64 for float64 x), then
+  // out = e4m3(y * (1 / scale)), 1 / scale formed in float32, rounded to nearest
+  // even and saturated to +-448 (NaN stays NaN). out is shaped like x, contiguous.
+  // Static: `scale` is one float32 element ([] or [1]) on x's device, read there.
+  m.def("rms_norm_fp8(Tensor x, Tensor weight, Tensor scale, float eps) -> Tensor");
+  // Dynamic, one scale per row: scales[..., 0] = max(min(max|y_row|, scale_ub) / 448,
+  // 1 / (448 * 512)), float32 of shape x.shape[:-1] + [1]; the floor keeps a row of
+  // zeros from a zero scale. out.float() * scales dequantises.
+  m.def(
+      "rms_norm_fp8_dynamic(Tensor x, Tensor weight, float eps, Tensor? scale_ub=None) -> "
+      "(Tensor out, Tensor scales)");
+  // In place: residual += x (in float32, rounded to the dtype on store), then the
+  // quantised norm of that rounded residual; x is only read. Equals the unfused
+  //   residual.add_(x); rms_norm_fp8(residual, weight, scale, eps)
+  m.def(
+      "fused_add_rms_norm_fp8(Tensor x, Tensor(a!) residual, Tensor weight, Tensor scale, "
+      "float eps) -> Tensor");
+  m.def(
+      "fused_add_rms_norm_fp8_dynamic(Tensor x, Tensor(a!) residual, Tensor weight, float eps, "
+      "Tensor? scale_ub=None) -> (Tensor out, Tensor scales)");
 }

@@ -36,15 +36,28 @@ __version__: str = BUILD_INFO["version"]
 
 if LOAD_ERROR is None:
     from hotloop.modules import RMSNorm
-    from hotloop.ops import fused_add_rms_norm, mul, muladd, rms_norm
+    from hotloop.ops import (
+        fused_add_rms_norm,
+        fused_add_rms_norm_fp8,
+        fused_add_rms_norm_fp8_dynamic,
+        mul,
+        muladd,
+        rms_norm,
+        rms_norm_fp8,
+        rms_norm_fp8_dynamic,
+    )
 
 __all__ = [
     "BUILD_INFO",
     "RMSNorm",
     "__version__",
     "fused_add_rms_norm",
+    "fused_add_rms_norm_fp8",
+    "fused_add_rms_norm_fp8_dynamic",
     "library_path",
     "mul",
     "muladd",
     "rms_norm",
+    "rms_norm_fp8",
+    "rms_norm_fp8_dynamic",
 ]

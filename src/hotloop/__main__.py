@@ -22,6 +22,46 @@ def kernel_for_capability(archs: list[str], capability: tuple[int, int]) -> str 
     return max(ptx, key=lambda a: int(a[8:]), default=None)
 
 
+def ops_for_capability(capability: tuple[int, int]) -> tuple[list[str], list[str]]:
+    """(the ops a GPU of this compute capability runs, those it does not).
+
+    Every op runs wherever a kernel for the GPU does, except the FP8 ones, which need
+    ``ops.FP8_MIN_CAPABILITY`` (8.9: Ada, Hopper and newer).
+    """
+    from hotloop import ops
+
+    if capability >= ops.FP8_MIN_CAPABILITY:
+        return list(ops.__all__), []
+    return [n for n in ops.__all__ if n not in ops.FP8_OPS], list(ops.FP8_OPS)
+
+
+def describe_ops(capability: tuple[int, int]) -> str:
+    """What the ``ops`` line of the report says for a GPU of this compute capability."""
+    from hotloop import ops
+
+    runs, refused = ops_for_capability(capability)
+    if not refused:
+        return f"all {len(runs)} run on it ({', '.join(runs)})"
+    minimum = ".".join(map(str, ops.FP8_MIN_CAPABILITY))
+    return (
+        f"{', '.join(runs)} run on it; not {', '.join(refused)}: they need compute "
+        f"capability {minimum} or newer, this GPU has {capability[0]}.{capability[1]}"
+    )
+
+
+def fp8_matches_reference(device: str) -> bool:
+    """rms_norm_fp8 on `device`, dequantised, within one e4m3 rounding of the reference."""
+    import torch
+
+    import hotloop
+
+    x = torch.randn(4, 64, device=device)
+    scale = torch.tensor([0.01], device=device)
+    reference = torch.nn.functional.rms_norm(x, (64,)).clamp(-4.48, 4.48)
+    got = hotloop.rms_norm_fp8(x, torch.ones(64, device=device), scale).float() * scale
+    return bool(((got - reference).abs() <= reference.abs() / 8 + 2**-9 * scale).all())
+
+
 def describe_kind(info: dict[str, Any]) -> str:
     """Which kind of wheel this is and which torch releases it serves."""
     if info.get("abi") == "stable":
@@ -60,6 +100,8 @@ def report() -> int:
     x = torch.randn(4, 8)
     if not torch.allclose(hotloop.rms_norm(x), torch.nn.functional.rms_norm(x, (8,)), atol=1e-5):
         problems.append("the CPU rms_norm kernel gave a wrong result")
+    if not fp8_matches_reference("cpu"):
+        problems.append("the CPU rms_norm_fp8 kernel gave a wrong result")
 
     if not torch.cuda.is_available():
         print("GPU          none visible")
@@ -81,6 +123,9 @@ def report() -> int:
             expected = torch.nn.functional.rms_norm(y, (8,))
             if not torch.allclose(hotloop.rms_norm(y), expected, atol=1e-5):
                 problems.append("the CUDA rms_norm kernel gave a wrong result")
+            print(f"ops          {describe_ops(capability)}")
+            if not ops_for_capability(capability)[1] and not fp8_matches_reference("cuda"):
+                problems.append("the CUDA rms_norm_fp8 kernel gave a wrong result")
 
     for problem in problems:
         print(f"problem      {problem}")

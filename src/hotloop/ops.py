@@ -31,7 +31,16 @@ except ImportError as err:  # Triton ships with CUDA builds of torch only
     triton_rms_norm = None  # type: ignore[assignment]
     _TRITON_MISSING: ImportError | None = err
 
-__all__ = ["fused_add_rms_norm", "mul", "muladd", "rms_norm"]
+__all__ = [
+    "fused_add_rms_norm",
+    "fused_add_rms_norm_fp8",
+    "fused_add_rms_norm_fp8_dynamic",
+    "mul",
+    "muladd",
+    "rms_norm",
+    "rms_norm_fp8",
+    "rms_norm_fp8_dynamic",
+]
 
 # "native" is hotloop's C++ kernels for x's device (CPU or CUDA), "triton" the Triton ones.
 BACKENDS = ("native", "triton")
@@ -44,6 +53,21 @@ _DEPRECATED_BACKENDS = {"cuda": "native"}
 DEFAULT_CUDA_BACKEND = "native"
 
 FLOATING_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
+
+# The FP8 ops' output: float8_e4m3fn, saturated to +-E4M3_MAX. A dynamic row's scale is
+# max|y| / E4M3_MAX, at least MIN_DYNAMIC_SCALE (vLLM's floor; csrc/rms_norm_fp8 says why).
+FP8_DTYPE = torch.float8_e4m3fn
+E4M3_MAX = 448.0
+MIN_DYNAMIC_SCALE = 1.0 / (E4M3_MAX * 512.0)
+# The oldest GPUs the FP8 ops run on: Ada (8.9) and Hopper (9.0) convert to float8 in
+# hardware and run the FP8 GEMMs that consume the output.
+FP8_MIN_CAPABILITY = (8, 9)
+FP8_OPS = (
+    "rms_norm_fp8",
+    "rms_norm_fp8_dynamic",
+    "fused_add_rms_norm_fp8",
+    "fused_add_rms_norm_fp8_dynamic",
+)
 
 
 # ------------------------------------------------------------------------ Python API
@@ -126,6 +150,59 @@ def fused_add_rms_norm(x: Tensor, residual: Tensor, weight: Tensor, eps: float =
             torch.ops.hotloop.fused_add_rms_norm.default(x, residual, weight, eps)
         return
     torch.ops.hotloop.fused_add_rms_norm.default(x, residual, weight, eps)
+
+
+def rms_norm_fp8(x: Tensor, weight: Tensor, scale: Tensor, eps: float = 1e-6) -> Tensor:
+    """RMSNorm quantised to float8_e4m3fn with a static per-tensor scale, for FP8 GEMMs.
+
+    ``out = e4m3(rms_norm(x) * weight / scale)``: the norm in float32 (float64 for
+    float64 x), the division as a multiplication by ``1 / scale`` formed in float32, then
+    rounded to nearest even and saturated to +-448. ``scale`` is a float32 tensor of one
+    element on x's device (read there: no host synchronisation); ``out.float() * scale``
+    dequantises. CUDA needs compute capability 8.9 or newer. Inference only: no backward.
+    """
+    return torch.ops.hotloop.rms_norm_fp8.default(x, weight, scale, eps)
+
+
+def rms_norm_fp8_dynamic(
+    x: Tensor, weight: Tensor, eps: float = 1e-6, scale_ub: Tensor | None = None
+) -> tuple[Tensor, Tensor]:
+    """RMSNorm quantised to float8_e4m3fn with one scale per row (per token).
+
+    Returns ``(out, scales)``: ``scales`` is float32 of shape ``x.shape[:-1] + (1,)``,
+    ``scales = max(min(max|y_row|, scale_ub) / 448, 1 / (448 * 512))`` with ``y`` the
+    normalised row times ``weight``; the floor keeps a row of zeros from a zero scale.
+    ``out = e4m3(y / scales)`` as in :func:`rms_norm_fp8`; values above ``scale_ub``
+    saturate. ``out.float() * scales`` dequantises.
+    """
+    out, scales = torch.ops.hotloop.rms_norm_fp8_dynamic.default(x, weight, eps, scale_ub)
+    return out, scales
+
+
+def fused_add_rms_norm_fp8(
+    x: Tensor, residual: Tensor, weight: Tensor, scale: Tensor, eps: float = 1e-6
+) -> Tensor:
+    """In place ``residual += x``, then :func:`rms_norm_fp8` of the new residual.
+
+    The step between two transformer blocks feeding an FP8 GEMM, in one pass over memory:
+    equals ``residual.add_(x); rms_norm_fp8(residual, weight, scale, eps)``. x is only
+    read. Call it under ``torch.no_grad()`` or ``torch.inference_mode()``.
+    """
+    return torch.ops.hotloop.fused_add_rms_norm_fp8.default(x, residual, weight, scale, eps)
+
+
+def fused_add_rms_norm_fp8_dynamic(
+    x: Tensor,
+    residual: Tensor,
+    weight: Tensor,
+    eps: float = 1e-6,
+    scale_ub: Tensor | None = None,
+) -> tuple[Tensor, Tensor]:
+    """In place ``residual += x``, then :func:`rms_norm_fp8_dynamic` of the new residual."""
+    out, scales = torch.ops.hotloop.fused_add_rms_norm_fp8_dynamic.default(
+        x, residual, weight, eps, scale_ub
+    )
+    return out, scales
 
 
 def _autograd_has_nothing_to_do(*tensors: Tensor | None) -> bool:
@@ -273,6 +350,57 @@ def _check_fused_add_rms_norm_inputs(x: Tensor, residual: Tensor, weight: Tensor
     _check_no_overlap(op, "residual", residual, "weight", weight)
 
 
+def _check_scale_tensor(op: str, name: str, scale: Tensor, x: Tensor) -> None:
+    """The static scale or scale_ub: one float32 element on x's device."""
+    _check_same_device(op, "x", x, name, scale)
+    if scale.dtype != torch.float32:
+        raise RuntimeError(
+            f"{op}: {name} must be a float32 tensor but is {scale.dtype}; pass {name}.float()"
+        )
+    torch._check(
+        scale.dim() <= 1 and scale.numel() == 1,
+        lambda: (
+            f"{op}: {name} must hold one element (shape [] or [1]) but has shape "
+            f"{tuple(scale.shape)}; for one scale per row use the _dynamic op"
+        ),
+    )
+
+
+def _check_rms_norm_fp8_inputs(
+    op: str, x: Tensor, weight: Tensor, scale: Tensor | None, scale_ub: Tensor | None
+) -> None:
+    _check_norm_input(op, "x", x)
+    _check_norm_weight(op, weight, x)
+    for name, t in (("scale", scale), ("scale_ub", scale_ub)):
+        if t is not None:
+            _check_scale_tensor(op, name, t, x)
+
+
+def _check_fp8_residual(
+    op: str, x: Tensor, residual: Tensor, weight: Tensor, scale: Tensor | None
+) -> None:
+    """The fused FP8 ops' residual: like x, written in place, sharing no memory with inputs."""
+    _check_same_device(op, "x", x, "residual", residual)
+    _check_same_dtype(op, "x", x, "residual", residual)
+    _check_same_shape(op, "x", x, "residual", residual)
+    if not residual.is_contiguous():
+        raise RuntimeError(
+            f"{op}: residual is updated in place and must be contiguous, but got strides "
+            f"{tuple(residual.stride())} for shape {tuple(residual.shape)}"
+        )
+    _check_no_overlap(op, "residual", residual, "x", x)
+    _check_no_overlap(op, "residual", residual, "weight", weight)
+    if scale is not None:
+        _check_no_overlap(op, "residual", residual, "scale", scale)
+
+
+def _fp8_outputs(x: Tensor, dynamic: bool) -> tuple[Tensor, Tensor | None]:
+    out = torch.empty(x.shape, dtype=FP8_DTYPE, device=x.device)
+    if not dynamic:
+        return out, None
+    return out, torch.empty((*x.shape[:-1], 1), dtype=torch.float32, device=x.device)
+
+
 # ------------------------------------------------------------------------ fake kernels
 
 
@@ -309,6 +437,40 @@ def _rms_norm_backward_fake(
 @torch.library.register_fake("hotloop::fused_add_rms_norm")
 def _fused_add_rms_norm_fake(x: Tensor, residual: Tensor, weight: Tensor, eps: float) -> None:
     _check_fused_add_rms_norm_inputs(x, residual, weight)
+
+
+@torch.library.register_fake("hotloop::rms_norm_fp8")
+def _rms_norm_fp8_fake(x: Tensor, weight: Tensor, scale: Tensor, eps: float) -> Tensor:
+    _check_rms_norm_fp8_inputs("rms_norm_fp8", x, weight, scale, None)
+    return _fp8_outputs(x, dynamic=False)[0]
+
+
+@torch.library.register_fake("hotloop::rms_norm_fp8_dynamic")
+def _rms_norm_fp8_dynamic_fake(
+    x: Tensor, weight: Tensor, eps: float, scale_ub: Tensor | None = None
+) -> tuple[Tensor, Tensor | None]:
+    _check_rms_norm_fp8_inputs("rms_norm_fp8_dynamic", x, weight, None, scale_ub)
+    return _fp8_outputs(x, dynamic=True)
+
+
+@torch.library.register_fake("hotloop::fused_add_rms_norm_fp8")
+def _fused_add_rms_norm_fp8_fake(
+    x: Tensor, residual: Tensor, weight: Tensor, scale: Tensor, eps: float
+) -> Tensor:
+    op = "fused_add_rms_norm_fp8"
+    _check_rms_norm_fp8_inputs(op, x, weight, scale, None)
+    _check_fp8_residual(op, x, residual, weight, scale)
+    return _fp8_outputs(x, dynamic=False)[0]
+
+
+@torch.library.register_fake("hotloop::fused_add_rms_norm_fp8_dynamic")
+def _fused_add_rms_norm_fp8_dynamic_fake(
+    x: Tensor, residual: Tensor, weight: Tensor, eps: float, scale_ub: Tensor | None = None
+) -> tuple[Tensor, Tensor | None]:
+    op = "fused_add_rms_norm_fp8_dynamic"
+    _check_rms_norm_fp8_inputs(op, x, weight, None, scale_ub)
+    _check_fp8_residual(op, x, residual, weight, scale_ub)
+    return _fp8_outputs(x, dynamic=True)
 
 
 # ------------------------------------------------------------------------ autograd
@@ -487,6 +649,64 @@ _LIB.impl(
 )
 
 
+# ------------------------------------------------------------------------ inference ops
+# The FP8 ops have no backward (a float8 output has no gradient worth the name): their
+# Autograd kernels refuse inputs that require grad, with a message saying so, instead of
+# outputs that silently carry no gradient. The fused ones write residual in place and get
+# fused_add_rms_norm's bookkeeping for it (leaf check, version bump, inference tensors).
+
+
+def _register_inference_op(name: str, arg_names: tuple[str, ...], written: str | None) -> None:
+    op = getattr(torch.ops.hotloop, name).default
+
+    def inplace_or_view(keyset: torch._C.DispatchKeySet, *args: Any) -> Any:
+        target = args[arg_names.index(written)]
+        if not torch.is_inference_mode_enabled() and target.is_inference():
+            raise RuntimeError(
+                f"{name}: Inplace update to inference tensor outside InferenceMode is not "
+                "allowed. You can make a clone to get a normal tensor before doing inplace "
+                "update. See https://github.com/pytorch/rfcs/pull/17 for more details."
+            )
+        torch.autograd.graph.increment_version(target)
+        with torch._C._AutoDispatchBelowADInplaceOrView():
+            return op.redispatch(keyset & torch._C._after_ADInplaceOrView_keyset, *args)
+
+    def autograd(keyset: torch._C.DispatchKeySet, *args: Any) -> Any:
+        if torch.is_grad_enabled():
+            tensors = [(n, t) for n, t in zip(arg_names, args) if isinstance(t, Tensor)]
+            for arg_name, t in tensors:
+                if arg_name == written and t.requires_grad and t.is_leaf:
+                    raise RuntimeError(
+                        f"{name}: {arg_name}: a leaf Variable that requires grad is being "
+                        "used in an in-place operation."
+                    )
+            needing_grad = [n for n, t in tensors if t.requires_grad]
+            if needing_grad:
+                raise RuntimeError(
+                    f"{name}: {' and '.join(needing_grad)} requires grad, but the op is an "
+                    "inference op without a backward (its output is float8). Call it under "
+                    "torch.no_grad() or torch.inference_mode()"
+                )
+        if written is not None:
+            return inplace_or_view(keyset, *args)
+        with torch._C._AutoDispatchBelowAutograd():
+            return op.redispatch(keyset & torch._C._after_autograd_keyset, *args)
+
+    _LIB.impl(name, autograd, "Autograd", with_keyset=True)
+    if written is not None:
+        _LIB.impl(name, inplace_or_view, "ADInplaceOrView", with_keyset=True)
+
+
+_register_inference_op("rms_norm_fp8", ("x", "weight", "scale", "eps"), None)
+_register_inference_op("rms_norm_fp8_dynamic", ("x", "weight", "eps", "scale_ub"), None)
+_register_inference_op(
+    "fused_add_rms_norm_fp8", ("x", "residual", "weight", "scale", "eps"), "residual"
+)
+_register_inference_op(
+    "fused_add_rms_norm_fp8_dynamic", ("x", "residual", "weight", "eps", "scale_ub"), "residual"
+)
+
+
 # ------------------------------------------------------------------------ vmap
 # Batching rules: each gets the tensors with their batch dims (in_dims) and moves the
 # batch to the front. The C++ kernels already take any number of leading dims, so with
@@ -646,3 +866,109 @@ def _fused_add_rms_norm_vmap(
     x_rows.copy_(x_copy)
     residual_rows.copy_(residual_copy)
     return None, None
+
+
+# The FP8 ops take one weight and one scale (or scale_ub) for every row: a batch of x is more
+# rows. A weight or scale per sample is not something the kernels take, and emulating it would
+# round differently from them: those calls are refused.
+
+
+def _padded(in_dims: Sequence[int | None], count: int) -> tuple[int | None, ...]:
+    """in_dims for all `count` arguments: vmap leaves out trailing defaulted ones (scale_ub)."""
+    return (*in_dims, *[None] * (count - len(in_dims)))
+
+
+def _refuse_batched(op: str, in_dims: Sequence[int | None], names: Sequence[str]) -> None:
+    batched = [n for n, d in zip(names, in_dims) if d is not None]
+    if batched:
+        raise RuntimeError(
+            f"vmap: {op} takes one {' and one '.join(names)} for all samples, but "
+            f"{' and '.join(batched)} is batched; call {op} once per sample's "
+            f"{' and '.join(batched)} instead"
+        )
+
+
+@torch.library.register_vmap("hotloop::rms_norm_fp8")
+def _rms_norm_fp8_vmap(
+    info: Any, in_dims: Sequence[int | None], x: Tensor, weight: Tensor, scale: Tensor, eps: float
+) -> tuple[Tensor, int]:
+    _refuse_batched("rms_norm_fp8", in_dims[1:3], ("weight", "scale"))
+    return rms_norm_fp8(_batch_first(x, in_dims[0], info.batch_size), weight, scale, eps), 0
+
+
+@torch.library.register_vmap("hotloop::rms_norm_fp8_dynamic")
+def _rms_norm_fp8_dynamic_vmap(
+    info: Any,
+    in_dims: Sequence[int | None],
+    x: Tensor,
+    weight: Tensor,
+    eps: float,
+    scale_ub: Tensor | None = None,
+) -> tuple[tuple[Tensor, Tensor], tuple[int, int]]:
+    in_dims = _padded(in_dims, 4)
+    _refuse_batched("rms_norm_fp8_dynamic", (in_dims[1], in_dims[3]), ("weight", "scale_ub"))
+    x = _batch_first(x, in_dims[0], info.batch_size)
+    return rms_norm_fp8_dynamic(x, weight, eps, scale_ub), (0, 0)
+
+
+def _fused_fp8_rows(
+    op: str, info: Any, in_dims: Sequence[int | None], x: Tensor, residual: Tensor
+) -> tuple[Tensor, Tensor]:
+    """x and residual with the batch first; residual must be batched (it is written)."""
+    if in_dims[1] is None:
+        raise RuntimeError(
+            f"vmap: {op} writes residual in place, so it must be batched, but it is not while "
+            "x is: every sample would write its own result into the same memory. Give residual "
+            "a batch dimension (e.g. residual.expand(B, *residual.shape).clone()) before vmap"
+        )
+    return _batch_first(x, in_dims[0], info.batch_size), residual.movedim(in_dims[1], 0)
+
+
+def _run_fused_fp8(residual_rows: Tensor, run: Any) -> Any:
+    """run(residual) on residual_rows, through a contiguous copy where the batch dim is not
+    the outermost one (the kernel writes contiguous memory only)."""
+    if residual_rows.is_contiguous():
+        return run(residual_rows)
+    residual_copy = residual_rows.contiguous()
+    result = run(residual_copy)
+    residual_rows.copy_(residual_copy)
+    return result
+
+
+@torch.library.register_vmap("hotloop::fused_add_rms_norm_fp8")
+def _fused_add_rms_norm_fp8_vmap(
+    info: Any,
+    in_dims: Sequence[int | None],
+    x: Tensor,
+    residual: Tensor,
+    weight: Tensor,
+    scale: Tensor,
+    eps: float,
+) -> tuple[Tensor, int]:
+    op = "fused_add_rms_norm_fp8"
+    _refuse_batched(op, in_dims[2:4], ("weight", "scale"))
+    x_rows, residual_rows = _fused_fp8_rows(op, info, in_dims, x, residual)
+    out = _run_fused_fp8(
+        residual_rows, lambda r: fused_add_rms_norm_fp8(x_rows, r, weight, scale, eps)
+    )
+    return out, 0
+
+
+@torch.library.register_vmap("hotloop::fused_add_rms_norm_fp8_dynamic")
+def _fused_add_rms_norm_fp8_dynamic_vmap(
+    info: Any,
+    in_dims: Sequence[int | None],
+    x: Tensor,
+    residual: Tensor,
+    weight: Tensor,
+    eps: float,
+    scale_ub: Tensor | None = None,
+) -> tuple[tuple[Tensor, Tensor], tuple[int, int]]:
+    op = "fused_add_rms_norm_fp8_dynamic"
+    in_dims = _padded(in_dims, 5)
+    _refuse_batched(op, (in_dims[2], in_dims[4]), ("weight", "scale_ub"))
+    x_rows, residual_rows = _fused_fp8_rows(op, info, in_dims, x, residual)
+    outputs = _run_fused_fp8(
+        residual_rows, lambda r: fused_add_rms_norm_fp8_dynamic(x_rows, r, weight, eps, scale_ub)
+    )
+    return outputs, (0, 0)

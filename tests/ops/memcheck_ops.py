@@ -24,8 +24,61 @@ def check(name: str, got: torch.Tensor, expected: torch.Tensor, tol: float) -> b
     return ok
 
 
+def e4m3_ulp(q: torch.Tensor) -> torch.Tensor:
+    """The spacing of e4m3 values in the binade of each |q|."""
+    return torch.exp2(torch.floor(torch.log2(q.abs().clamp(min=2.0**-6))) - 3)
+
+
+def check_fp8(name: str, got: tuple[torch.Tensor, ...], expected: tuple[torch.Tensor, ...]) -> bool:
+    """FP8 outputs (out, scales[, residual]) of the CUDA kernel against the CPU kernel's:
+    the same values up to one e4m3 ulp (float32 sums in another order)."""
+    out, cpu_out = got[0].cpu().double(), expected[0].double()
+    bad = int(((out - cpu_out).abs() > e4m3_ulp(cpu_out)).sum())
+    for g, e in zip(got[1:], expected[1:]):
+        bad += int(((g.cpu().double() - e.double()).abs() > 2e-6 * e.double().abs()).sum())
+    print(f"{'ok ' if bad == 0 else 'BAD'} {name}: {bad} elements off")
+    return bad == 0
+
+
+def check_fp8_ops(x: torch.Tensor, w: torch.Tensor, tag: str) -> bool:
+    """The four FP8 ops on x (CUDA), with the CPU kernel as reference."""
+    ok = True
+    scale = x.float().abs().amax().reshape(1) / 448 + 1e-3
+    ub = scale * 100
+    for source in (x, x[:, 1:] if x.shape[-1] > 1 else x):  # aligned, then unaligned rows
+        wt = w[: source.shape[-1]].contiguous()
+        cpu = source.cpu(), wt.cpu()
+        where = f"{tag} {'aligned' if source is x else 'unaligned'}"
+        ok &= check_fp8(
+            f"rms_norm_fp8 {where}",
+            (hotloop.rms_norm_fp8(source, wt, scale),),
+            (hotloop.rms_norm_fp8(*cpu, scale.cpu()),),
+        )
+        ok &= check_fp8(
+            f"rms_norm_fp8_dynamic {where}",
+            hotloop.rms_norm_fp8_dynamic(source, wt, 1e-6, ub),
+            hotloop.rms_norm_fp8_dynamic(*cpu, 1e-6, ub.cpu()),
+        )
+        residual = torch.randn(source.shape, device="cuda", dtype=source.dtype)
+        cpu_residual = residual.cpu().clone()  # a copy on every device: both are written
+        got = hotloop.fused_add_rms_norm_fp8(source, residual, wt, scale)
+        expected = hotloop.fused_add_rms_norm_fp8(*cpu[:1], cpu_residual, cpu[1], scale.cpu())
+        ok &= check_fp8(
+            f"fused_add_rms_norm_fp8 {where}", (got, residual), (expected, cpu_residual)
+        )
+        got_pair = hotloop.fused_add_rms_norm_fp8_dynamic(source, residual, wt)
+        expected_pair = hotloop.fused_add_rms_norm_fp8_dynamic(cpu[0], cpu_residual, cpu[1])
+        ok &= check_fp8(
+            f"fused_add_rms_norm_fp8_dynamic {where}",
+            (*got_pair, residual),
+            (*expected_pair, cpu_residual),
+        )
+    return ok
+
+
 def main() -> int:
     ok = True
+    fp8 = torch.cuda.get_device_capability() >= hotloop.ops.FP8_MIN_CAPABILITY
     for dtype, tol in ((torch.float32, 1e-5), (torch.bfloat16, 2e-2), (torch.float16, 4e-3)):
         for rows, hidden in (
             (1, 1),
@@ -84,6 +137,12 @@ def main() -> int:
             ok &= check(
                 f"muladd {tag}", hotloop.muladd(a, b, 0.5), a.double() * b.double() + 0.5, tol
             )
+            if fp8:
+                ok &= check_fp8_ops(x.detach(), w.detach(), tag)
+    if fp8:
+        # float64 takes the vector and generic kernels only
+        x64 = torch.randn(3, 1000, device="cuda", dtype=torch.float64)
+        ok &= check_fp8_ops(x64, torch.rand(1000, device="cuda", dtype=torch.float64), "f64")
     torch.cuda.synchronize()
     return 0 if ok else 1
 

@@ -58,6 +58,23 @@ def bad_calls(device: str) -> list[Any]:
             on,
             id="fused-residual-meta",
         ),
+        pytest.param(lambda: hotloop.rms_norm_fp8(d(4, 8), d(8), meta(1)), on, id="fp8-scale-meta"),
+        pytest.param(lambda: hotloop.rms_norm_fp8(meta(4, 8), meta(8), d(1)), on, id="fp8-x-meta"),
+        pytest.param(
+            lambda: hotloop.rms_norm_fp8_dynamic(d(4, 8), d(8), 1e-6, meta(1)),
+            on,
+            id="fp8-dynamic-scale_ub-meta",
+        ),
+        pytest.param(
+            lambda: hotloop.fused_add_rms_norm_fp8(d(4, 8), meta(4, 8), d(8), d(1)),
+            on,
+            id="fp8-fused-residual-meta",
+        ),
+        pytest.param(
+            lambda: hotloop.fused_add_rms_norm_fp8_dynamic(d(4, 8), d(4, 8), meta(8)),
+            on,
+            id="fp8-fused-dynamic-weight-meta",
+        ),
     ]
 
 
@@ -112,6 +129,34 @@ META_BAD_CALLS = [
         lambda: hotloop.fused_add_rms_norm(meta(8, 4).t(), meta(4, 8), meta(8)),
         "contiguous",
         id="fused-x-strided",
+    ),
+    pytest.param(
+        lambda: hotloop.rms_norm_fp8(meta(4, 8), meta(7), meta(1)), "7", id="fp8-weight-len"
+    ),
+    pytest.param(
+        lambda: hotloop.rms_norm_fp8(meta(4, 8), meta(8), meta(2)),
+        "one element",
+        id="fp8-scale-shape",
+    ),
+    pytest.param(
+        lambda: hotloop.rms_norm_fp8(meta(4, 8), meta(8), meta(1, dtype=torch.float16)),
+        "float32",
+        id="fp8-scale-dtype",
+    ),
+    pytest.param(
+        lambda: hotloop.rms_norm_fp8_dynamic(meta(4, 8, dtype=torch.int32), meta(8)),
+        "floating",
+        id="fp8-dynamic-int",
+    ),
+    pytest.param(
+        lambda: hotloop.fused_add_rms_norm_fp8(meta(4, 8), meta(4, 9), meta(8), meta(1)),
+        "shape",
+        id="fp8-fused-residual-shape",
+    ),
+    pytest.param(
+        lambda: hotloop.fused_add_rms_norm_fp8_dynamic(meta(4, 8), meta(8, 4).t(), meta(8)),
+        "contiguous",
+        id="fp8-fused-dynamic-residual-strided",
     ),
 ]
 

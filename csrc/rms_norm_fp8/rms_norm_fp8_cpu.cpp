@@ -1,0 +1,81 @@
+// CPU kernel of the FP8 norms (rms_norm_fp8, rms_norm_fp8_dynamic and their
+// fused_add_ twins): the reference the CUDA kernels are tested against.
+//
+// Per row: [residual += x, rounded to the dtype and stored;] rstd from the row
+// (the rounded residual), y = v * rstd * weight in float32 (float64 for float64),
+// [the row's scale from max |y|;] out = e4m3(y * (1 / scale)).
+#include <algorithm>
+#include <cmath>
+
+#include "../common/cpu_loops.h"
+#include "rms_norm_fp8_common.h"
+
+namespace hotloop {
+namespace {
+
+template <typename scalar_t>
+void rms_norm_fp8_cpu_kernel(const Fp8NormPointers<scalar_t>& p) {
+  using acc_t = acc_type<scalar_t>;
+  const acc_t eps = static_cast<acc_t>(p.eps);
+  const int64_t hidden = p.hidden;
+  const float static_inv_scale = p.scale != nullptr ? 1.0f / *p.scale : 0.0f;
+  const int64_t grain = std::max<int64_t>(1, kGrainSize / std::max<int64_t>(hidden, 1));
+  parallel_for(0, p.rows, grain, [&](int64_t begin, int64_t end) {
+    for (int64_t row = begin; row < end; ++row) {
+      const scalar_t* x_row = p.x + row * hidden;
+      const scalar_t* v_row = x_row;  // what is normalised: x, or the new residual
+      if (p.residual != nullptr) {
+        scalar_t* res_row = p.residual + row * hidden;
+        for (int64_t j = 0; j < hidden; ++j) {
+          res_row[j] =
+              static_cast<scalar_t>(static_cast<acc_t>(x_row[j]) + static_cast<acc_t>(res_row[j]));
+        }
+        v_row = res_row;
+      }
+      const acc_t sum_sq = blocked_sum<acc_t>(hidden, [&](int64_t j) {
+        const acc_t v = static_cast<acc_t>(v_row[j]);
+        return v * v;
+      });
+      const acc_t rstd = acc_t(1) / std::sqrt(sum_sq / static_cast<acc_t>(hidden) + eps);
+      auto y_at = [&](int64_t j) {
+        return static_cast<acc_t>(v_row[j]) * rstd * static_cast<acc_t>(p.weight[j]);
+      };
+      float inv_scale = static_inv_scale;
+      if (p.scale == nullptr) {
+        acc_t amax = 0;
+        for (int64_t j = 0; j < hidden; ++j) {
+          amax = std::fmax(amax, std::fabs(y_at(j)));
+        }
+        const float row_scale = dynamic_row_scale(static_cast<float>(amax), p.scale_ub);
+        p.row_scales[row] = row_scale;
+        inv_scale = 1.0f / row_scale;
+      }
+      uint8_t* out_row = p.out + row * hidden;
+      for (int64_t j = 0; j < hidden; ++j) {
+        out_row[j] = e4m3_from_float(static_cast<float>(y_at(j) * inv_scale));
+      }
+    }
+  });
+}
+
+struct LaunchCpu {
+  static void check_device(const char* /*op*/, const Tensor& /*x*/) {}
+
+  template <typename scalar_t>
+  void operator()(const Tensor& /*x*/, const Fp8NormPointers<scalar_t>& p) const {
+    rms_norm_fp8_cpu_kernel(p);
+  }
+};
+
+using CpuOps = RmsNormFp8Ops<LaunchCpu>;
+
+}  // namespace
+
+HOTLOOP_LIBRARY_IMPL(CPU, m) {
+  m.impl("rms_norm_fp8", HOTLOOP_KERNEL(&CpuOps::rms_norm_fp8));
+  m.impl("rms_norm_fp8_dynamic", HOTLOOP_KERNEL(&CpuOps::rms_norm_fp8_dynamic));
+  m.impl("fused_add_rms_norm_fp8", HOTLOOP_KERNEL(&CpuOps::fused_add_rms_norm_fp8));
+  m.impl("fused_add_rms_norm_fp8_dynamic", HOTLOOP_KERNEL(&CpuOps::fused_add_rms_norm_fp8_dynamic));
+}
+
+}  // namespace hotloop
