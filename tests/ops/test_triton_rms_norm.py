@@ -396,7 +396,9 @@ def test_kernels_in_triton_interpreter(tmp_path: Path) -> None:
 def test_eps_parts_add_up_to_eps_in_float64(eps: float) -> None:
     """The float64 kernels rebuild eps from two arguments that Triton passes as float32:
     float32(eps) and the rest, which add up to eps within float32 squared (2^-48)."""
-    high, low = triton_rms_norm.launch.eps_parts(eps)
+    from hotloop.triton_rms_norm.launch import eps_parts
+
+    high, low = eps_parts(eps)
     assert high == torch.tensor(eps, dtype=torch.float32).item()
     low32 = torch.tensor(low, dtype=torch.float32).item()  # what the kernel receives
     assert abs(high + low32 - eps) <= 2.0**-48 * abs(eps)
