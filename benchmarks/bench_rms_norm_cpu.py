@@ -389,6 +389,13 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument(
         "--rms-norm-only", action="store_true", help="skip fused_add_rms_norm and muladd"
     )
+    p.add_argument(
+        "--threads",
+        type=int,
+        default=None,
+        help="torch.set_num_threads for every implementation (default: torch's choice). "
+        "On a loaded machine, 1 keeps the wait for a descheduled thread out of every call",
+    )
     return p.parse_args(argv)
 
 
@@ -400,6 +407,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     for knob in ("cache_size_limit", "recompile_limit", "accumulated_cache_size_limit"):
         if hasattr(torch._dynamo.config, knob):
             setattr(torch._dynamo.config, knob, 256)
+    if args.threads is not None:
+        torch.set_num_threads(args.threads)
     hotloop, note = _load_hotloop()
     if note:
         print(f"note: {note}", file=sys.stderr)
