@@ -22,7 +22,7 @@ void fused_add_rms_norm_cpu_kernel(scalar_t* x, scalar_t* residual, const scalar
                                    int64_t rows, int64_t hidden, double eps) {
   const auto rows_kernel = HOTLOOP_CPU_DISPATCH(fused_add_rms_norm_rows<scalar_t>);
   const int64_t grain = std::max<int64_t>(1, kGrainSize / hidden);
-  parallel_for(0, rows, grain, [&](int64_t begin, int64_t end) {
+  parallel_for_in_tasks(rows, grain, [&](int64_t begin, int64_t end) {
     rows_kernel(x, residual, weight, begin, end, hidden, eps);
   });
 }

@@ -26,7 +26,7 @@ Tensor muladd_cpu_impl(const char* op, const Tensor& a, const Tensor& b, double 
     const scalar_t* b_ptr = const_data<scalar_t>(b_contig);
     scalar_t* out_ptr = mutable_data<scalar_t>(out);
     const auto range_kernel = HOTLOOP_CPU_DISPATCH(muladd_range<scalar_t, kAddC>);
-    parallel_for(0, n, kGrainSize, [&](int64_t begin, int64_t end) {
+    parallel_for_in_tasks(n, kGrainSize, [&](int64_t begin, int64_t end) {
       range_kernel(a_ptr + begin, b_ptr + begin, out_ptr + begin, end - begin, c);
     });
   });

@@ -28,7 +28,7 @@ template <typename scalar_t>
 void rms_norm_cpu_kernel(const scalar_t* x, const scalar_t* weight, scalar_t* y, int64_t rows,
                          int64_t hidden, double eps) {
   const auto rows_kernel = HOTLOOP_CPU_DISPATCH(rms_norm_rows<scalar_t>);
-  parallel_for(0, rows, rows_per_task(hidden), [&](int64_t begin, int64_t end) {
+  parallel_for_in_tasks(rows, rows_per_task(hidden), [&](int64_t begin, int64_t end) {
     rows_kernel(x, weight, y, begin, end, hidden, eps);
   });
 }
@@ -42,12 +42,10 @@ void rms_norm_backward_cpu_kernel(const scalar_t* grad_out, const scalar_t* x,
                                   acc_type<scalar_t>* weight_partials, int64_t num_chunks,
                                   int64_t rows, int64_t hidden, double eps) {
   const auto rows_kernel = HOTLOOP_CPU_DISPATCH(rms_norm_backward_rows<scalar_t>);
-  parallel_for(0, num_chunks, 1, [&](int64_t chunk_begin, int64_t chunk_end) {
-    for (int64_t chunk = chunk_begin; chunk < chunk_end; ++chunk) {
-      acc_type<scalar_t>* dw = weight != nullptr ? weight_partials + chunk * hidden : nullptr;
-      rows_kernel(grad_out, x, weight, grad_x, dw, rows * chunk / num_chunks,
-                  rows * (chunk + 1) / num_chunks, hidden, eps);
-    }
+  parallel_for_each_task(num_chunks, [&](int64_t chunk) {
+    acc_type<scalar_t>* dw = weight != nullptr ? weight_partials + chunk * hidden : nullptr;
+    rows_kernel(grad_out, x, weight, grad_x, dw, rows * chunk / num_chunks,
+                rows * (chunk + 1) / num_chunks, hidden, eps);
   });
 }
 
