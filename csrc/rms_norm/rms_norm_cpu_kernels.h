@@ -71,3 +71,19 @@ void rms_norm_backward_rows(const scalar_t* grad_out, const scalar_t* x, const s
     });
   }
 }
+
+// grad_weight[j] = sum over chunks of partials[chunk][j] in chunk order, for columns
+// [col_begin, col_end).
+template <typename scalar_t>
+void sum_weight_partials_columns(const acc_type<scalar_t>* partials, int64_t num_chunks,
+                                 int64_t hidden, scalar_t* grad_weight, int64_t col_begin,
+                                 int64_t col_end) {
+  for_each_vector<scalar_t>(col_end - col_begin, [&](int64_t j, int64_t count) {
+    const int64_t col = col_begin + j;
+    vec_t<scalar_t> total = load_n(partials + col, count);
+    for (int64_t chunk = 1; chunk < num_chunks; ++chunk) {
+      total += load_n(partials + chunk * hidden + col, count);
+    }
+    store_n(grad_weight + col, total, count);
+  });
+}
