@@ -83,16 +83,21 @@ def tests(session: nox.Session) -> None:
 
 @nox.session(python=SESSION_PYTHON, default=False)
 def bench(session: nox.Session) -> None:
-    """Benchmark a built wheel on this machine's GPU (needs CUDA; benchmarks/README.md).
+    """Benchmark a built wheel on this machine's GPU, or the CPU kernels (benchmarks/README.md).
 
     ``-- --torch 2.11`` picks the row's wheel in wheelhouse/ (default: newest row), or
-    ``-- --wheel PATH``; other options go to benchmarks/bench_rms_norm.py.
+    ``-- --wheel PATH``; ``-- --device cpu [--torch 2.11]`` builds the source tree for the CPU
+    against that row's torch instead. Other options go to the benchmark.
     """
     from scripts import bench as benchmark
 
-    wheel, bench_args = benchmark.plan(session.posargs)
-    session.install(str(wheel), *group("bench"))
-    session.run("python", benchmark.BENCHMARK, *bench_args)
+    run = benchmark.plan(session.posargs)
+    if run.wheel is None:
+        session.install(run.torch, *group("build"))
+        session.install("--no-build-isolation", ".", env=benchmark.CPU_BUILD_ENV)
+    else:
+        session.install(str(run.wheel), *group("bench"))
+    session.run("python", run.benchmark, *run.args)
 
 
 @nox.session(python=SESSION_PYTHON, default=False)

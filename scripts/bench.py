@@ -1,18 +1,25 @@
-"""What ``nox -s bench`` installs before it runs ``benchmarks/bench_rms_norm.py``.
+"""What ``nox -s bench`` installs before it runs a benchmark.
 
     nox -s bench [-- [--wheel PATH | --torch 2.11] [--wheelhouse DIR] [benchmark options]]
+    nox -s bench -- --device cpu [--torch 2.11] [benchmark options]
 
-The benchmark measures a built wheel the way a user installs it: that wheel, the torch
-it pins (``torch==X.Y.*``, resolved from the index), matplotlib for the plot and
-Liger-Kernel to compare with, in a fresh virtualenv. The wheel is ``--wheel PATH``, or
-the one ``nox -s wheels`` left in the wheelhouse for a matrix row (``--torch``, default
-the newest row). Every other option goes to the benchmark (see benchmarks/README.md).
+On a GPU (the default) the benchmark measures a built wheel the way a user installs it:
+that wheel, the torch it pins (``torch==X.Y.*``, resolved from the index), matplotlib for
+the plot and Liger-Kernel to compare with, in a fresh virtualenv. The wheel is ``--wheel
+PATH``, or the one ``nox -s wheels`` left in the wheelhouse for a matrix row (``--torch``,
+default the newest row), and ``benchmarks/bench_rms_norm.py`` runs.
+
+``--device cpu`` measures the CPU kernels of the source tree instead: the session installs
+the row's torch and builds the package for the CPU (``HOTLOOP_CUDA=0``), as a user without
+a GPU would, then runs ``benchmarks/bench_rms_norm_cpu.py``. Every other option goes to
+the benchmark (see benchmarks/README.md).
 """
 
 from __future__ import annotations
 
 import argparse
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 from scripts import basics, matrix, tools
@@ -20,6 +27,21 @@ from scripts import basics, matrix, tools
 # Installed next to the wheel: the plot, and the implementation compared against.
 TOOLS = tools.group("bench")
 BENCHMARK = "benchmarks/bench_rms_norm.py"
+CPU_BENCHMARK = "benchmarks/bench_rms_norm_cpu.py"
+# How the CPU mode builds the source tree: the CPU kernels only, both cores.
+CPU_BUILD_ENV = {"HOTLOOP_CUDA": "0", "MAX_JOBS": "2"}
+DEVICES = ("cuda", "cpu")
+
+
+@dataclass(frozen=True)
+class Plan:
+    """What the session installs and runs."""
+
+    benchmark: str
+    args: list[str]
+    # The wheel to install (GPU), or None: build the source tree for the CPU against `torch`.
+    wheel: Path | None = None
+    torch: str | None = None
 
 
 def wheel_for(wheelhouse: Path, row: matrix.Row) -> Path:
@@ -34,18 +56,27 @@ def wheel_for(wheelhouse: Path, row: matrix.Row) -> Path:
     return found[0]
 
 
-def plan(argv: Sequence[str]) -> tuple[Path, list[str]]:
-    """(wheel to install, arguments for the benchmark) from the session's arguments."""
+def plan(argv: Sequence[str]) -> Plan:
+    """What to install and which benchmark to run with which arguments, from the session's."""
     # No abbreviations: an option meant for the benchmark must never match one of these.
     parser = argparse.ArgumentParser(prog="nox -s bench --", add_help=False, allow_abbrev=False)
+    parser.add_argument("--device", choices=DEVICES, default="cuda")
     choice = parser.add_mutually_exclusive_group()
     choice.add_argument("--wheel", type=Path)
     choice.add_argument("--torch")
     parser.add_argument("--wheelhouse", type=Path, default=basics.REPO / "wheelhouse")
     args, rest = parser.parse_known_args(list(argv))
+    if args.device == "cpu":
+        if args.wheel is not None:
+            raise SystemExit(
+                "bench: --device cpu builds the source tree for the CPU; --wheel is for the "
+                "GPU benchmark (drop one of them)"
+            )
+        row = matrix.select_rows(matrix.load_rows(), args.torch)[0]
+        return Plan(CPU_BENCHMARK, rest, torch=f"torch=={row.torch}")
     if args.wheel is not None:
         if not args.wheel.is_file():
             raise SystemExit(f"bench: --wheel {args.wheel}: no such file")
-        return args.wheel, rest
+        return Plan(BENCHMARK, rest, wheel=args.wheel)
     row = matrix.select_rows(matrix.load_rows(), args.torch)[0]
-    return wheel_for(args.wheelhouse, row), rest
+    return Plan(BENCHMARK, rest, wheel=wheel_for(args.wheelhouse, row))

@@ -1,8 +1,11 @@
-// Loop helpers for the CPU kernels: the parallel grain and an accurate row sum.
+// How the CPU kernels spread work over torch's threads (their vector loops: cpu_vec.h).
 #pragma once
 
 #include <algorithm>
+#include <atomic>
 #include <cstdint>
+
+#include "tensor_api.h"
 
 namespace hotloop {
 
@@ -10,36 +13,30 @@ namespace hotloop {
 // in the heavy TensorIterator.h).
 constexpr int64_t kGrainSize = 32768;
 
-// Sum of term(j) for j in [0, n), accumulated in acc_t.
-//
-// A plain running sum of thousands of float32 terms loses ~sqrt(n) ulps, enough to
-// fail float32 comparisons against a float64 reference for large hidden sizes.
-// Eight independent lanes summed per block of 1024 terms keep the error near that
-// of a pairwise sum, and the lanes give the compiler independent adds to schedule.
-template <typename acc_t, typename Term>
-inline acc_t blocked_sum(int64_t n, const Term& term) {
-  constexpr int64_t kLanes = 8;
-  constexpr int64_t kBlock = 1024;
-  acc_t total = 0;
-  for (int64_t begin = 0; begin < n; begin += kBlock) {
-    const int64_t end = std::min(n, begin + kBlock);
-    acc_t lanes[kLanes] = {};
-    int64_t j = begin;
-    for (; j + kLanes <= end; j += kLanes) {
-      for (int64_t l = 0; l < kLanes; ++l) {
-        lanes[l] += term(j + l);
-      }
+// f(task) for every task in [0, num_tasks), each thread taking the next task as it
+// finishes one. parallel_for splits its range evenly once, so a thread that the OS
+// deschedules (other processes on a busy machine) holds up its whole share while the
+// others wait at the end; here they take that share on. The range parallel_for hands a
+// thread only decides how many threads join. A task computes the same thing whichever
+// thread runs it: results do not depend on timing or the thread count.
+template <typename F>
+void parallel_for_each_task(int64_t num_tasks, const F& f) {
+  std::atomic<int64_t> next_task{0};
+  parallel_for(0, num_tasks, 1, [&](int64_t /*begin*/, int64_t /*end*/) {
+    // Relaxed: the tasks share no data, and the end of parallel_for publishes their writes.
+    for (int64_t task = next_task.fetch_add(1, std::memory_order_relaxed); task < num_tasks;
+         task = next_task.fetch_add(1, std::memory_order_relaxed)) {
+      f(task);
     }
-    for (; j < end; ++j) {
-      lanes[0] += term(j);
-    }
-    acc_t block = 0;
-    for (int64_t l = 0; l < kLanes; ++l) {
-      block += lanes[l];
-    }
-    total += block;
-  }
-  return total;
+  });
+}
+
+// f(begin, end) over [0, n) in tasks of `grain` elements (rows), as parallel_for_each_task.
+template <typename F>
+void parallel_for_in_tasks(int64_t n, int64_t grain, const F& f) {
+  const int64_t num_tasks = (n + grain - 1) / grain;
+  parallel_for_each_task(num_tasks,
+                         [&](int64_t task) { f(task * grain, std::min(n, (task + 1) * grain)); });
 }
 
 }  // namespace hotloop

@@ -6,9 +6,13 @@
 // `residual.add_(x); x.copy_(rms_norm(residual, weight, eps))` on both devices.
 #include <algorithm>
 #include <cmath>
+#include <cstdint>
 
 #include "../common/cpu_loops.h"
 #include "fused_add_rms_norm_checks.h"
+
+#define HOTLOOP_CPU_KERNELS "fused_add_rms_norm/fused_add_rms_norm_cpu_kernels.h"
+#include "../common/cpu_foreach_isa.h"
 
 namespace hotloop {
 namespace {
@@ -16,27 +20,10 @@ namespace {
 template <typename scalar_t>
 void fused_add_rms_norm_cpu_kernel(scalar_t* x, scalar_t* residual, const scalar_t* weight,
                                    int64_t rows, int64_t hidden, double eps) {
-  using acc_t = acc_type<scalar_t>;
-  const acc_t eps_acc = static_cast<acc_t>(eps);
+  const auto rows_kernel = HOTLOOP_CPU_DISPATCH(fused_add_rms_norm_rows<scalar_t>);
   const int64_t grain = std::max<int64_t>(1, kGrainSize / hidden);
-  parallel_for(0, rows, grain, [&](int64_t begin, int64_t end) {
-    for (int64_t row = begin; row < end; ++row) {
-      scalar_t* x_row = x + row * hidden;
-      scalar_t* res_row = residual + row * hidden;
-      for (int64_t j = 0; j < hidden; ++j) {
-        res_row[j] =
-            static_cast<scalar_t>(static_cast<acc_t>(x_row[j]) + static_cast<acc_t>(res_row[j]));
-      }
-      const acc_t sum_sq = blocked_sum<acc_t>(hidden, [&](int64_t j) {
-        const acc_t v = static_cast<acc_t>(res_row[j]);
-        return v * v;
-      });
-      const acc_t rstd = acc_t(1) / std::sqrt(sum_sq / static_cast<acc_t>(hidden) + eps_acc);
-      for (int64_t j = 0; j < hidden; ++j) {
-        x_row[j] = static_cast<scalar_t>(static_cast<acc_t>(res_row[j]) * rstd *
-                                         static_cast<acc_t>(weight[j]));
-      }
-    }
+  parallel_for_in_tasks(rows, grain, [&](int64_t begin, int64_t end) {
+    rows_kernel(x, residual, weight, begin, end, hidden, eps);
   });
 }
 

@@ -1,6 +1,11 @@
 // CPU kernels of muladd (a * b + c) and mul (a * b).
+#include <cstdint>
+
 #include "../common/checks.h"
 #include "../common/cpu_loops.h"
+
+#define HOTLOOP_CPU_KERNELS "muladd/muladd_cpu_kernels.h"
+#include "../common/cpu_foreach_isa.h"
 
 namespace hotloop {
 namespace {
@@ -17,19 +22,12 @@ Tensor muladd_cpu_impl(const char* op, const Tensor& a, const Tensor& b, double 
     return out;
   }
   HOTLOOP_DISPATCH_FLOATING(a.scalar_type(), "muladd_cpu", [&] {
-    using acc_t = acc_type<scalar_t>;
     const scalar_t* a_ptr = const_data<scalar_t>(a_contig);
     const scalar_t* b_ptr = const_data<scalar_t>(b_contig);
     scalar_t* out_ptr = mutable_data<scalar_t>(out);
-    const acc_t c_acc = static_cast<acc_t>(c);
-    parallel_for(0, n, kGrainSize, [&](int64_t begin, int64_t end) {
-      for (int64_t i = begin; i < end; ++i) {
-        acc_t v = static_cast<acc_t>(a_ptr[i]) * static_cast<acc_t>(b_ptr[i]);
-        if constexpr (kAddC) {
-          v += c_acc;
-        }
-        out_ptr[i] = static_cast<scalar_t>(v);
-      }
+    const auto range_kernel = HOTLOOP_CPU_DISPATCH(muladd_range<scalar_t, kAddC>);
+    parallel_for_in_tasks(n, kGrainSize, [&](int64_t begin, int64_t end) {
+      range_kernel(a_ptr + begin, b_ptr + begin, out_ptr + begin, end - begin, c);
     });
   });
   return out;

@@ -5,12 +5,16 @@
 // in float32 until it has been multiplied by the weight; only then is it rounded.
 #include <algorithm>
 #include <cmath>
+#include <cstdint>
 #include <optional>
 #include <tuple>
 #include <vector>
 
 #include "../common/cpu_loops.h"
 #include "rms_norm_checks.h"
+
+#define HOTLOOP_CPU_KERNELS "rms_norm/rms_norm_cpu_kernels.h"
+#include "../common/cpu_foreach_isa.h"
 
 namespace hotloop {
 namespace {
@@ -20,78 +24,28 @@ int64_t rows_per_task(int64_t hidden) {
   return std::max<int64_t>(1, kGrainSize / std::max<int64_t>(hidden, 1));
 }
 
-template <typename scalar_t, typename acc_t>
-acc_t row_rstd(const scalar_t* x, int64_t hidden, acc_t eps) {
-  const acc_t sum_sq = blocked_sum<acc_t>(hidden, [&](int64_t j) {
-    const acc_t v = static_cast<acc_t>(x[j]);
-    return v * v;
-  });
-  return acc_t(1) / std::sqrt(sum_sq / static_cast<acc_t>(hidden) + eps);
-}
-
 template <typename scalar_t>
 void rms_norm_cpu_kernel(const scalar_t* x, const scalar_t* weight, scalar_t* y, int64_t rows,
                          int64_t hidden, double eps) {
-  using acc_t = acc_type<scalar_t>;
-  const acc_t eps_acc = static_cast<acc_t>(eps);
-  parallel_for(0, rows, rows_per_task(hidden), [&](int64_t begin, int64_t end) {
-    for (int64_t row = begin; row < end; ++row) {
-      const scalar_t* x_row = x + row * hidden;
-      scalar_t* y_row = y + row * hidden;
-      const acc_t rstd = row_rstd(x_row, hidden, eps_acc);
-      for (int64_t j = 0; j < hidden; ++j) {
-        acc_t v = static_cast<acc_t>(x_row[j]) * rstd;
-        if (weight != nullptr) {
-          v *= static_cast<acc_t>(weight[j]);
-        }
-        y_row[j] = static_cast<scalar_t>(v);
-      }
-    }
+  const auto rows_kernel = HOTLOOP_CPU_DISPATCH(rms_norm_rows<scalar_t>);
+  parallel_for_in_tasks(rows, rows_per_task(hidden), [&](int64_t begin, int64_t end) {
+    rows_kernel(x, weight, y, begin, end, hidden, eps);
   });
 }
 
-// grad_x = rstd * (g - xhat * mean(g * xhat)), g = grad_out * weight, xhat = x * rstd.
-// grad_weight = sum over rows of grad_out * xhat: each of a fixed number of row
-// chunks sums into its own float32 (float64) partial row, and the partials are
-// added at the end, so the result does not depend on the thread count.
+// grad_weight = sum over rows of grad_out * xhat: each of a fixed number of row chunks
+// sums into its own float32 (float64) partial row, and the partials are added at the
+// end, so the result does not depend on the thread count.
 template <typename scalar_t>
 void rms_norm_backward_cpu_kernel(const scalar_t* grad_out, const scalar_t* x,
                                   const scalar_t* weight, scalar_t* grad_x,
                                   acc_type<scalar_t>* weight_partials, int64_t num_chunks,
                                   int64_t rows, int64_t hidden, double eps) {
-  using acc_t = acc_type<scalar_t>;
-  const acc_t eps_acc = static_cast<acc_t>(eps);
-  const acc_t inv_hidden = acc_t(1) / static_cast<acc_t>(hidden);
-  parallel_for(0, num_chunks, 1, [&](int64_t chunk_begin, int64_t chunk_end) {
-    for (int64_t chunk = chunk_begin; chunk < chunk_end; ++chunk) {
-      acc_t* dw = weight != nullptr ? weight_partials + chunk * hidden : nullptr;
-      const int64_t row_begin = rows * chunk / num_chunks;
-      const int64_t row_end = rows * (chunk + 1) / num_chunks;
-      for (int64_t row = row_begin; row < row_end; ++row) {
-        const scalar_t* x_row = x + row * hidden;
-        const scalar_t* go_row = grad_out + row * hidden;
-        scalar_t* gx_row = grad_x + row * hidden;
-        const acc_t rstd = row_rstd(x_row, hidden, eps_acc);
-        auto g_at = [&](int64_t j) {
-          acc_t g = static_cast<acc_t>(go_row[j]);
-          if (weight != nullptr) {
-            g *= static_cast<acc_t>(weight[j]);
-          }
-          return g;
-        };
-        const acc_t mean_g_xhat =
-            blocked_sum<acc_t>(hidden,
-                               [&](int64_t j) { return g_at(j) * static_cast<acc_t>(x_row[j]); }) *
-            rstd * inv_hidden;
-        for (int64_t j = 0; j < hidden; ++j) {
-          const acc_t xhat = static_cast<acc_t>(x_row[j]) * rstd;
-          gx_row[j] = static_cast<scalar_t>(rstd * (g_at(j) - xhat * mean_g_xhat));
-          if (dw != nullptr) {
-            dw[j] += static_cast<acc_t>(go_row[j]) * xhat;
-          }
-        }
-      }
-    }
+  const auto rows_kernel = HOTLOOP_CPU_DISPATCH(rms_norm_backward_rows<scalar_t>);
+  parallel_for_each_task(num_chunks, [&](int64_t chunk) {
+    acc_type<scalar_t>* dw = weight != nullptr ? weight_partials + chunk * hidden : nullptr;
+    rows_kernel(grad_out, x, weight, grad_x, dw, rows * chunk / num_chunks,
+                rows * (chunk + 1) / num_chunks, hidden, eps);
   });
 }
 
@@ -119,17 +73,19 @@ Tensor rms_norm_cpu(const Tensor& x, const std::optional<Tensor>& weight, double
 template <typename scalar_t>
 void sum_weight_partials(const acc_type<scalar_t>* partials, int64_t num_chunks, int64_t hidden,
                          scalar_t* grad_weight) {
-  using acc_t = acc_type<scalar_t>;
-  parallel_for(0, hidden, kGrainSize, [&](int64_t begin, int64_t end) {
-    for (int64_t j = begin; j < end; ++j) {
-      acc_t total = 0;
-      for (int64_t chunk = 0; chunk < num_chunks; ++chunk) {
-        total += partials[chunk * hidden + j];
-      }
-      grad_weight[j] = static_cast<scalar_t>(total);
-    }
+  const auto columns_kernel = HOTLOOP_CPU_DISPATCH(sum_weight_partials_columns<scalar_t>);
+  // About kGrainSize partial elements a task, in whole vectors of 16 columns.
+  const int64_t columns_per_task = std::max<int64_t>(16, kGrainSize / num_chunks / 16 * 16);
+  parallel_for_in_tasks(hidden, columns_per_task, [&](int64_t begin, int64_t end) {
+    columns_kernel(partials, num_chunks, hidden, grad_weight, begin, end);
   });
 }
+
+// Row chunks of the backward, each with its own weight-gradient partial row. The count
+// depends on the shape only (not on the threads), which keeps grad_weight deterministic;
+// with at least 4 rows a chunk, the partials of a few long rows stay smaller than x (one
+// partial row per row made the backward at (32, 8192) 6x slower than without a weight).
+int64_t backward_chunks(int64_t rows) { return std::clamp<int64_t>(rows / 4, 1, 64); }
 
 std::tuple<Tensor, Tensor> rms_norm_backward_cpu(const Tensor& grad_out, const Tensor& x,
                                                  const std::optional<Tensor>& weight, double eps) {
@@ -144,10 +100,9 @@ std::tuple<Tensor, Tensor> rms_norm_backward_cpu(const Tensor& grad_out, const T
       const Tensor x_contig = as_contiguous(x);
       const Tensor go_contig = as_contiguous(grad_out);
       HOTLOOP_DISPATCH_FLOATING(x.scalar_type(), op, [&] {
-        rms_norm_backward_cpu_kernel<scalar_t>(const_data<scalar_t>(go_contig),
-                                               const_data<scalar_t>(x_contig), nullptr,
-                                               mutable_data<scalar_t>(grad_x), nullptr,
-                                               std::min<int64_t>(rows, 64), rows, hidden, eps);
+        rms_norm_backward_cpu_kernel<scalar_t>(
+            const_data<scalar_t>(go_contig), const_data<scalar_t>(x_contig), nullptr,
+            mutable_data<scalar_t>(grad_x), nullptr, backward_chunks(rows), rows, hidden, eps);
       });
     }
     return {grad_x, empty_on(x, {0}, x.scalar_type())};
@@ -161,8 +116,7 @@ std::tuple<Tensor, Tensor> rms_norm_backward_cpu(const Tensor& grad_out, const T
   const Tensor go_contig = as_contiguous(grad_out);
   const Tensor w_contig = as_contiguous(*weight);
   Tensor grad_weight = empty_on(*weight, sizes_of(*weight), weight->scalar_type());
-  // A fixed chunk count (not the thread count) keeps grad_weight deterministic.
-  const int64_t num_chunks = std::min<int64_t>(rows, 64);
+  const int64_t num_chunks = backward_chunks(rows);
   const Tensor weight_partials = zeros_on(x, {num_chunks, hidden}, acc_dtype_of(x.scalar_type()));
   HOTLOOP_DISPATCH_FLOATING(x.scalar_type(), op, [&] {
     auto* partials = mutable_data<acc_type<scalar_t>>(weight_partials);
