@@ -13,6 +13,35 @@
 namespace hotloop {
 namespace {
 
+// sum of term(j), j in [0, n), in eight lanes per block of 1024 terms: float32 sums of
+// long rows keep a pairwise sum's error, not a running sum's. (The vectorized kernels of
+// the other ops have their own in common/cpu_vec.h; this reference kernel stays scalar.)
+template <typename acc_t, typename Term>
+acc_t blocked_sum(int64_t n, const Term& term) {
+  constexpr int64_t kLanes = 8;
+  constexpr int64_t kBlock = 1024;
+  acc_t total = 0;
+  for (int64_t begin = 0; begin < n; begin += kBlock) {
+    const int64_t end = std::min(n, begin + kBlock);
+    acc_t lanes[kLanes] = {};
+    int64_t j = begin;
+    for (; j + kLanes <= end; j += kLanes) {
+      for (int64_t l = 0; l < kLanes; ++l) {
+        lanes[l] += term(j + l);
+      }
+    }
+    for (; j < end; ++j) {
+      lanes[0] += term(j);
+    }
+    acc_t block = 0;
+    for (int64_t l = 0; l < kLanes; ++l) {
+      block += lanes[l];
+    }
+    total += block;
+  }
+  return total;
+}
+
 template <typename scalar_t>
 void rms_norm_fp8_cpu_kernel(const Fp8NormPointers<scalar_t>& p) {
   using acc_t = acc_type<scalar_t>;
