@@ -30,21 +30,44 @@ inline bool is_vector_aligned(const void* ptr) {
   return reinterpret_cast<std::uintptr_t>(ptr) % kVectorBytes == 0;
 }
 
-// Sums each of v[0..N) over the threads of a row, returned to every one of them.
+// How row_reduce combines two values. kIdempotent: combining a value with itself gives
+// it back, so a copy of any partial result can pad the reduction (max); otherwise it pads
+// with zero (sum).
+struct SumOp {
+  static constexpr bool kIdempotent = false;
+  template <typename T>
+  __device__ __forceinline__ T operator()(T a, T b) const {
+    return a + b;
+  }
+};
+
+// fmax drops NaN in favour of the other operand, so one NaN does not poison a row's
+// maximum (the NaN element's own output stays NaN).
+struct MaxOp {
+  static constexpr bool kIdempotent = true;
+  template <typename T>
+  __device__ __forceinline__ T operator()(T a, T b) const {
+    return fmax(a, b);
+  }
+};
+
+// Combines each of v[0..N) over the threads of a row with Op, returned to every one of
+// them.
 //
-// A row is the threadIdx.x dimension of the block. blockDim.x is either a power
-// of two <= 32 -- several rows share a warp, and the xor shuffles below never
-// cross the aligned group of blockDim.x lanes -- or a multiple of 32, and then
-// blockDim.y == 1 and the per-warp sums meet in shared memory. Every thread of
-// the block must call this (the caller masks rows past the end instead of
-// skipping them), since the shuffles name the full warp and there is a barrier.
-template <typename T, int N>
-__device__ __forceinline__ void row_sum(T (&v)[N]) {
+// A row is the threadIdx.x dimension of the block. blockDim.x is either a power of two
+// <= 32 -- several rows share a warp, and the xor shuffles below never cross the aligned
+// group of blockDim.x lanes -- or a multiple of 32, and then blockDim.y == 1 and the
+// per-warp results meet in shared memory. Every thread of the block must call this (the
+// caller masks rows past the end instead of skipping them), since the shuffles name the
+// full warp and there is a barrier.
+template <typename Op, typename T, int N>
+__device__ __forceinline__ void row_reduce(T (&v)[N]) {
+  const Op combine;
   const int lanes = blockDim.x < kWarpSize ? blockDim.x : kWarpSize;
   for (int offset = lanes / 2; offset > 0; offset /= 2) {
 #pragma unroll
     for (int n = 0; n < N; ++n) {
-      v[n] += __shfl_xor_sync(0xffffffffu, v[n], offset);
+      v[n] = combine(v[n], __shfl_xor_sync(0xffffffffu, v[n], offset));
     }
   }
   if (blockDim.x <= kWarpSize) {
@@ -61,20 +84,35 @@ __device__ __forceinline__ void row_sum(T (&v)[N]) {
     }
   }
   __syncthreads();
-  // Every warp reduces the per-warp sums itself: no second barrier to broadcast.
+  // Every warp reduces the per-warp results itself: no second barrier to broadcast.
 #pragma unroll
   for (int n = 0; n < N; ++n) {
-    v[n] = lane < num_warps ? partial[n][lane] : T(0);
+    if constexpr (Op::kIdempotent) {
+      v[n] = partial[n][lane < num_warps ? lane : 0];
+    } else {
+      v[n] = lane < num_warps ? partial[n][lane] : T(0);
+    }
   }
 #pragma unroll
   for (int offset = kWarpSize / 2; offset > 0; offset /= 2) {
 #pragma unroll
     for (int n = 0; n < N; ++n) {
-      v[n] += __shfl_xor_sync(0xffffffffu, v[n], offset);
+      v[n] = combine(v[n], __shfl_xor_sync(0xffffffffu, v[n], offset));
     }
   }
   // The next call may overwrite `partial` only after everyone has read it.
   __syncthreads();
+}
+
+template <typename T, int N>
+__device__ __forceinline__ void row_sum(T (&v)[N]) {
+  row_reduce<SumOp>(v);
+}
+
+// The FP8 norms' per-row scale needs a row's largest magnitude.
+template <typename T, int N>
+__device__ __forceinline__ void row_max(T (&v)[N]) {
+  row_reduce<MaxOp>(v);
 }
 
 template <typename T>

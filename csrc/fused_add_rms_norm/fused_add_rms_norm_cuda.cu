@@ -10,6 +10,7 @@
 // elements (common/scalar_rows.cuh), a generic kernel for the rest.
 
 #include "../common/cuda_utils.cuh"
+#include "../common/residual_add.cuh"
 #include "../common/row_launch.cuh"
 #include "../common/scalar_rows.cuh"
 #include "../common/staged_rows.cuh"
@@ -209,11 +210,8 @@ __global__ void __launch_bounds__(kStagedThreads)
   }
 }
 
-// Any hidden size and alignment, in chunks of kGenericChunk elements per thread. The
-// second loop re-reads the residual elements this same thread stored in the first, so
-// no barrier is needed between them.
-constexpr int kGenericChunk = 4;
-
+// Any hidden size and alignment (common/residual_add.cuh); the second loop re-reads the
+// residual elements this same thread stored in the first.
 template <typename scalar_t>
 __global__ void __launch_bounds__(kMaxThreadsPerBlock)
     fused_add_rms_norm_generic_kernel(scalar_t* __restrict__ x, scalar_t* __restrict__ residual,
@@ -221,35 +219,13 @@ __global__ void __launch_bounds__(kMaxThreadsPerBlock)
                                       int64_t hidden, acc_type<scalar_t> eps) {
   using acc_t = acc_type<scalar_t>;
   const acc_t inv_hidden = acc_t(1) / static_cast<acc_t>(hidden);
-  const int64_t chunk_stride = int64_t{kGenericChunk} * blockDim.x;
   for (int64_t block_row = static_cast<int64_t>(blockIdx.x) * blockDim.y; block_row < rows;
        block_row += static_cast<int64_t>(gridDim.x) * blockDim.y) {
     const int64_t row = block_row + threadIdx.y;
     const int64_t row_hidden = row < rows ? hidden : 0;  // masks rows past the end
     scalar_t* x_row = x + row * hidden;
     scalar_t* res_row = residual + row * hidden;
-    acc_t sum_sq[1] = {0};
-    for (int64_t j0 = threadIdx.x; j0 < row_hidden; j0 += chunk_stride) {
-      scalar_t xv[kGenericChunk];
-      scalar_t rv[kGenericChunk];
-#pragma unroll
-      for (int c = 0; c < kGenericChunk; ++c) {
-        const int64_t j = j0 + c * static_cast<int64_t>(blockDim.x);
-        xv[c] = j < row_hidden ? x_row[j] : scalar_t(0);
-        rv[c] = j < row_hidden ? res_row[j] : scalar_t(0);
-      }
-#pragma unroll
-      for (int c = 0; c < kGenericChunk; ++c) {
-        const int64_t j = j0 + c * static_cast<int64_t>(blockDim.x);
-        const scalar_t s =
-            static_cast<scalar_t>(static_cast<acc_t>(xv[c]) + static_cast<acc_t>(rv[c]));
-        if (j < row_hidden) {
-          res_row[j] = s;
-        }
-        const acc_t v = static_cast<acc_t>(s);
-        sum_sq[0] += v * v;
-      }
-    }
+    acc_t sum_sq[1] = {add_residual_row(x_row, res_row, row_hidden)};
     row_sum(sum_sq);
     const acc_t rstd = rsqrt_acc(sum_sq[0] * inv_hidden + eps);
     for (int64_t j = threadIdx.x; j < row_hidden; j += blockDim.x) {

@@ -17,8 +17,8 @@
 #include <cuda_fp8.h>
 
 #include "../common/cuda_utils.cuh"
+#include "../common/residual_add.cuh"
 #include "../common/row_launch.cuh"
-#include "../common/row_max.cuh"
 #include "../common/scalar_rows.cuh"
 #include "rms_norm_fp8_common.h"
 
@@ -249,10 +249,9 @@ __global__ void __launch_bounds__(scalar_max_threads(kElemsPerThread))
 }
 
 // Any hidden size and alignment: the row is re-read (mostly from L1/L2) by each
-// step. The fused variant loads x and the residual in chunks of kGenericChunk
-// elements per thread before storing their sums; the later steps re-read the
-// residual elements this same thread stored, so no barrier is needed between them.
-constexpr int kGenericChunk = 4;
+// step. The fused variant adds the residual as fused_add_rms_norm's generic kernel
+// does (common/residual_add.cuh); the later steps re-read the residual elements this
+// same thread stored, so no barrier is needed between them.
 
 template <typename scalar_t, bool kResidual>
 __global__ void __launch_bounds__(kMaxThreadsPerBlock)
@@ -262,7 +261,6 @@ __global__ void __launch_bounds__(kMaxThreadsPerBlock)
   const acc_t eps = static_cast<acc_t>(p.eps);
   const bool dynamic = p.scale == nullptr;
   const float static_inv_scale = dynamic ? 0.0f : 1.0f / *p.scale;
-  const int64_t chunk_stride = int64_t{kGenericChunk} * blockDim.x;
   for (int64_t block_row = static_cast<int64_t>(blockIdx.x) * blockDim.y; block_row < p.rows;
        block_row += static_cast<int64_t>(gridDim.x) * blockDim.y) {
     const int64_t row = block_row + threadIdx.y;
@@ -271,30 +269,9 @@ __global__ void __launch_bounds__(kMaxThreadsPerBlock)
     const scalar_t* v_row = p.x + offset;  // x, or the rounded new residual
     acc_t sum_sq[1] = {0};
     if constexpr (kResidual) {
-      const scalar_t* x_row = p.x + offset;
       scalar_t* res_row = p.residual + offset;
+      sum_sq[0] = add_residual_row(p.x + offset, res_row, row_hidden);
       v_row = res_row;
-      for (int64_t j0 = threadIdx.x; j0 < row_hidden; j0 += chunk_stride) {
-        scalar_t xv[kGenericChunk];
-        scalar_t rv[kGenericChunk];
-#pragma unroll
-        for (int c = 0; c < kGenericChunk; ++c) {
-          const int64_t j = j0 + c * static_cast<int64_t>(blockDim.x);
-          xv[c] = j < row_hidden ? x_row[j] : scalar_t(0);
-          rv[c] = j < row_hidden ? res_row[j] : scalar_t(0);
-        }
-#pragma unroll
-        for (int c = 0; c < kGenericChunk; ++c) {
-          const int64_t j = j0 + c * static_cast<int64_t>(blockDim.x);
-          const scalar_t sum =
-              static_cast<scalar_t>(static_cast<acc_t>(xv[c]) + static_cast<acc_t>(rv[c]));
-          if (j < row_hidden) {
-            res_row[j] = sum;
-          }
-          const acc_t value = static_cast<acc_t>(sum);
-          sum_sq[0] += value * value;
-        }
-      }
     } else {
       for (int64_t j = threadIdx.x; j < row_hidden; j += blockDim.x) {
         const acc_t value = static_cast<acc_t>(v_row[j]);
