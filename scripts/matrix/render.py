@@ -34,9 +34,10 @@ JSON_NAME = "compatibility.json"
 # 2: one wheel per variant ("wheels"), cells naming the wheel file (sha256) they tested.
 FORMAT = 2
 NO_RESULT = "no result yet"
-# A row or wheel entry of the previous table still applies while these are unchanged.
+# A row or wheel entry of the previous table still applies while these are unchanged. A wheel
+# planned for other archs (its toolkit's arch list changed since) is another wheel.
 ROW_KEYS = ("cuda", "kind", "variant", "build_torch", "pythons")
-WHEEL_KEYS = ("kind", "requires_torch", "build_torch", "cuda", "serves")
+WHEEL_KEYS = ("kind", "requires_torch", "build_torch", "cuda", "serves", "archs_planned")
 
 
 def empty_row(row: Row) -> dict[str, Any]:

@@ -78,6 +78,14 @@ def test_committed_wheels_that_exist_name_their_file(committed: dict) -> None:
             assert wheel["reason"], wheel["variant"]
 
 
+def test_committed_wheels_plan_the_archs_of_their_own_toolkit(committed: dict) -> None:
+    """The CUDA 12 wheels compile what nvcc 12.4 knows (toolkits."12.8".arch_list), not the
+    CUDA 13 list."""
+    builders = {b.variant: b for b in matrix.build_rows(matrix.load_rows())}
+    for wheel in committed["wheels"]:
+        assert wheel["archs_planned"] == builders[wheel["variant"]].archs, wheel["variant"]
+
+
 def test_committed_negatives_cover_every_pair(committed: dict) -> None:
     listed = {(n["variant"], n["venv_torch"]) for n in committed["negatives"]}
     pairs = {(p.variant, p.torch_version) for p in negatives.DEFAULT_NEGATIVES}
@@ -145,6 +153,25 @@ def test_merge_keeps_only_previous_rows_that_still_describe_the_matrix() -> None
     assert by["2.9.1"]["cells"]["3.10"]["status"] == PASS
     assert by["2.11.0"]["cells"]["3.10"]["status"] == NOT_RUN
     assert "pt27cu126" not in {n["variant"] for n in merged["negatives"]}
+
+
+def test_merge_drops_a_previous_wheel_planned_for_other_archs() -> None:
+    """A wheel entry made before its toolkit got its own arch list must not carry the old
+    plan into the table (the CUDA 12 rows showed the CUDA 13 archs)."""
+    rows = matrix.load_rows()
+    cu12 = next(r for r in rows if r.variant == "stable.cu12")
+    cu13 = next(r for r in rows if r.variant == "stable.cu13")
+    stale = {**WheelState(cu12, (cu12.torch,)).as_dict(), "archs_planned": cu13.archs}
+    previous = {"format": render.FORMAT, "rows": [], "wheels": [stale], "negatives": []}
+    merged = render.merge_previous(nothing(), previous, rows)
+    wheel = next(w for w in merged["wheels"] if w["variant"] == "stable.cu12")
+    assert wheel["archs_planned"] == cu12.archs
+    assert "sm_100" not in wheel["archs_planned"]
+    # An entry that still matches the matrix is kept as it was.
+    current = {**WheelState(cu12, (cu12.torch,)).as_dict(), "reason": "kept"}
+    previous["wheels"] = [current]
+    merged = render.merge_previous(nothing(), previous, rows)
+    assert next(w for w in merged["wheels"] if w["variant"] == "stable.cu12")["reason"] == "kept"
 
 
 def test_a_table_of_the_old_format_is_not_carried_over() -> None:
