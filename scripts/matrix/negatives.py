@@ -61,6 +61,9 @@ DEFAULT_NEGATIVES = (
     NegativePair("stable.cu13", "2.10.0"),
     # A CPU-only torch next to a CUDA wheel: again only the guard can tell.
     NegativePair("stable.cu13", "2.11.0", cpu=True),
+    # The other way round: the CUDA 12 stable wheel next to the neighbouring row's CUDA 13
+    # torch, which torch>=2.10 admits.
+    NegativePair("stable.cu12", "2.11.0"),
 )
 
 

@@ -257,12 +257,13 @@ def render_markdown(report: Mapping[str, Any]) -> str:
         "invisible to the metadata: there the guard is the only check. `pass` means it failed "
         "the intended way.",
         "",
-        "| wheel | torch in the venv | Python | check | expected | result | message |",
-        "|---|---|---|---|---|---|---|",
+        "| wheel | torch in the venv | sha256 | Python | check | expected | result | message |",
+        "|---|---|---|---|---|---|---|---|",
     ]
     for neg in report.get("negatives", []):
+        sha = f"`{neg['wheel_sha256'][:12]}`" if neg.get("wheel_sha256") else "-"
         lines.append(
-            f"| {neg['variant']} | {neg['venv_torch']} | {neg.get('python', '-')} "
+            f"| {neg['variant']} | {neg['venv_torch']} | {sha} | {neg.get('python', '-')} "
             f"| {md_escape(neg.get('check', '-'))} | {md_escape(neg.get('expected', ''))} "
             f"| {neg['status']} | {md_escape(str(neg.get('detail', '')))[:300]} |"
         )

@@ -179,6 +179,7 @@ def run_matrix(args: argparse.Namespace) -> dict[str, Any]:
         log(f"{name}: running")
         checks = run_negative(plan, state.wheel, interp, work / "negatives" / plan.pair.name)
         for c in checks:
+            c["wheel_sha256"] = state.wheel_sha256
             c["date"] = utc_now()
             log(f"{name}: {c['check']}: {c['status']} - {c['detail']}")
         if all(c["status"] == PASS for c in checks):

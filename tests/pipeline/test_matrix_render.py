@@ -93,6 +93,9 @@ def test_committed_negatives_cover_every_pair(committed: dict) -> None:
     for neg in committed["negatives"]:
         assert neg["status"] in STATUSES, neg
         assert neg["detail"], neg
+        if neg["status"] in (PASS, FAIL):  # it ran: it names the file it tested
+            assert f"+{neg['variant']}-" in neg["wheel"], neg
+            assert re.fullmatch(r"[0-9a-f]{64}", neg.get("wheel_sha256") or ""), neg
 
 
 def test_committed_markdown_is_generated_from_the_json(committed: dict) -> None:
@@ -251,6 +254,8 @@ def test_render_markdown_shows_both_kinds_the_sha256_and_every_cell_kind() -> No
                 "expected": "ImportError: a CUDA 12.8 torch next to a CUDA 13 wheel",
                 "status": "pass",
                 "detail": "ImportError: a|b",
+                "wheel": name,
+                "wheel_sha256": SHA,
             }
         ],
     }
@@ -272,4 +277,6 @@ def test_render_markdown_shows_both_kinds_the_sha256_and_every_cell_kind() -> No
     assert "| pt28cu128 | pinned | `torch==2.8.*` |" in md
     assert "not built against torch 2.15.0" in md
     assert "ImportError: a\\|b" in md
+    negative = next(ln for ln in md.splitlines() if ln.startswith("| stable.cu13 | 2.10.0 |"))
+    assert f"| `{SHA[:12]}` |" in negative
     assert "Run: 2026-11-23T05:00:00Z, commit `abc`, on h, 1m01s." in md

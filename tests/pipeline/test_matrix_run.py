@@ -116,6 +116,14 @@ def test_negatives_run_once_their_wheel_exists(fake_run) -> None:
     pinned = [n for n in report["negatives"] if n["variant"] == "pt29cu128"]
     assert [(n["venv_torch"], n["status"]) for n in pinned] == [("2.11.0", NOT_RUN)]
     assert "no nvcc here" in pinned[0]["detail"]
+    # Each check that ran names the wheel file it tested by sha256, as the test cells do.
+    sha = report["wheels"]["stable.cu13"]["wheel_sha256"]
+    ran = [n for n in report["negatives"] if n["status"] == PASS]
+    assert len(ran) == 3
+    assert {n["wheel_sha256"] for n in ran} == {sha}
+    # A recorded pass reused by a rerun keeps it.
+    again = run.run_matrix(run.parse_args([]))
+    assert {n["wheel_sha256"] for n in again["negatives"] if n["status"] == PASS} == {sha}
 
 
 def test_a_rerun_redoes_only_what_failed(fake_run) -> None:
