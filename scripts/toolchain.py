@@ -698,16 +698,33 @@ def compiler_wrappers(
     wrap.mkdir(parents=True, exist_ok=True)
     ccache = ccache_bin / "ccache"
     out: dict[str, str] = {}
-    for env_name, name, real in (
-        ("CC", "gcc", shutil.which(cc) or cc),
-        ("CXX", "g++", shutil.which(cxx) or cxx),
-        ("PYTORCH_NVCC", "nvcc", str(cuda_home / "bin" / "nvcc")),
+    for env_name, name, real, rewrite in (
+        ("CC", "gcc", shutil.which(cc) or cc, ""),
+        ("CXX", "g++", shutil.which(cxx) or cxx, ""),
+        ("PYTORCH_NVCC", "nvcc", str(cuda_home / "bin" / "nvcc"), NVCC_DEPENDENCY_OPTIONS),
     ):
         script = wrap / name
-        script.write_text(f'#!/bin/sh\nexec "{ccache}" "{real}" "$@"\n')
+        script.write_text(f'#!/bin/sh\n{rewrite}exec "{ccache}" "{real}" "$@"\n')
         script.chmod(0o755)
         out[env_name] = str(script)
     return out
+
+
+# torch's ninja rule gives nvcc --generate-dependencies-with-compile --dependency-output F.
+# ccache (4.7 here; still 4.12, ccache issue 1663) does not know those spellings: it takes F
+# for a second source file and caches no nvcc compile at all. nvcc's short names for the same
+# options, -MD -MF F, it handles (the .d file included), so the wrapper renames them.
+NVCC_DEPENDENCY_OPTIONS = """\
+for arg do
+  shift
+  case "$arg" in
+    --generate-dependencies-with-compile) set -- "$@" -MD ;;
+    --dependency-output) set -- "$@" -MF ;;
+    --dependency-output=*) set -- "$@" -MF "${arg#--dependency-output=}" ;;
+    *) set -- "$@" "$arg" ;;
+  esac
+done
+"""
 
 
 def ccache_env() -> dict[str, str]:

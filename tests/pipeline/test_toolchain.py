@@ -126,6 +126,51 @@ def test_compiler_wrappers(tmp_path, monkeypatch):
     assert str(tmp_path / "cuda/bin/nvcc") in Path(env["PYTORCH_NVCC"]).read_text()
 
 
+def test_nvcc_wrapper_hands_ccache_the_short_dependency_options(tmp_path, monkeypatch):
+    """torch's ninja rule passes nvcc --generate-dependencies-with-compile --dependency-output
+    F; ccache 4.7 takes F for a second source file and caches nothing (ccache issue 1663). The
+    same options spelled -MD -MF F (nvcc's short names) it caches. Everything else unchanged."""
+    monkeypatch.setenv("HOTLOOP_CACHE_DIR", str(tmp_path))
+    ccbin = tmp_path / "ccbin"
+    ccbin.mkdir()
+    fake = ccbin / "ccache"  # prints the arguments it was given, one a line
+    fake.write_text('#!/bin/sh\nfor a do printf "%s\\n" "$a"; done\n')
+    fake.chmod(0o755)
+    env = toolchain.compiler_wrappers(ccbin, tmp_path / "cuda")
+    args = [
+        "--generate-dependencies-with-compile",
+        "--dependency-output",
+        "/b/x y.o.d",
+        "-c",
+        "/s/a.cu",
+        "-o",
+        "/b/x y.o",
+        "-Xcompiler",
+        "-fPIC",
+        "--dependency-output=/b/z.o.d",
+        "",
+    ]
+    out = subprocess.run([env["PYTORCH_NVCC"], *args], capture_output=True, text=True, check=True)
+    assert out.stdout.split("\n")[:-1] == [
+        str(tmp_path / "cuda/bin/nvcc"),
+        "-MD",
+        "-MF",
+        "/b/x y.o.d",
+        "-c",
+        "/s/a.cu",
+        "-o",
+        "/b/x y.o",
+        "-Xcompiler",
+        "-fPIC",
+        "-MF",
+        "/b/z.o.d",
+        "",
+    ]
+    # gcc and g++ pass everything through.
+    out = subprocess.run([env["CXX"], *args], capture_output=True, text=True, check=True)
+    assert out.stdout.split("\n")[1:-1] == args
+
+
 # --------------------------------------------------------------------------- Debian toolkit
 
 DEBIAN_TABLE = {
