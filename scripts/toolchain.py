@@ -711,7 +711,7 @@ def compiler_wrappers(
 
 
 # torch's ninja rule gives nvcc --generate-dependencies-with-compile --dependency-output F.
-# ccache (4.7 here; still 4.12, ccache issue 1663) does not know those spellings: it takes F
+# ccache (4.7 here; 4.12.2 too, per ccache issue 1663) does not know those spellings: it takes F
 # for a second source file and caches no nvcc compile at all. nvcc's short names for the same
 # options, -MD -MF F, it handles (the .d file included), so the wrapper renames them.
 NVCC_DEPENDENCY_OPTIONS = """\
