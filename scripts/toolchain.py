@@ -691,21 +691,33 @@ def compiler_wrappers(
 
     The wrappers are named ``gcc``/``g++`` (nvcc gets ``CC`` as ``-ccbin`` and recognises the
     host compiler by name); ``CCACHE_DIR`` lives in the cache.
+
+    The cache folder is shared by checkouts of other revisions, building at the same time:
+    the folder is named after the wrappers' content, so a checkout whose wrappers differ
+    writes its own rather than replacing the ones another build is running, and a wrapper is
+    written only when missing, through a rename (never truncated under a running build).
     """
-    wrap = (
-        cache_dir() / "ccache-wrappers" / hashlib.sha256(str(cuda_home).encode()).hexdigest()[:10]
-    )
-    wrap.mkdir(parents=True, exist_ok=True)
     ccache = ccache_bin / "ccache"
+    scripts = {
+        env_name: (name, f'#!/bin/sh\n{rewrite}exec "{ccache}" "{real}" "$@"\n')
+        for env_name, name, real, rewrite in (
+            ("CC", "gcc", shutil.which(cc) or cc, ""),
+            ("CXX", "g++", shutil.which(cxx) or cxx, ""),
+            ("PYTORCH_NVCC", "nvcc", str(cuda_home / "bin" / "nvcc"), NVCC_DEPENDENCY_OPTIONS),
+        )
+    }
+    content = "\0".join(f"{name}\0{text}" for name, text in scripts.values())
+    key = hashlib.sha256(content.encode()).hexdigest()[:10]
+    wrap = cache_dir() / "ccache-wrappers" / key
+    wrap.mkdir(parents=True, exist_ok=True)
     out: dict[str, str] = {}
-    for env_name, name, real, rewrite in (
-        ("CC", "gcc", shutil.which(cc) or cc, ""),
-        ("CXX", "g++", shutil.which(cxx) or cxx, ""),
-        ("PYTORCH_NVCC", "nvcc", str(cuda_home / "bin" / "nvcc"), NVCC_DEPENDENCY_OPTIONS),
-    ):
+    for env_name, (name, text) in scripts.items():
         script = wrap / name
-        script.write_text(f'#!/bin/sh\n{rewrite}exec "{ccache}" "{real}" "$@"\n')
-        script.chmod(0o755)
+        if not (script.is_file() and script.read_text() == text):
+            partial = wrap / f".{name}.{os.getpid()}"
+            partial.write_text(text)
+            partial.chmod(0o755)
+            os.replace(partial, script)
         out[env_name] = str(script)
     return out
 
