@@ -78,6 +78,40 @@ def test_committed_wheels_that_exist_name_their_file(committed: dict) -> None:
             assert wheel["reason"], wheel["variant"]
 
 
+# An absolute path: a "/" that starts neither a URL's host or path nor a "<cache>/" name.
+MACHINE_PATH = re.compile(r"(?<![:\w/>.])/[\w.+-]+/[\w.+-]+")
+
+
+def strings_in(value) -> list[str]:
+    if isinstance(value, str):
+        return [value]
+    if isinstance(value, dict):
+        return [s for v in value.values() for s in strings_in(v)]
+    if isinstance(value, list):
+        return [s for v in value for s in strings_in(v)]
+    return []
+
+
+def test_committed_table_names_no_machine_paths(committed: dict) -> None:
+    found = [s for s in strings_in(committed) if MACHINE_PATH.search(s)]
+    assert not found, f"machine paths in docs/compatibility.json: {found[:3]}"
+
+
+@pytest.mark.parametrize(
+    ("text", "is_path"),
+    [
+        ("reused /work/cache/hotloop/matrix/wheels/x.whl (sources unchanged)", True),
+        ("Command '['/usr/bin/uv', 'pip']' returned non-zero exit status 2.", True),
+        ("reused x.whl (sources unchanged)", False),
+        ("torch 2.11.0+cpu from https://download.pytorch.org/whl/cpu: not installed", False),
+        ("<cache>/matrix/cells/pt28cu128/2.8.0/py3.9.log", False),
+        ("python3.12 (pyenv)", False),
+    ],
+)
+def test_what_counts_as_a_machine_path(text, is_path) -> None:
+    assert bool(MACHINE_PATH.search(text)) is is_path
+
+
 def test_committed_wheels_plan_the_archs_of_their_own_toolkit(committed: dict) -> None:
     """The CUDA 12 wheels compile what nvcc 12.4 knows (toolkits."12.8".arch_list), not the
     CUDA 13 list."""
