@@ -65,13 +65,20 @@ def uv_env() -> dict[str, str]:
     return env
 
 
-def create_venv(path: Path, python: Path, packages: Sequence[str]) -> Path:
-    """Fresh uv venv at ``path`` with ``packages``; returns its interpreter."""
+def create_venv(path: Path, python: Path, packages: Sequence[str], seed: bool = False) -> Path:
+    """Fresh uv venv at ``path`` with ``packages``; returns its interpreter.
+
+    ``seed``: also what ``python -m venv`` puts there (pip, and setuptools below Python 3.12),
+    for venvs that stand for a user's.
+    """
     if path.exists():
         shutil.rmtree(path)
     uv = uv_exe()
+    seeding = ["--seed"] if seed else []
     subprocess.run(
-        [uv, "venv", "--quiet", "--python", str(python), str(path)], check=True, env=uv_env()
+        [uv, "venv", "--quiet", *seeding, "--python", str(python), str(path)],
+        check=True,
+        env=uv_env(),
     )
     py = path / "bin" / "python"
     subprocess.run(

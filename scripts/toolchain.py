@@ -696,22 +696,56 @@ def compiler_wrappers(
 
     The wrappers are named ``gcc``/``g++`` (nvcc gets ``CC`` as ``-ccbin`` and recognises the
     host compiler by name); ``CCACHE_DIR`` lives in the cache.
+
+    The cache folder is shared by checkouts of other revisions, building at the same time:
+    the folder is named after the wrappers' content, so a checkout whose wrappers differ
+    writes its own rather than replacing the ones another build is running, and a wrapper is
+    written only when missing, through a rename (never truncated under a running build).
     """
-    wrap = (
-        cache_dir() / "ccache-wrappers" / hashlib.sha256(str(cuda_home).encode()).hexdigest()[:10]
-    )
-    wrap.mkdir(parents=True, exist_ok=True)
     ccache = ccache_bin / "ccache"
-    out: dict[str, str] = {}
-    compilers = [("CC", "gcc", shutil.which(cc) or cc), ("CXX", "g++", shutil.which(cxx) or cxx)]
+    compilers = [
+        ("CC", "gcc", shutil.which(cc) or cc, ""),
+        ("CXX", "g++", shutil.which(cxx) or cxx, ""),
+    ]
     if cuda_home is not None:
-        compilers.append(("PYTORCH_NVCC", "nvcc", str(cuda_home / "bin" / "nvcc")))
-    for env_name, name, real in compilers:
+        compilers.append(
+            ("PYTORCH_NVCC", "nvcc", str(cuda_home / "bin" / "nvcc"), NVCC_DEPENDENCY_OPTIONS)
+        )
+    scripts = {
+        env_name: (name, f'#!/bin/sh\n{rewrite}exec "{ccache}" "{real}" "$@"\n')
+        for env_name, name, real, rewrite in compilers
+    }
+    content = "\0".join(f"{name}\0{text}" for name, text in scripts.values())
+    key = hashlib.sha256(content.encode()).hexdigest()[:10]
+    wrap = cache_dir() / "ccache-wrappers" / key
+    wrap.mkdir(parents=True, exist_ok=True)
+    out: dict[str, str] = {}
+    for env_name, (name, text) in scripts.items():
         script = wrap / name
-        script.write_text(f'#!/bin/sh\nexec "{ccache}" "{real}" "$@"\n')
-        script.chmod(0o755)
+        if not (script.is_file() and script.read_text() == text):
+            partial = wrap / f".{name}.{os.getpid()}"
+            partial.write_text(text)
+            partial.chmod(0o755)
+            os.replace(partial, script)
         out[env_name] = str(script)
     return out
+
+
+# torch's ninja rule gives nvcc --generate-dependencies-with-compile --dependency-output F.
+# ccache (4.7 here; 4.12.2 too, per ccache issue 1663) does not know those spellings: it takes F
+# for a second source file and caches no nvcc compile at all. nvcc's short names for the same
+# options, -MD -MF F, it handles (the .d file included), so the wrapper renames them.
+NVCC_DEPENDENCY_OPTIONS = """\
+for arg do
+  shift
+  case "$arg" in
+    --generate-dependencies-with-compile) set -- "$@" -MD ;;
+    --dependency-output) set -- "$@" -MF ;;
+    --dependency-output=*) set -- "$@" -MF "${arg#--dependency-output=}" ;;
+    *) set -- "$@" "$arg" ;;
+  esac
+done
+"""
 
 
 def ccache_env() -> dict[str, str]:

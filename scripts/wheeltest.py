@@ -67,8 +67,13 @@ def run_op_tests_in_venv(
     cell = workdir / f"py{interp.version}"
     log_path = workdir / f"py{interp.version}.log"  # not with_suffix: "py3.10"
     try:
+        # Seeded like a user's `python -m venv`: torch requires setuptools only on Python
+        # >= 3.12, yet torch.compile's CPU backend imports it on every Python.
         py = create_venv(
-            cell / "venv", interp.path, [torch_spec, f"hotloop[test] @ {wheel.resolve().as_uri()}"]
+            cell / "venv",
+            interp.path,
+            [torch_spec, f"hotloop[test] @ {wheel.resolve().as_uri()}"],
+            seed=True,
         )
     except subprocess.CalledProcessError as exc:
         return PythonTestResult(

@@ -61,6 +61,9 @@ DEFAULT_NEGATIVES = (
     NegativePair("stable.cu13", "2.10.0"),
     # A CPU-only torch next to a CUDA wheel: again only the guard can tell.
     NegativePair("stable.cu13", "2.11.0", cpu=True),
+    # The other way round: the CUDA 12 stable wheel next to the neighbouring row's CUDA 13
+    # torch, which torch>=2.10 admits.
+    NegativePair("stable.cu12", "2.11.0"),
 )
 
 
@@ -224,7 +227,11 @@ def run_negative(
         # is then not run, not failed. A PyPI torch that fails to install is a failure.
         status = NOT_RUN if plan.index_url else FAIL
         where = f" from {plan.index_url}" if plan.index_url else ""
-        detail = f"torch {pair.torch_version}{where} could not be installed: {exc}"
+        # The exit status, not the command line: the table names no machine paths.
+        detail = (
+            f"torch {pair.torch_version}{where} could not be installed "
+            f"(uv pip install exited {exc.returncode})"
+        )
         return [{**base, "check": "venv set-up", "status": status, "detail": detail}]
     env = clean_pip_env()
     run_dir = workdir / "run"

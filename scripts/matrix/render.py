@@ -34,9 +34,10 @@ JSON_NAME = "compatibility.json"
 # 2: one wheel per variant ("wheels"), cells naming the wheel file (sha256) they tested.
 FORMAT = 2
 NO_RESULT = "no result yet"
-# A row or wheel entry of the previous table still applies while these are unchanged.
+# A row or wheel entry of the previous table still applies while these are unchanged. A wheel
+# planned for other archs (its toolkit's arch list changed since) is another wheel.
 ROW_KEYS = ("cuda", "kind", "variant", "build_torch", "pythons")
-WHEEL_KEYS = ("kind", "requires_torch", "build_torch", "cuda", "serves")
+WHEEL_KEYS = ("kind", "requires_torch", "build_torch", "cuda", "serves", "archs_planned")
 
 
 def empty_row(row: Row) -> dict[str, Any]:
@@ -256,12 +257,13 @@ def render_markdown(report: Mapping[str, Any]) -> str:
         "invisible to the metadata: there the guard is the only check. `pass` means it failed "
         "the intended way.",
         "",
-        "| wheel | torch in the venv | Python | check | expected | result | message |",
-        "|---|---|---|---|---|---|---|",
+        "| wheel | torch in the venv | sha256 | Python | check | expected | result | message |",
+        "|---|---|---|---|---|---|---|---|",
     ]
     for neg in report.get("negatives", []):
+        sha = f"`{neg['wheel_sha256'][:12]}`" if neg.get("wheel_sha256") else "-"
         lines.append(
-            f"| {neg['variant']} | {neg['venv_torch']} | {neg.get('python', '-')} "
+            f"| {neg['variant']} | {neg['venv_torch']} | {sha} | {neg.get('python', '-')} "
             f"| {md_escape(neg.get('check', '-'))} | {md_escape(neg.get('expected', ''))} "
             f"| {neg['status']} | {md_escape(str(neg.get('detail', '')))[:300]} |"
         )

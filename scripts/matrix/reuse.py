@@ -123,7 +123,8 @@ def find_reusable_wheel(
     digest: str,
     commit_ok: Callable[[str], bool] = commit_matches_tree,
 ) -> WheelChoice:
-    """A wheel of ``variant`` in ``dirs`` built from sources with ``digest``, or why none is."""
+    """A wheel of ``variant`` in ``dirs`` built from sources with ``digest``, or why none is
+    (by file name: the reason goes into the committed table, which names no machine paths)."""
     reasons = []
     for folder in dirs:
         for wheel in variant_wheels(folder, variant):
@@ -132,24 +133,26 @@ def find_reusable_wheel(
                 try:
                     data = json.loads(record.read_text())
                 except ValueError:
-                    reasons.append(f"{wheel}: unreadable {record.name}")
+                    reasons.append(f"{wheel.name}: unreadable {record.name}")
                     continue
                 if data.get("sources_sha256") != digest:
-                    reasons.append(f"{wheel}: built from other sources")
+                    reasons.append(f"{wheel.name}: built from other sources")
                     continue
                 if data.get("wheel_sha256") and data["wheel_sha256"] != file_sha256(wheel):
-                    reasons.append(f"{wheel}: changed since it was recorded")
+                    reasons.append(f"{wheel.name}: changed since it was recorded")
                     continue
-                return WheelChoice(wheel, f"reused {wheel} (sources unchanged)")
+                return WheelChoice(wheel, f"reused {wheel.name} (sources unchanged)")
             try:
                 commit = str(read_build_info(wheel).get("git_commit", ""))
             except (KeyError, ValueError, zipfile.BadZipFile, SyntaxError) as exc:
-                reasons.append(f"{wheel}: no build info ({exc})")
+                reasons.append(f"{wheel.name}: no build info ({exc})")
                 continue
             if commit_ok(commit):
-                return WheelChoice(wheel, f"reused {wheel} (built at clean commit {commit[:12]})")
+                return WheelChoice(
+                    wheel, f"reused {wheel.name} (built at clean commit {commit[:12]})"
+                )
             reasons.append(
-                f"{wheel}: built at {commit[:12] or 'unknown commit'}, sources changed since"
+                f"{wheel.name}: built at {commit[:12] or 'unknown commit'}, sources changed since"
             )
     return WheelChoice(None, "; ".join(reasons) or "no wheel of this variant yet")
 

@@ -135,9 +135,20 @@ def run_matrix(args: argparse.Namespace) -> dict[str, Any]:
                 }
             return
         log(f"{name}: testing")
-        res = wheeltest.run_op_tests_in_venv(
-            f"torch=={row.torch}", state.wheel, interp, work / state.row.variant / row.torch
-        )
+        try:
+            res = wheeltest.run_op_tests_in_venv(
+                f"torch=={row.torch}", state.wheel, interp, work / state.row.variant / row.torch
+            )
+        except OSError as exc:
+            # The machine, not the wheel (a full disk): this cell has no result, the run goes
+            # on and still writes the table; not recorded, so the next run tries it again.
+            log(f"{name}: not run - {exc}")
+            with lock:
+                cells[row.torch][interp.version] = {
+                    "status": NOT_RUN,
+                    "reason": f"the cell could not run here: {exc}",
+                }
+            return
         cell = {
             "status": PASS if res.status == "passed" else FAIL,
             "wheel": state.wheel.name,
@@ -179,6 +190,7 @@ def run_matrix(args: argparse.Namespace) -> dict[str, Any]:
         log(f"{name}: running")
         checks = run_negative(plan, state.wheel, interp, work / "negatives" / plan.pair.name)
         for c in checks:
+            c["wheel_sha256"] = state.wheel_sha256
             c["date"] = utc_now()
             log(f"{name}: {c['check']}: {c['status']} - {c['detail']}")
         if all(c["status"] == PASS for c in checks):

@@ -125,18 +125,42 @@ def run_with_torch_version(
     return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
 
 
+def unserved_torch_version(build_info: dict, torch_cuda: str | None) -> str:
+    """A torch release the build refuses although its CUDA matches: one below the
+    stable-ABI floor for a stable build, another minor for a pinned one (the pt29 wheel
+    serves 2.9.1)."""
+    variant = _guard.built_variant(build_info)
+    return next(v for v in ("2.9.1", "2.8.0") if not variant.serves(v, torch_cuda))
+
+
+@pytest.mark.parametrize(
+    ("build", "torch_cuda", "expected"),
+    [
+        (STABLE, "13.0", "2.9.1"),
+        (PINNED, "12.8", "2.8.0"),
+        ({**PINNED, "version": "0.1.0+pt28cu128"}, "12.8", "2.9.1"),
+    ],
+)
+def test_unserved_torch_version_is_one_the_build_refuses(build, torch_cuda, expected) -> None:
+    version = unserved_torch_version(build, torch_cuda)
+    assert version == expected
+    assert _guard.find_mismatch(build, version, torch_cuda) is not None
+
+
 def test_import_into_a_torch_the_wheel_does_not_serve_raises_import_error() -> None:
-    result = run_with_torch_version("2.9.1", torch.version.cuda)
+    version = unserved_torch_version(hotloop.BUILD_INFO, torch.version.cuda)
+    result = run_with_torch_version(version, torch.version.cuda)
     assert result.returncode != 0
     assert "ImportError" in result.stderr
-    assert "2.9.1" in result.stderr
+    assert version in result.stderr
     assert hotloop.BUILD_INFO["version"] in result.stderr
     assert "pip install" in result.stderr
     assert "undefined symbol" not in result.stderr
 
 
 def test_doctor_reports_a_torch_the_wheel_does_not_serve_instead_of_crashing() -> None:
-    result = run_with_torch_version("2.9.1", torch.version.cuda, "hotloop")
+    version = unserved_torch_version(hotloop.BUILD_INFO, torch.version.cuda)
+    result = run_with_torch_version(version, torch.version.cuda, "hotloop")
     assert result.returncode == 1, result.stdout + result.stderr
     assert "Traceback" not in result.stderr, result.stderr
     assert hotloop.BUILD_INFO["version"] in result.stdout

@@ -59,3 +59,17 @@ def test_copy_sources_leaves_build_outputs_behind(tmp_path, monkeypatch):
     build.copy_sources(dest)
     files = sorted(str(p.relative_to(dest)) for p in dest.rglob("*") if p.is_file())
     assert files == ["README.md", "csrc/x.cpp", "setup.py", "src/hotloop/__init__.py"]
+
+
+def test_create_venv_seeds_only_when_asked(tmp_path, monkeypatch):
+    """``seed=True`` is ``uv venv --seed``: pip, and setuptools below Python 3.12, as
+    ``python -m venv`` gives (torch's Inductor imports setuptools but only requires it on
+    Python >= 3.12)."""
+    commands: list[list[str]] = []
+    monkeypatch.setattr(build, "uv_exe", lambda: "uv")
+    monkeypatch.setattr(build.subprocess, "run", lambda cmd, **kw: commands.append(cmd))
+    build.create_venv(tmp_path / "plain", Path("/usr/bin/python3.10"), ["torch"])
+    build.create_venv(tmp_path / "seeded", Path("/usr/bin/python3.10"), ["torch"], seed=True)
+    venvs = [c for c in commands if c[:2] == ["uv", "venv"]]
+    assert "--seed" not in venvs[0]
+    assert "--seed" in venvs[1]

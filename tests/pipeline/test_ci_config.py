@@ -148,7 +148,7 @@ def test_nox_runs_the_same_pytest_command_and_environment(
     """What scripts.wheeltest runs per Python is cibuildwheel's test-command, {project} filled."""
     seen: dict = {}
     python = tmp_path / "venv" / "bin" / "python"
-    monkeypatch.setattr(wheeltest, "create_venv", lambda path, interp, packages: python)
+    monkeypatch.setattr(wheeltest, "create_venv", lambda path, interp, packages, **kw: python)
 
     def fake_run(cmd, cwd=None, env=None, **kwargs):
         seen.update(cmd=cmd, env=env)

@@ -32,6 +32,9 @@ def plans() -> dict[str, negatives.NegativePlan]:
         ("stable.cu13-torch2.10.0", "2.11.0", False, ["CUDA 12", "CUDA 13"]),
         # A CPU-only torch: only the guard can tell.
         ("stable.cu13-torch2.11.0+cpu", "2.11.0", False, ["CPU"]),
+        # The CUDA 12 stable wheel next to the neighbouring row's CUDA 13 torch: the pin
+        # torch>=2.10 admits it, the guard must name both CUDAs.
+        ("stable.cu12-torch2.11.0", "2.10.0", False, ["CUDA 13", "CUDA 12"]),
     ],
 )
 def test_each_pair_is_refused_by_what_can_see_the_mismatch(

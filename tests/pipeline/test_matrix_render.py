@@ -78,6 +78,48 @@ def test_committed_wheels_that_exist_name_their_file(committed: dict) -> None:
             assert wheel["reason"], wheel["variant"]
 
 
+# An absolute path: a "/" that starts neither a URL's host or path nor a "<cache>/" name.
+MACHINE_PATH = re.compile(r"(?<![:\w/>.])/[\w.+-]+/[\w.+-]+")
+
+
+def strings_in(value) -> list[str]:
+    if isinstance(value, str):
+        return [value]
+    if isinstance(value, dict):
+        return [s for v in value.values() for s in strings_in(v)]
+    if isinstance(value, list):
+        return [s for v in value for s in strings_in(v)]
+    return []
+
+
+def test_committed_table_names_no_machine_paths(committed: dict) -> None:
+    found = [s for s in strings_in(committed) if MACHINE_PATH.search(s)]
+    assert not found, f"machine paths in docs/compatibility.json: {found[:3]}"
+
+
+@pytest.mark.parametrize(
+    ("text", "is_path"),
+    [
+        ("reused /work/cache/hotloop/matrix/wheels/x.whl (sources unchanged)", True),
+        ("Command '['/usr/bin/uv', 'pip']' returned non-zero exit status 2.", True),
+        ("reused x.whl (sources unchanged)", False),
+        ("torch 2.11.0+cpu from https://download.pytorch.org/whl/cpu: not installed", False),
+        ("<cache>/matrix/cells/pt28cu128/2.8.0/py3.9.log", False),
+        ("python3.12 (pyenv)", False),
+    ],
+)
+def test_what_counts_as_a_machine_path(text, is_path) -> None:
+    assert bool(MACHINE_PATH.search(text)) is is_path
+
+
+def test_committed_wheels_plan_the_archs_of_their_own_toolkit(committed: dict) -> None:
+    """The CUDA 12 wheels compile what nvcc 12.4 knows (toolkits."12.8".arch_list), not the
+    CUDA 13 list."""
+    builders = {b.variant: b for b in matrix.build_rows(matrix.load_rows())}
+    for wheel in committed["wheels"]:
+        assert wheel["archs_planned"] == builders[wheel["variant"]].archs, wheel["variant"]
+
+
 def test_committed_negatives_cover_every_pair(committed: dict) -> None:
     listed = {(n["variant"], n["venv_torch"]) for n in committed["negatives"]}
     pairs = {(p.variant, p.torch_version) for p in negatives.DEFAULT_NEGATIVES}
@@ -85,6 +127,9 @@ def test_committed_negatives_cover_every_pair(committed: dict) -> None:
     for neg in committed["negatives"]:
         assert neg["status"] in STATUSES, neg
         assert neg["detail"], neg
+        if neg["status"] in (PASS, FAIL):  # it ran: it names the file it tested
+            assert f"+{neg['variant']}-" in neg["wheel"], neg
+            assert re.fullmatch(r"[0-9a-f]{64}", neg.get("wheel_sha256") or ""), neg
 
 
 def test_committed_markdown_is_generated_from_the_json(committed: dict) -> None:
@@ -145,6 +190,25 @@ def test_merge_keeps_only_previous_rows_that_still_describe_the_matrix() -> None
     assert by["2.9.1"]["cells"]["3.10"]["status"] == PASS
     assert by["2.11.0"]["cells"]["3.10"]["status"] == NOT_RUN
     assert "pt27cu126" not in {n["variant"] for n in merged["negatives"]}
+
+
+def test_merge_drops_a_previous_wheel_planned_for_other_archs() -> None:
+    """A wheel entry made before its toolkit got its own arch list must not carry the old
+    plan into the table (the CUDA 12 rows showed the CUDA 13 archs)."""
+    rows = matrix.load_rows()
+    cu12 = next(r for r in rows if r.variant == "stable.cu12")
+    cu13 = next(r for r in rows if r.variant == "stable.cu13")
+    stale = {**WheelState(cu12, (cu12.torch,)).as_dict(), "archs_planned": cu13.archs}
+    previous = {"format": render.FORMAT, "rows": [], "wheels": [stale], "negatives": []}
+    merged = render.merge_previous(nothing(), previous, rows)
+    wheel = next(w for w in merged["wheels"] if w["variant"] == "stable.cu12")
+    assert wheel["archs_planned"] == cu12.archs
+    assert "sm_100" not in wheel["archs_planned"]
+    # An entry that still matches the matrix is kept as it was.
+    current = {**WheelState(cu12, (cu12.torch,)).as_dict(), "reason": "kept"}
+    previous["wheels"] = [current]
+    merged = render.merge_previous(nothing(), previous, rows)
+    assert next(w for w in merged["wheels"] if w["variant"] == "stable.cu12")["reason"] == "kept"
 
 
 def test_a_table_of_the_old_format_is_not_carried_over() -> None:
@@ -224,6 +288,8 @@ def test_render_markdown_shows_both_kinds_the_sha256_and_every_cell_kind() -> No
                 "expected": "ImportError: a CUDA 12.8 torch next to a CUDA 13 wheel",
                 "status": "pass",
                 "detail": "ImportError: a|b",
+                "wheel": name,
+                "wheel_sha256": SHA,
             }
         ],
     }
@@ -245,4 +311,6 @@ def test_render_markdown_shows_both_kinds_the_sha256_and_every_cell_kind() -> No
     assert "| pt28cu128 | pinned | `torch==2.8.*` |" in md
     assert "not built against torch 2.15.0" in md
     assert "ImportError: a\\|b" in md
+    negative = next(ln for ln in md.splitlines() if ln.startswith("| stable.cu13 | 2.10.0 |"))
+    assert f"| `{SHA[:12]}` |" in negative
     assert "Run: 2026-11-23T05:00:00Z, commit `abc`, on h, 1m01s." in md

@@ -116,6 +116,14 @@ def test_negatives_run_once_their_wheel_exists(fake_run) -> None:
     pinned = [n for n in report["negatives"] if n["variant"] == "pt29cu128"]
     assert [(n["venv_torch"], n["status"]) for n in pinned] == [("2.11.0", NOT_RUN)]
     assert "no nvcc here" in pinned[0]["detail"]
+    # Each check that ran names the wheel file it tested by sha256, as the test cells do.
+    sha = report["wheels"]["stable.cu13"]["wheel_sha256"]
+    ran = [n for n in report["negatives"] if n["status"] == PASS]
+    assert len(ran) == 3
+    assert {n["wheel_sha256"] for n in ran} == {sha}
+    # A recorded pass reused by a rerun keeps it.
+    again = run.run_matrix(run.parse_args([]))
+    assert {n["wheel_sha256"] for n in again["negatives"] if n["status"] == PASS} == {sha}
 
 
 def test_a_rerun_redoes_only_what_failed(fake_run) -> None:
@@ -187,3 +195,27 @@ def test_every_cell_the_plan_tests_gets_a_result(fake_run) -> None:
     for row in rows:
         planned = {c.python for c in plan.plan_row(row, None)}
         assert set(report["rows"][row.torch]["cells"]) == planned, row.torch
+
+
+def test_a_cell_the_machine_cannot_run_does_not_lose_the_run(fake_run, monkeypatch) -> None:
+    """A full disk (seen in this run: OSError 28 writing a cell's log) stopped the whole run
+    before it wrote the table. The cell says why it has no result; the others go on."""
+    passing = wheeltest.run_op_tests_in_venv
+
+    def disk_full(torch_spec, wheel, i, workdir):
+        if (torch_spec, i.version) == ("torch==2.13.0", "3.11"):
+            raise OSError(28, "No space left on device")
+        return passing(torch_spec, wheel, i, workdir)
+
+    monkeypatch.setattr(wheeltest, "run_op_tests_in_venv", disk_full)
+    report = run.run_matrix(run.parse_args(["--torch", "2.13"]))
+    cells = report["rows"]["2.13.0"]["cells"]
+    assert cells["3.11"]["status"] == NOT_RUN
+    assert "No space left on device" in cells["3.11"]["reason"]
+    assert {cells[p]["status"] for p in ("3.10", "3.12", "3.13")} == {PASS}
+    # Not recorded: the next run tries it again.
+    fake_run["test"].clear()
+    monkeypatch.setattr(wheeltest, "run_op_tests_in_venv", passing)
+    again = run.run_matrix(run.parse_args(["--torch", "2.13"]))
+    assert again["rows"]["2.13.0"]["cells"]["3.11"]["status"] == PASS
+    assert [(spec, py) for spec, _, py in fake_run["test"]] == [("torch==2.13.0", "3.11")]

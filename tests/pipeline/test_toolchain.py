@@ -127,6 +127,68 @@ def test_compiler_wrappers(tmp_path, monkeypatch):
     assert str(tmp_path / "cuda/bin/nvcc") in Path(env["PYTORCH_NVCC"]).read_text()
 
 
+def test_compiler_wrappers_of_another_revision_do_not_replace_these(tmp_path, monkeypatch):
+    """The cache folder is shared with checkouts of other revisions that build at the same
+    time: wrappers that differ (here: another ccache) get a folder of their own, and calling
+    again with the same ones leaves the running scripts untouched."""
+    monkeypatch.setenv("HOTLOOP_CACHE_DIR", str(tmp_path))
+    ours = toolchain.compiler_wrappers(tmp_path / "ccbin", tmp_path / "cuda")
+    nvcc = Path(ours["PYTORCH_NVCC"])
+    text, inode = nvcc.read_text(), nvcc.stat().st_ino
+    theirs = toolchain.compiler_wrappers(tmp_path / "other-ccbin", tmp_path / "cuda")
+    assert Path(theirs["PYTORCH_NVCC"]).parent != nvcc.parent
+    assert nvcc.read_text() == text
+    again = toolchain.compiler_wrappers(tmp_path / "ccbin", tmp_path / "cuda")
+    assert again == ours
+    assert nvcc.stat().st_ino == inode  # not rewritten
+    assert not [p for p in nvcc.parent.iterdir() if p.name.startswith(".")]
+
+
+def test_nvcc_wrapper_hands_ccache_the_short_dependency_options(tmp_path, monkeypatch):
+    """torch's ninja rule passes nvcc --generate-dependencies-with-compile --dependency-output
+    F; ccache 4.7 takes F for a second source file and caches nothing (ccache issue 1663). The
+    same options spelled -MD -MF F (nvcc's short names) it caches. Everything else unchanged."""
+    monkeypatch.setenv("HOTLOOP_CACHE_DIR", str(tmp_path))
+    ccbin = tmp_path / "ccbin"
+    ccbin.mkdir()
+    fake = ccbin / "ccache"  # prints the arguments it was given, one a line
+    fake.write_text('#!/bin/sh\nfor a do printf "%s\\n" "$a"; done\n')
+    fake.chmod(0o755)
+    env = toolchain.compiler_wrappers(ccbin, tmp_path / "cuda")
+    args = [
+        "--generate-dependencies-with-compile",
+        "--dependency-output",
+        "/b/x y.o.d",
+        "-c",
+        "/s/a.cu",
+        "-o",
+        "/b/x y.o",
+        "-Xcompiler",
+        "-fPIC",
+        "--dependency-output=/b/z.o.d",
+        "",
+    ]
+    out = subprocess.run([env["PYTORCH_NVCC"], *args], capture_output=True, text=True, check=True)
+    assert out.stdout.split("\n")[:-1] == [
+        str(tmp_path / "cuda/bin/nvcc"),
+        "-MD",
+        "-MF",
+        "/b/x y.o.d",
+        "-c",
+        "/s/a.cu",
+        "-o",
+        "/b/x y.o",
+        "-Xcompiler",
+        "-fPIC",
+        "-MF",
+        "/b/z.o.d",
+        "",
+    ]
+    # gcc and g++ pass everything through.
+    out = subprocess.run([env["CXX"], *args], capture_output=True, text=True, check=True)
+    assert out.stdout.split("\n")[1:-1] == args
+
+
 # --------------------------------------------------------------------------- Debian toolkit
 
 DEBIAN_TABLE = {
