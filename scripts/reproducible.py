@@ -199,28 +199,11 @@ def diffoscope_report(a: Path, b: Path, out: Path) -> Path | None:
 # --------------------------------------------------------------------------- building twice
 
 
-# nvcc hands cudafe++ and cicc the absolute path of each .cu file (--orig_src_path_name),
-# and they hash it into the object's module ID and anonymous-namespace names: two folders,
-# two binaries. Torch's build passes one flag list to every .cu file, so the per-file name
-# goes in through this wrapper (PYTORCH_NVCC): the path from csrc/ on, the same everywhere.
-NVCC_WRAPPER = """#!/bin/sh
-# Written by scripts/reproducible.py: nvcc with a build-folder-free source name.
-src=
-for arg in "$@"; do
-  case "$arg" in *.cu) src="$arg" ;; esac
-done
-case "$src" in
-  */csrc/*) exec {command} "$@" "-Xcudafe=--orig_src_path_name=hotloop/csrc/${{src##*/csrc/}}" ;;
-esac
-exec {command} "$@"
-"""
-
-
 def write_nvcc_wrapper(path: Path, nvcc: Path | str, launcher: str | None = None) -> Path:
-    """``path``: a shell script running ``[launcher] nvcc`` (ccache, say) with the source name."""
-    command = " ".join(f'"{part}"' for part in (launcher, nvcc) if part)
+    """``path``: ``[launcher] nvcc`` (ccache, say) as every build runs it
+    (``toolchain.nvcc_wrapper_script``: the source name without the build folder)."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(NVCC_WRAPPER.format(command=command))
+    path.write_text(toolchain.nvcc_wrapper_script([part for part in (launcher, nvcc) if part]))
     path.chmod(0o755)
     return path
 

@@ -703,18 +703,18 @@ def compiler_wrappers(
     written only when missing, through a rename (never truncated under a running build).
     """
     ccache = ccache_bin / "ccache"
-    compilers = [
-        ("CC", "gcc", shutil.which(cc) or cc, ""),
-        ("CXX", "g++", shutil.which(cxx) or cxx, ""),
-    ]
-    if cuda_home is not None:
-        compilers.append(
-            ("PYTORCH_NVCC", "nvcc", str(cuda_home / "bin" / "nvcc"), NVCC_DEPENDENCY_OPTIONS)
-        )
     scripts = {
-        env_name: (name, f'#!/bin/sh\n{rewrite}exec "{ccache}" "{real}" "$@"\n')
-        for env_name, name, real, rewrite in compilers
+        env_name: (name, f'#!/bin/sh\nexec "{ccache}" "{real}" "$@"\n')
+        for env_name, name, real in (
+            ("CC", "gcc", shutil.which(cc) or cc),
+            ("CXX", "g++", shutil.which(cxx) or cxx),
+        )
     }
+    if cuda_home is not None:
+        scripts["PYTORCH_NVCC"] = (
+            "nvcc",
+            nvcc_wrapper_script([ccache, cuda_home / "bin" / "nvcc"]),
+        )
     content = "\0".join(f"{name}\0{text}" for name, text in scripts.values())
     key = hashlib.sha256(content.encode()).hexdigest()[:10]
     wrap = cache_dir() / "ccache-wrappers" / key
@@ -731,21 +731,39 @@ def compiler_wrappers(
     return out
 
 
-# torch's ninja rule gives nvcc --generate-dependencies-with-compile --dependency-output F.
-# ccache (4.7 here; 4.12.2 too, per ccache issue 1663) does not know those spellings: it takes F
-# for a second source file and caches no nvcc compile at all. nvcc's short names for the same
-# options, -MD -MF F, it handles (the .d file included), so the wrapper renames them.
-NVCC_DEPENDENCY_OPTIONS = """\
+# nvcc, as every build runs it (PYTORCH_NVCC): release builds through ccache, the
+# reproducibility check and cibuildwheel's container alike, so that the wheel a release ships
+# is built the way the check proves reproducible. Two rewrites of the arguments:
+# - torch's ninja rule gives nvcc --generate-dependencies-with-compile --dependency-output F.
+#   ccache (4.7 here; 4.12.2 too, per ccache issue 1663) does not know those spellings: it
+#   takes F for a second source file and caches no nvcc compile at all. nvcc's short names
+#   for the same options, -MD -MF F, it handles (the .d file included).
+# - nvcc hands cudafe++ and cicc the absolute path of each .cu file (--orig_src_path_name),
+#   and they hash it into the object's module ID and anonymous-namespace names: two build
+#   folders, two binaries. Torch passes one flag list to every .cu file, so the per-file name
+#   (the path from csrc/ on, the same everywhere) goes in here.
+NVCC_ARGUMENT_REWRITES = """\
+src=
 for arg do
   shift
   case "$arg" in
     --generate-dependencies-with-compile) set -- "$@" -MD ;;
     --dependency-output) set -- "$@" -MF ;;
     --dependency-output=*) set -- "$@" -MF "${arg#--dependency-output=}" ;;
+    *.cu) src="$arg"; set -- "$@" "$arg" ;;
     *) set -- "$@" "$arg" ;;
   esac
 done
+case "$src" in
+  */csrc/*) set -- "$@" "-Xcudafe=--orig_src_path_name=hotloop/csrc/${src##*/csrc/}" ;;
+esac
 """
+
+
+def nvcc_wrapper_script(command: Sequence[str | Path]) -> str:
+    """A shell script running ``command`` (``[ccache] nvcc``) with NVCC_ARGUMENT_REWRITES."""
+    quoted = " ".join(f'"{part}"' for part in command)
+    return f'#!/bin/sh\n{NVCC_ARGUMENT_REWRITES}exec {quoted} "$@"\n'
 
 
 def ccache_env() -> dict[str, str]:

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from scripts import matrix, toolchain
+from scripts import matrix, reproducible, toolchain
 
 DEB822 = """\
 Types: deb
@@ -187,6 +187,42 @@ def test_nvcc_wrapper_hands_ccache_the_short_dependency_options(tmp_path, monkey
     # gcc and g++ pass everything through.
     out = subprocess.run([env["CXX"], *args], capture_output=True, text=True, check=True)
     assert out.stdout.split("\n")[1:-1] == args
+
+
+def test_release_nvcc_wrapper_names_the_source_as_the_reproducibility_check_does(
+    tmp_path, monkeypatch
+):
+    """`nox -s wheels` compiles through the ccache wrapper, `nox -s reproducible` without it:
+    both must hand nvcc the build-folder-free source name, or the wheel a release ships is not
+    the one the check proves reproducible (its CUDA objects hash the build folder)."""
+    monkeypatch.setenv("HOTLOOP_CACHE_DIR", str(tmp_path))
+    ccbin = tmp_path / "ccbin"
+    ccbin.mkdir()
+    fake = ccbin / "ccache"
+    fake.write_text('#!/bin/sh\nshift\nfor a do printf "%s\\n" "$a"; done\n')
+    fake.chmod(0o755)
+    release = toolchain.compiler_wrappers(ccbin, tmp_path / "cuda")["PYTORCH_NVCC"]
+    check = reproducible.write_nvcc_wrapper(
+        tmp_path / "check" / "nvcc", tmp_path / "cuda/bin/nvcc", launcher=str(fake)
+    )
+    source = "/some/build/folder/src/csrc/rms_norm/rms_norm_cuda.cu"
+    outputs = [
+        subprocess.run(
+            [wrapper, "-c", source, "-o", "x.o"], capture_output=True, text=True, check=True
+        ).stdout.splitlines()
+        for wrapper in (release, str(check))
+    ]
+    assert (
+        outputs[0]
+        == outputs[1]
+        == [
+            "-c",
+            source,
+            "-o",
+            "x.o",
+            "-Xcudafe=--orig_src_path_name=hotloop/csrc/rms_norm/rms_norm_cuda.cu",
+        ]
+    )
 
 
 # --------------------------------------------------------------------------- Debian toolkit
