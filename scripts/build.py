@@ -227,9 +227,6 @@ def build_wheel(
     env = build_env(row, tools, site_packages(py))
     env["PATH"] = os.pathsep.join([str(py.parent), env.get("PATH", "")])
     env["VIRTUAL_ENV"] = str(py.parent.parent)
-    if tools.ccache_env:
-        # Same relative paths in every build of this variant: ccache hits across runs.
-        env["CCACHE_BASEDIR"] = str(src)
     dist = workdir / "dist"
     shutil.rmtree(dist, ignore_errors=True)
     log_path = workdir / "build.log"

@@ -770,8 +770,10 @@ def ccache_env() -> dict[str, str]:
     return {
         "CCACHE_DIR": str(cache_dir() / "ccache"),
         "CCACHE_MAXSIZE": os.environ.get("CCACHE_MAXSIZE", "5G"),
-        # The build dir is fresh per build and absolute paths differ per venv; keep hits.
-        "CCACHE_BASEDIR": str(REPO),
+        # No CCACHE_BASEDIR: it hands the compiler relative paths, which -ffile-prefix-map
+        # does not map, so __FILE__ would read ../../csrc/… in a release wheel and
+        # hotloop/csrc/… in the reproducibility check's. Builds of a variant run in one
+        # folder of the cache (build.build_wheel), so absolute paths repeat and still hit.
         "CCACHE_NOHASHDIR": "1",
         "CCACHE_COMPILERCHECK": "content",
     }
