@@ -205,6 +205,10 @@ def nvcc_random_seed() -> list[str]:
     return ["-frandom-seed=hotloop"] if "--frandom-seed" in usage else []
 
 
+def is_rpath_flag(arg: str) -> bool:
+    return arg.startswith(("-Wl,-rpath,", "-Wl,-rpath="))
+
+
 class BuildHotloopExtensions(cpp_extension.BuildExtension):
     """torch's BuildExtension, with hotloop's Py_LIMITED_API and a plain library name.
 
@@ -212,6 +216,16 @@ class BuildHotloopExtensions(cpp_extension.BuildExtension):
     wheel is tagged cp39-abi3, so `_C` must compile against the 3.9 stable ABI. The ops
     library is no Python module: it gets a library's name, not an extension suffix.
     """
+
+    def build_extensions(self) -> None:
+        # An interpreter built with --enable-shared (pyenv's) puts -Wl,-rpath,<its lib folder>
+        # in LDSHARED: a machine path in the wheel that the loader would search on users'
+        # machines. Nothing needs it: torch's libraries are loaded before hotloop's.
+        for attr in ("linker_so", "linker_so_cxx"):
+            command = getattr(self.compiler, attr, None)
+            if command:
+                setattr(self.compiler, attr, [a for a in command if not is_rpath_flag(a)])
+        super().build_extensions()
 
     def build_extension(self, ext) -> None:
         for flags in ext.extra_compile_args.values():

@@ -138,6 +138,21 @@ def copy_sources(dest: Path) -> None:
         (dest / "README.md").write_text("# hotloop\n")
 
 
+def wheel_content_env() -> dict[str, str]:
+    """The settings whose values setup.py writes into the wheel (``_build_info``, zip times).
+
+    Every build of a release wheel, ``nox -s wheels``'s and cibuildwheel's, hands these over.
+    """
+    return {
+        "SOURCE_DATE_EPOCH": source_date_epoch(),
+        "HOTLOOP_GIT_COMMIT": git_commit(),
+        # The guard suggests only wheels the release builds.
+        "HOTLOOP_RELEASED_VARIANTS": ",".join(
+            r.variant for r in matrix.build_rows(matrix.load_rows())
+        ),
+    }
+
+
 def build_env(row: Row, tools: Toolchain, torch_site: Path) -> dict[str, str]:
     """The environment setup.py's build contract reads (see setup.py's docstring): the
     caller's, less what would point the build elsewhere, plus the row's settings and what
@@ -161,12 +176,7 @@ def build_env(row: Row, tools: Toolchain, torch_site: Path) -> dict[str, str]:
             "HOTLOOP_ABI": row.kind,
             "MAX_JOBS": os.environ.get("MAX_JOBS", str(os.cpu_count() or 2)),
             "NVCC_THREADS": os.environ.get("NVCC_THREADS", "2"),
-            "SOURCE_DATE_EPOCH": source_date_epoch(),
-            "HOTLOOP_GIT_COMMIT": git_commit(),
-            # The guard suggests only wheels the release builds.
-            "HOTLOOP_RELEASED_VARIANTS": ",".join(
-                r.variant for r in matrix.build_rows(matrix.load_rows())
-            ),
+            **wheel_content_env(),
             # We wrap compilers in ccache ourselves (torch >= 2.14 would too, older ones don't).
             "TORCH_NO_COMPILER_WRAPPER": "1",
             "UV_PYTHON_DOWNLOADS": "never",

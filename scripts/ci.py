@@ -80,6 +80,7 @@ ENVIRONMENT_PASS = (
     "HOTLOOP_CI_CACHE",
     "SOURCE_DATE_EPOCH",
     "HOTLOOP_GIT_COMMIT",
+    "HOTLOOP_RELEASED_VARIANTS",
     "HOTLOOP_UV_CACHE",
 )
 # `--image local`: the image scripts.container builds, run by podman (no Docker engine, no
@@ -142,7 +143,7 @@ def cell_environment(row: matrix.Row, cache: Path | None = None) -> dict[str, st
 
     ``--image local`` replaces the image (and the engine): ``local_engine_environment``.
     """
-    from scripts.build import git_commit, source_date_epoch
+    from scripts.build import wheel_content_env
 
     cache = (cache or default_cache()).resolve()
     return {
@@ -152,8 +153,7 @@ def cell_environment(row: matrix.Row, cache: Path | None = None) -> dict[str, st
         "HOTLOOP_TORCH": row.torch,
         "TORCH_CUDA_ARCH_LIST": row.arch_list,
         "HOTLOOP_CI_CACHE": str(cache),
-        "SOURCE_DATE_EPOCH": source_date_epoch(),
-        "HOTLOOP_GIT_COMMIT": git_commit(),
+        **wheel_content_env(),
         "HOTLOOP_UV_CACHE": str(uv_cache(cache).resolve()),
     }
 

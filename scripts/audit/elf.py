@@ -1,10 +1,12 @@
-"""What the audit reads from ELF files: the symbol versions they need (pyelftools)."""
+"""What the audit reads from ELF files: the symbol versions they need and their library
+search paths (pyelftools)."""
 
 from __future__ import annotations
 
 import io
 import re
 from collections.abc import Iterable
+from dataclasses import dataclass
 
 # torch's own libraries need no newer glibc/libstdc++ than these: a hotloop library that
 # needs newer ones would not load where torch does.
@@ -20,26 +22,59 @@ def is_elf(data: bytes) -> bool:
     return data[:4] == ELF_MAGIC
 
 
-def elf_version_needs(data: bytes) -> set[str]:
-    """Version names an ELF needs (``GLIBC_2.14``, ``GLIBCXX_3.4.21``, ...), via pyelftools.
+@dataclass(frozen=True)
+class ElfFacts:
+    """What the rules judge in one ELF: symbol versions it needs, library search paths."""
+
+    version_needs: frozenset[str]
+    # ("RPATH" | "RUNPATH", one entry), in the order the dynamic section lists them.
+    search_paths: tuple[tuple[str, str], ...]
+
+
+def read_elf(data: bytes) -> ElfFacts:
+    """The version names an ELF needs (``GLIBC_2.14``, ``GLIBCXX_3.4.21``, ...) and its
+    RPATH/RUNPATH entries, via pyelftools.
 
     ElfReadError for a file pyelftools cannot parse (truncated, corrupt headers).
     """
+    from elftools.elf.dynamic import DynamicSection
     from elftools.elf.elffile import ELFFile
     from elftools.elf.gnuversions import GNUVerNeedSection
 
     needs: set[str] = set()
+    paths: list[tuple[str, str]] = []
     try:
         elf = ELFFile(io.BytesIO(data))
         for section in elf.iter_sections():
             if isinstance(section, GNUVerNeedSection):
                 for _verneed, auxiliaries in section.iter_versions():
                     needs.update(aux.name for aux in auxiliaries)
+            elif isinstance(section, DynamicSection):
+                for tag in section.iter_tags():
+                    if tag.entry.d_tag in ("DT_RPATH", "DT_RUNPATH"):
+                        kind = tag.entry.d_tag[3:]
+                        text = tag.rpath if kind == "RPATH" else tag.runpath
+                        paths.extend((kind, entry) for entry in text.split(":") if entry)
     # A hostile or truncated file can make the parser fail in many ways (ELFError, struct
     # and construct errors, IndexError on bad offsets): each means "not a readable ELF".
     except Exception as exc:
         raise ElfReadError(f"{type(exc).__name__}: {exc}") from None
-    return needs
+    return ElfFacts(frozenset(needs), tuple(paths))
+
+
+def elf_version_needs(data: bytes) -> set[str]:
+    """The version names an ELF needs (:func:`read_elf`)."""
+    return set(read_elf(data).version_needs)
+
+
+def outside_the_wheel(search_path: str) -> bool:
+    """Whether a library search path names a folder other than one relative to the library.
+
+    An absolute entry names the build machine (pyenv's interpreters put their own lib folder
+    there) and makes the loader look in that folder on every user's machine; a relative one
+    is relative to the process's working directory.
+    """
+    return not (search_path == "$ORIGIN" or search_path.startswith(("$ORIGIN/", "${ORIGIN}")))
 
 
 def parse_version(name: str) -> tuple[str, tuple[int, ...]] | None:

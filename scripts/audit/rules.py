@@ -56,22 +56,27 @@ class Inspection:
         self.provided_by_torch = frozenset(provided_by_torch)
 
     @cached_property
-    def _elf_scan(self) -> tuple[dict[str, set[str]], dict[str, str]]:
-        needs: dict[str, set[str]] = {}
+    def _elf_scan(self) -> tuple[dict[str, elf.ElfFacts], dict[str, str]]:
+        facts: dict[str, elf.ElfFacts] = {}
         errors: dict[str, str] = {}
         for info in self.wheel.files():
             try:
                 if not elf.is_elf(self.wheel.head(info, 4)):
                     continue
-                needs[info.filename] = elf.elf_version_needs(self.wheel.read(info))
+                facts[info.filename] = elf.read_elf(self.wheel.read(info))
             except (WheelReadError, elf.ElfReadError) as exc:
                 errors[info.filename] = str(exc)
-        return needs, errors
+        return facts, errors
 
     @property
-    def elf_needs(self) -> dict[str, set[str]]:
-        """Readable ELF members -> the symbol versions each needs."""
+    def elf_facts(self) -> dict[str, elf.ElfFacts]:
+        """Readable ELF members -> what the rules judge in each."""
         return self._elf_scan[0]
+
+    @property
+    def elf_needs(self) -> dict[str, frozenset[str]]:
+        """Readable ELF members -> the symbol versions each needs."""
+        return {name: facts.version_needs for name, facts in self.elf_facts.items()}
 
     @property
     def elf_errors(self) -> dict[str, str]:
@@ -330,6 +335,19 @@ def check_elf_readable(it: Inspection) -> Iterator[str]:
     """Every ELF file in the wheel can be read (the other library rules need it)."""
     for name, problem in sorted(it.elf_errors.items()):
         yield f"{name} is not a readable ELF file ({problem}); build the wheel again"
+
+
+@rule("search-path")
+def check_search_paths(it: Inspection) -> Iterator[str]:
+    """No ELF has an RPATH/RUNPATH entry outside the wheel (only $ORIGIN-relative ones)."""
+    for name, facts in sorted(it.elf_facts.items()):
+        for kind, entry in facts.search_paths:
+            if elf.outside_the_wheel(entry):
+                yield (
+                    f"{name} has {kind} {entry!r}, a folder of the build machine that the loader "
+                    "would search on every user's; link without it (torch's libraries are "
+                    "already loaded when hotloop's are) or use a $ORIGIN-relative path"
+                )
 
 
 def _symbol_versions(it: Inspection, family: str) -> Iterator[str]:

@@ -60,14 +60,15 @@ extern "C" int hotloop_call(void* p) { return torch_hotloop_made_up_shim(p); }
 """
 
 
-def compile_cxx(tmp: Path, name: str, source: str) -> bytes:
+def compile_cxx(tmp: Path, name: str, source: str, *link_flags: str) -> bytes:
     """A shared library from C++ ``source``; its libtorch symbols stay undefined."""
     if shutil.which("g++") is None:
         pytest.skip("g++ not installed")
     src = tmp / f"{name}.cpp"
     src.write_text(source)
     out = tmp / f"{name}.so"
-    subprocess.run(["g++", "-O2", "-shared", "-fPIC", "-o", str(out), str(src)], check=True)
+    cmd = ["g++", "-O2", "-shared", "-fPIC", "-o", str(out), str(src), *link_flags]
+    subprocess.run(cmd, check=True)
     return out.read_bytes()
 
 
@@ -82,6 +83,16 @@ def elf_libs(elf_libs, tmp_path_factory):
     libs["unstable"] = compile_cxx(tmp, "unstable", UNSTABLE_CPP)
     libs["newer_shim"] = compile_cxx(tmp, "newer_shim", NEWER_SHIM_CPP)
     libs["unknown_shim"] = compile_cxx(tmp, "unknown_shim", UNKNOWN_SHIM_CPP)
+    # What a pyenv (--enable-shared) interpreter's LDSHARED adds to every extension it links.
+    libs["build_runpath"] = compile_cxx(
+        tmp, "build_runpath", STABLE_SHIM_CPP, "-Wl,-rpath,/root/.pyenv/versions/3.13.0/lib"
+    )
+    libs["old_rpath"] = compile_cxx(
+        tmp, "old_rpath", STABLE_SHIM_CPP, "-Wl,--disable-new-dtags,-rpath,/opt/build/lib:$ORIGIN"
+    )
+    libs["origin_runpath"] = compile_cxx(
+        tmp, "origin_runpath", STABLE_SHIM_CPP, "-Wl,-rpath,$ORIGIN/../hotloop.libs"
+    )
     return libs
 
 
@@ -515,6 +526,28 @@ def test_glibcxx_too_new(wheel_factory, newest_row, elf_libs):
     report = audit.check_wheel(wheel, newest_row)
     assert rules(report) == {"glibcxx-version"}
     assert "GLIBCXX_3.4.26" in report.violations[0]
+
+
+@pytest.mark.parametrize(
+    ("lib", "found"),
+    [
+        ("build_runpath", "RUNPATH '/root/.pyenv/versions/3.13.0/lib'"),
+        ("old_rpath", "RPATH '/opt/build/lib'"),
+    ],
+)
+def test_library_search_path_outside_the_wheel(wheel_factory, newest_row, elf_libs, lib, found):
+    # A wheel built with pyenv's Python carried the build interpreter's lib folder as RUNPATH:
+    # a machine path, searched for torch's libraries on every user's machine.
+    wheel = wheel_factory(extra={"hotloop/libhotloop_ops.so": elf_libs[lib]})
+    report = audit.check_wheel(wheel, newest_row)
+    assert rules(report) == {"search-path"}
+    assert f"hotloop/libhotloop_ops.so has {found}" in report.violations[0]
+    assert "$ORIGIN" in report.violations[0]
+
+
+def test_library_search_path_inside_the_wheel_is_allowed(wheel_factory, newest_row, elf_libs):
+    wheel = wheel_factory(extra={"hotloop/libhotloop_ops.so": elf_libs["origin_runpath"]})
+    assert audit.check_wheel(wheel, newest_row).violations == []
 
 
 def test_parse_version():

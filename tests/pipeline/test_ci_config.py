@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from scripts import audit, ci, matrix, sbom, toolchain, wheeltest
+from scripts import audit, build, ci, matrix, sbom, toolchain, wheeltest
 
 REPO = Path(__file__).resolve().parents[2]
 WORKFLOWS = REPO / ".github" / "workflows"
@@ -86,6 +86,14 @@ def test_pinned_rows_build_on_their_lowest_python_stable_ones_where_the_audit_ru
         "2.10.0": "cp311-manylinux_x86_64",  # torch-abi-audit needs Python >= 3.11
         "2.11.0": "cp311-manylinux_x86_64",
     }
+
+
+def test_cibuildwheel_gets_what_nox_writes_into_the_wheel() -> None:
+    # cibuildwheel's wheels said released_variants = [] where nox -s wheels' named all four.
+    content = build.wheel_content_env()
+    assert set(content) <= set(ci.ENVIRONMENT_PASS)
+    cell = ci.cell_environment(ROWS[-1])
+    assert {k: cell[k] for k in content} == content
 
 
 def test_environment_pass_names_only_cell_variables(cibw: dict) -> None:
