@@ -161,7 +161,12 @@ T* mutable_data(const Tensor& t) {
 }
 
 #ifdef HOTLOOP_STABLE_ABI
-inline Tensor as_contiguous(const Tensor& t) { return torch::stable::contiguous(t); }
+// torch::stable::contiguous and empty_like go through torch_call_dispatcher, which looks the
+// operator up by name on every call; new_empty is a direct shim function. A decode-sized
+// call makes three of these: they are skipped where the tensor is contiguous already.
+inline Tensor as_contiguous(const Tensor& t) {
+  return t.is_contiguous() ? t : torch::stable::contiguous(t);
+}
 
 // Uninitialised, contiguous, on `like`'s device.
 inline Tensor empty_on(const Tensor& like, const std::vector<int64_t>& sizes, ScalarType dtype) {
@@ -172,7 +177,10 @@ inline Tensor zeros_on(const Tensor& like, const std::vector<int64_t>& sizes, Sc
 }
 
 // Laid out like x (torch.empty_like's preserve_format).
-inline Tensor empty_preserving_layout(const Tensor& x) { return torch::stable::empty_like(x); }
+inline Tensor empty_preserving_layout(const Tensor& x) {
+  return x.is_contiguous() ? empty_on(x, sizes_of(x), x.scalar_type())
+                           : torch::stable::empty_like(x);
+}
 inline void copy_into(Tensor& dst, const Tensor& src) { torch::stable::copy_(dst, src); }
 
 template <typename F>

@@ -1,0 +1,179 @@
+"""Where the host's time goes in a decode-sized eager call (issue 17, target 3).
+
+At a few rows a call's time is the host's: Python, the dispatcher, autograd, allocation and
+the launch. This script times an eager loop of each call below and records, with
+torch.profiler, what one call did on the host: the operators it dispatched and the CUDA
+runtime calls it made (how many a call, and their time). The calls, from the floor up:
+
+* ``aten.mul``: one kernel through the dispatcher, the least any operator costs here;
+* ``torch.ops.hotloop.muladd``: hotloop's simplest operator (one allocation, one launch);
+* ``torch.ops.hotloop.rms_norm``: the operator alone;
+* ``hotloop.rms_norm``: the Python API users call;
+* ``F.rms_norm``: torch's own.
+
+Each forward runs under ``inference_mode`` and under ``no_grad``. Writes
+``host_overhead.json`` and ``host_overhead.md`` to ``--out``; compare figures within one
+run only (host timings move by several microseconds between runs on the same machine).
+
+Usage: python benchmarks/host_overhead.py --out DIR [--device cuda|cpu]
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import platform
+import statistics
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch.profiler import ProfilerActivity, profile
+
+import hotloop
+
+SHAPES = ((1, 4096), (8, 4096), (32, 8192))
+DTYPE = torch.bfloat16
+EPS = 1e-6
+PROFILED_CALLS = 200
+
+
+def calls(device: str, shape: tuple[int, int]) -> dict[str, Callable[[], Any]]:
+    gen = torch.Generator(device=device).manual_seed(0)
+    x = torch.randn(shape, device=device, dtype=DTYPE, generator=gen)
+    w = torch.randn(shape[-1], device=device, dtype=DTYPE, generator=gen)
+    return {
+        "aten.mul": lambda: torch.ops.aten.mul.Tensor(x, w),
+        "torch.ops.hotloop.muladd": lambda: torch.ops.hotloop.muladd.default(x, x, 2.0),
+        "torch.ops.hotloop.rms_norm": lambda: torch.ops.hotloop.rms_norm.default(x, w, EPS),
+        "hotloop.rms_norm": lambda: hotloop.rms_norm(x, w, EPS),
+        "F.rms_norm": lambda: F.rms_norm(x, (shape[-1],), w, EPS),
+    }
+
+
+def synchronize(device: str) -> None:
+    if device == "cuda":
+        torch.cuda.synchronize()
+
+
+def per_call_us(fn: Callable[[], Any], device: str, n: int = 2000, rounds: int = 7) -> list[float]:
+    """Per-call time of `n` back-to-back calls, synchronised at the end of each round."""
+    for _ in range(50):
+        fn()
+    times = []
+    for _ in range(rounds):
+        synchronize(device)
+        start = time.perf_counter()
+        for _ in range(n):
+            fn()
+        synchronize(device)
+        times.append((time.perf_counter() - start) / n * 1e6)
+    return times
+
+
+def host_events(fn: Callable[[], Any], device: str) -> list[dict[str, Any]]:
+    """What one call did on the host: every profiler event key with its count and self time
+    per call (operators, and with CUDA the runtime API calls CUPTI saw)."""
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device == "cuda" else [])
+    for _ in range(20):
+        fn()
+    synchronize(device)
+    with profile(activities=activities) as prof:
+        for _ in range(PROFILED_CALLS):
+            fn()
+        synchronize(device)
+    events = []
+    for e in prof.key_averages():
+        if e.key.startswith(("cudaDeviceSynchronize", "ProfilerStep")) or e.count < PROFILED_CALLS:
+            continue
+        events.append(
+            {
+                "name": e.key,
+                "per_call": e.count / PROFILED_CALLS,
+                "self_us": e.self_cpu_time_total / e.count,
+                "total_us": e.cpu_time_total / e.count,
+            }
+        )
+    return sorted(events, key=lambda e: -e["total_us"] * e["per_call"])
+
+
+@contextlib.contextmanager
+def grad_mode(mode: str) -> Iterator[None]:
+    with torch.inference_mode() if mode == "inference_mode" else torch.no_grad():
+        yield
+
+
+def measure(device: str, n_calls: int) -> list[dict[str, Any]]:
+    rows = []
+    for shape in SHAPES:
+        for name, fn in calls(device, shape).items():
+            for mode in ("inference_mode", "no_grad"):
+                with grad_mode(mode):
+                    times = per_call_us(fn, device, n_calls)
+                    events = host_events(fn, device)
+                rows.append(
+                    {
+                        "shape": list(shape),
+                        "call": name,
+                        "mode": mode,
+                        "us_median": statistics.median(times),
+                        "us_min": min(times),
+                        "us_max": max(times),
+                        "events": events,
+                    }
+                )
+                print(f"{shape} {name:28} {mode:15} {statistics.median(times):7.2f} µs", flush=True)
+    return rows
+
+
+def markdown(rows: list[dict[str, Any]], meta: dict[str, Any]) -> str:
+    lines = [
+        f"# Host time of decode-sized calls, bf16 ({meta['device_name']}, torch {meta['torch']}, "
+        f"CUDA {meta['cuda']})",
+        "",
+        "| shape | call | mode | µs/call (min-max) | host events a call (self µs) |",
+        "| --- | --- | --- | ---: | --- |",
+    ]
+    for r in rows:
+        events = "; ".join(
+            f"{e['name']} x{e['per_call']:g} ({e['self_us']:.1f})" for e in r["events"][:10]
+        )
+        lines.append(
+            f"| {tuple(r['shape'])} | {r['call']} | {r['mode']} | {r['us_median']:.2f} "
+            f"({r['us_min']:.2f}-{r['us_max']:.2f}) | {events} |"
+        )
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", type=Path, required=True, help="output folder")
+    parser.add_argument("--device", choices=("cuda", "cpu"), default="cuda")
+    parser.add_argument(
+        "--calls", type=int, default=2000, help="calls per timed round (%(default)s)"
+    )
+    args = parser.parse_args(argv)
+    if args.device == "cuda" and not torch.cuda.is_available():
+        parser.error("no CUDA device: pass --device cpu")
+    meta = {
+        "device_name": torch.cuda.get_device_name()
+        if args.device == "cuda"
+        else platform.processor() or platform.machine(),
+        "torch": torch.__version__,
+        "cuda": torch.version.cuda,
+        "hotloop": hotloop.__version__,
+        "python": platform.python_version(),
+    }
+    rows = measure(args.device, args.calls)
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / "host_overhead.json").write_text(json.dumps({"meta": meta, "rows": rows}, indent=1))
+    (args.out / "host_overhead.md").write_text(markdown(rows, meta))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

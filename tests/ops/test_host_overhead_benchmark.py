@@ -1,0 +1,25 @@
+"""benchmarks/host_overhead.py runs and records what each call did on the host."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+from pathlib import Path
+
+SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "host_overhead.py"
+
+
+def test_host_overhead_records_each_calls_operators(tmp_path: Path) -> None:
+    spec = importlib.util.spec_from_file_location("host_overhead", SCRIPT)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    assert module.main(["--device", "cpu", "--calls", "5", "--out", str(tmp_path)]) == 0
+
+    rows = json.loads((tmp_path / "host_overhead.json").read_text())["rows"]
+    assert len(rows) == len(module.SHAPES) * 5 * 2
+    by_call = {(r["call"], r["mode"], tuple(r["shape"])): r for r in rows}
+    op = by_call["torch.ops.hotloop.rms_norm", "inference_mode", (1, 4096)]
+    assert op["us_median"] > 0
+    assert any(e["name"] == "hotloop::rms_norm" and e["per_call"] == 1 for e in op["events"])
+    assert "| (1, 4096) | F.rms_norm | no_grad |" in (tmp_path / "host_overhead.md").read_text()
