@@ -28,6 +28,12 @@ EPS = 1e-6
 ISA_OUTPUTS = Path(__file__).resolve().parent / "cpu_isa_outputs.py"
 
 
+@pytest.fixture(autouse=True)
+def _seeded() -> None:
+    # The same data in every run: a failure can be rerun.
+    torch.manual_seed(0)
+
+
 def make(*shape: int, dtype: torch.dtype, offset: int = 0) -> torch.Tensor:
     """A contiguous tensor whose data starts `offset` elements into its storage."""
     n = 1
@@ -82,7 +88,19 @@ def test_rms_norm_backward(dtype: torch.dtype, hidden: int) -> None:
         x64 = x.double().requires_grad_()
         w64 = weight.double().requires_grad_()
         rms_norm_reference(x64, w64, EPS).backward(grad_out.double())
-        torch.testing.assert_close(grad_x, x64.grad.to(dtype), **tol, msg=layout)
+        # grad_x = rstd * g * w - x * rstd^3 * sum(g * w * x) / H. Where the two terms cancel
+        # (H = 1, where grad_x is g * w * rstd * eps / (x^2 + eps)), the float32 and float16
+        # kernels keep the rounding error of the terms, not of their difference: the
+        # absolute tolerance scales with the terms (|rstd * g * w| reaches 700 at |x| = 1e-3).
+        rstd = torch.rsqrt(x.double().pow(2).mean(-1, keepdim=True) + EPS)
+        terms = (rstd * grad_out.double() * weight.double()).abs().max().item()
+        torch.testing.assert_close(
+            grad_x,
+            x64.grad.to(dtype),
+            atol=tol["atol"] * max(1.0, terms),
+            rtol=tol["rtol"],
+            msg=lambda m, layout=layout: f"{layout}: {m}",
+        )
         torch.testing.assert_close(grad_weight, w64.grad.to(dtype), **tol, msg=layout)
 
 
