@@ -195,13 +195,17 @@ def build_env(row: Row, tools: Toolchain, torch_site: Path) -> dict[str, str]:
 def pick_build_python(
     row: Row, found: Mapping[str, Interpreter | None] | None = None
 ) -> Interpreter:
-    """Newest Python of the row that is installed (the wheel is abi3: any of them builds it)."""
-    found = found if found is not None else find_interpreters(row.pythons)
-    for version in reversed(row.pythons):
-        interp = found.get(version)
-        if interp is not None:
-            return interp
-    raise SystemExit(f"no interpreter for any of {row.pythons} (torch {row.torch}) found")
+    """The row's ``build_python``, the one cibuildwheel builds on too."""
+    version = row.build_python
+    found = found if found is not None else find_interpreters([version])
+    interp = found.get(version)
+    if interp is None:
+        raise SystemExit(
+            f"torch {row.torch}'s wheel is built on Python {version} (every build of a row uses "
+            f"the same Python, so that their wheels are byte-identical), which was not found; "
+            f"install it (pyenv install {version}) or put a python{version} on PATH"
+        )
+    return interp
 
 
 def run_build(

@@ -36,7 +36,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from scripts import basics, matrix, toolchain, tools, variant
+from scripts import basics, matrix, toolchain, tools
 from scripts.basics import REPO
 from scripts.wheelfile import sha256_of_file
 
@@ -96,22 +96,9 @@ def image_for(cuda: str) -> str:
     return f"{IMAGE_REPOSITORY}:cuda{cuda}"
 
 
-# The repair step's torch-abi-audit (the stable wheels' check) runs on Python >= 3.11.
-STABLE_BUILD_MIN_PYTHON = (3, 11)
-
-
-def build_python(row: matrix.Row) -> str:
-    """The Python a cell builds on: the row's lowest that can audit its wheel (the wheel is
-    cp39-abi3 either way)."""
-    pythons = list(row.pythons)
-    if row.kind == variant.STABLE:
-        pythons = [p for p in pythons if tuple(map(int, p.split("."))) >= STABLE_BUILD_MIN_PYTHON]
-    return pythons[0]
-
-
 def build_identifier(row: matrix.Row) -> str:
-    """One build per cell, on :func:`build_python`."""
-    return f"cp{build_python(row).replace('.', '')}-{PLATFORM_TAG}"
+    """One build per cell, on the row's ``build_python``."""
+    return f"cp{row.build_python.replace('.', '')}-{PLATFORM_TAG}"
 
 
 def test_command() -> str:

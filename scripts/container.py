@@ -40,7 +40,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from scripts import basics, ci, matrix, toolchain
+from scripts import basics, matrix, toolchain
 from scripts.interpreters import find_interpreters
 
 IMAGE_REPOSITORY = "localhost/hotloop-builder"
@@ -113,7 +113,7 @@ def podman(*args: str, capture: bool = False) -> subprocess.CompletedProcess[str
 
 def image_pythons(rows: Sequence[matrix.Row]) -> list[str]:
     """The Pythons cibuildwheel needs: each build row's build identifier's, and its own 3.9."""
-    wanted = {UTILITY_PYTHON} | {ci.build_python(r) for r in matrix.build_rows(rows)}
+    wanted = {UTILITY_PYTHON} | {r.build_python for r in matrix.build_rows(rows)}
     return sorted(wanted, key=lambda v: tuple(int(p) for p in v.split(".")))
 
 

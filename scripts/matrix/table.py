@@ -22,6 +22,10 @@ MATRIX_FILE = Path(__file__).with_name("matrix.toml")
 PACKAGE_VERSION = variant_rule.BASE_VERSION
 
 
+# The repair step's torch-abi-audit (the stable wheels' check) runs on Python >= 3.11.
+STABLE_BUILD_MIN_PYTHON = (3, 11)
+
+
 @dataclass(frozen=True)
 class Row:
     """One row of the build matrix: a torch release, and the wheel that serves it.
@@ -54,6 +58,18 @@ class Row:
     def kind(self) -> str:
         """``"stable"`` or ``"pinned"``: which kind of wheel serves this torch."""
         return self.abi or variant_rule.kind_for(self.torch)
+
+    @property
+    def build_python(self) -> str:
+        """The Python every build of this row's wheel runs on (``nox -s wheels``, cibuildwheel,
+        ``nox -s reproducible``): the row's lowest that can audit the wheel. The wheel is
+        cp39-abi3 whichever Python builds it, but not byte for byte: the limited-API module
+        object takes its initial reference count from the building Python's headers
+        (immortal from 3.12 on)."""
+        pythons = self.pythons
+        if self.kind == variant_rule.STABLE:
+            pythons = tuple(p for p in pythons if _release(p) >= STABLE_BUILD_MIN_PYTHON)
+        return pythons[0]
 
     @property
     def is_build(self) -> bool:

@@ -4,7 +4,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from scripts import build, toolchain
+import pytest
+
+from scripts import build, ci, matrix, toolchain, variant
+from scripts.interpreters import Interpreter
 
 
 def test_build_env_follows_the_setup_py_contract(tmp_path, monkeypatch, newest_row):
@@ -73,3 +76,22 @@ def test_create_venv_seeds_only_when_asked(tmp_path, monkeypatch):
     venvs = [c for c in commands if c[:2] == ["uv", "venv"]]
     assert "--seed" not in venvs[0]
     assert "--seed" in venvs[1]
+
+
+def test_every_build_of_a_row_runs_on_one_python(newest_row):
+    # nox -s wheels and cibuildwheel built the same stable wheel on 3.13 and 3.11: the
+    # limited-API module object's initial reference count (immortal from 3.12's headers on)
+    # was the only difference between their wheels.
+    rows = matrix.load_rows()
+    for row in matrix.build_rows(rows):
+        expected = row.pythons[0] if row.kind == variant.PINNED else "3.11"
+        assert row.build_python == expected, row.torch
+        assert ci.build_identifier(row).startswith(f"cp{expected.replace('.', '')}-")
+    interp = Interpreter("3.11", Path("/opt/python3.11"), "PATH")
+    found = {v: Interpreter(v, Path(f"/opt/python{v}"), "PATH") for v in newest_row.pythons}
+    assert build.pick_build_python(newest_row, found) == interp
+
+
+def test_missing_build_python_is_named(newest_row):
+    with pytest.raises(SystemExit, match=r"built on Python 3\.11 .*pyenv install 3\.11"):
+        build.pick_build_python(newest_row, {v: None for v in newest_row.pythons})

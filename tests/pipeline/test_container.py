@@ -19,7 +19,7 @@ def test_image_has_cibuildwheels_utility_python_and_every_build_identifiers():
     pythons = container.image_pythons(ROWS)
     assert pythons[0] == "3.9"  # cibuildwheel's own calls use /opt/python/cp39-cp39
     for row in matrix.build_rows(ROWS):
-        python = ci.build_python(row)
+        python = row.build_python
         assert ci.build_identifier(row).split("-")[0] == container.python_tag(python)
         assert python in pythons
 
