@@ -84,6 +84,7 @@ def main() -> int:
             (1, 1),
             (3, 7),
             (5, 1000),
+            (9, 1001),  # 16-bit rows at every offset from the 16-byte boundary
             (2, 4095),
             (3, 4096),
             (2, 8193),

@@ -38,6 +38,21 @@ def test_forward_matches_reference(device: str, dtype: torch.dtype) -> None:
         torch.testing.assert_close(out, rms_norm_reference(x, weight, eps), **TOLERANCES[dtype])
 
 
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32])
+@pytest.mark.parametrize("hidden", [257, 1001, 4095, 8193])
+def test_forward_rows_off_the_vector_boundary(device: str, dtype: torch.dtype, hidden: int) -> None:
+    # Odd widths put consecutive rows at every offset from the 16-byte boundary; 3000 rows
+    # are more than a GPU keeps resident, so blocks loop over rows. The offset view gives
+    # x and y different offsets from the boundary.
+    gen = torch.Generator(device=device).manual_seed(hidden)
+    base = torch.randn(3000 * hidden + 1, device=device, dtype=dtype, generator=gen)
+    weight = torch.rand(hidden, device=device, dtype=dtype, generator=gen) + 0.5
+    for x in (base[:-1].view(3000, hidden), base[1:].view(3000, hidden)):
+        for w in (weight, None):
+            expected = rms_norm_reference(x, w, 1e-6)
+            torch.testing.assert_close(hotloop.rms_norm(x, w, 1e-6), expected, **TOLERANCES[dtype])
+
+
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
 def test_forward_matches_torch(device: str, dtype: torch.dtype) -> None:
     x = torch.randn(6, 300, device=device, dtype=dtype)
