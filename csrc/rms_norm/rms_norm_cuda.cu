@@ -5,17 +5,13 @@
 // rows strided over the grid. When every pointer is 16-byte aligned and hidden is
 // a multiple of the vector width, each thread keeps its slice of the row in
 // registers as 16-byte vectors (kVectorsPerThread of them), so x is read from
-// global memory once. In the forward, rows off the 16-byte boundary (odd hidden sizes)
-// do the same with the aligned span around each row (rms_norm_shifted_kernel). Other
-// rows (unaligned views; odd rows in the backward) of up to 16384 elements
-// (float16/bfloat16/float32) stay in registers as scalars, read with coalesced scalar
-// loads (the *_scalar_kernels). Longer ones, and float64, take a
+// global memory once. Other rows (odd hidden sizes, unaligned views) of up to
+// 16384 elements (float16/bfloat16/float32) stay in registers as scalars, read with
+// coalesced scalar loads (the *_scalar_kernels). Longer ones, and float64, take a
 // generic kernel with scalar loads that handles any hidden size, re-reading the
 // row (mostly from L1/L2) for the second pass.
 // Sums are float32 (float64 for float64).
 
-#include <algorithm>
-#include <cstdint>
 #include <optional>
 #include <tuple>
 
@@ -143,105 +139,6 @@ __global__ void __launch_bounds__(scalar_max_threads(kElemsPerThread))
   }
 }
 
-// Rows off the 16-byte boundary (a hidden size that is not a multiple of the vector
-// width): each thread keeps 16-byte vectors of the aligned span around its row in
-// registers, as the vector kernel does. The first and last vector of a span are shared with
-// the neighbouring rows, so only the row's own elements of those are moved, one by one.
-// The weight, whose vectors line up with no row's, is read from a shared-memory copy at the
-// row's element offset. y must sit at x's offset from the 16-byte boundary (launch checks).
-// (The planner gives fewer than 8 vectors a thread only to rows of at most
-// kForwardLimits.target_threads threads: bounding those variants there lets the 16-bit
-// ones keep 4 vectors in registers without spilling.)
-template <typename scalar_t, int kVectorsPerThread>
-__global__ void __launch_bounds__(kVectorsPerThread >= 8 ? kForwardMaxThreadsAt8
-                                                         : kForwardLimits.target_threads)
-    rms_norm_shifted_kernel(const scalar_t* __restrict__ x, const scalar_t* __restrict__ weight,
-                            scalar_t* __restrict__ y, int64_t rows, int64_t hidden,
-                            acc_type<scalar_t> eps) {
-  using acc_t = acc_type<scalar_t>;
-  constexpr int kVec = vector_size<scalar_t>();
-  using Vec = AlignedVector<scalar_t, kVec>;
-  const int hidden_int = static_cast<int>(hidden);
-  const acc_t inv_hidden = acc_t(1) / static_cast<acc_t>(hidden);
-  scalar_t* weight_copy = staged_rows<scalar_t>();
-  if (weight != nullptr) {
-    const int tid = threadIdx.y * blockDim.x + threadIdx.x;
-    for (int j = tid; j < hidden_int; j += blockDim.x * blockDim.y) {
-      weight_copy[j] = weight[j];
-    }
-    __syncthreads();
-  }
-
-  for (int64_t block_row = static_cast<int64_t>(blockIdx.x) * blockDim.y; block_row < rows;
-       block_row += static_cast<int64_t>(gridDim.x) * blockDim.y) {
-    const int64_t row = block_row + threadIdx.y;
-    const scalar_t* x_row = x + row * hidden;
-    // Elements of the span before the row's first: the same for x and y.
-    const int lead = static_cast<int>(reinterpret_cast<std::uintptr_t>(x_row) % kVectorBytes) /
-                     static_cast<int>(sizeof(scalar_t));
-    const int span_vectors = row < rows ? (lead + hidden_int + kVec - 1) / kVec : 0;
-    const Vec* x_span = reinterpret_cast<const Vec*>(x_row - lead);
-    Vec xv[kVectorsPerThread];
-    acc_t sum_sq[1] = {0};
-#pragma unroll
-    for (int i = 0; i < kVectorsPerThread; ++i) {
-      const int idx = threadIdx.x + i * blockDim.x;
-      const int first = idx * kVec - lead;  // the row's column of the vector's element 0
-      if (idx < span_vectors) {
-        if (first >= 0 && first + kVec <= hidden_int) {
-          xv[i] = x_span[idx];
-        } else {
-#pragma unroll
-          for (int k = 0; k < kVec; ++k) {
-            const int col = first + k;
-            xv[i].val[k] = col >= 0 && col < hidden_int ? x_row[col] : scalar_t(acc_t(0));
-          }
-        }
-#pragma unroll
-        for (int k = 0; k < kVec; ++k) {
-          const acc_t v = static_cast<acc_t>(xv[i].val[k]);
-          sum_sq[0] += v * v;
-        }
-      }
-    }
-    row_sum(sum_sq);
-    const acc_t rstd = rsqrt_acc(sum_sq[0] * inv_hidden + eps);
-
-    scalar_t* y_row = y + row * hidden;
-    Vec* y_span = reinterpret_cast<Vec*>(y_row - lead);
-#pragma unroll
-    for (int i = 0; i < kVectorsPerThread; ++i) {
-      const int idx = threadIdx.x + i * blockDim.x;
-      const int first = idx * kVec - lead;
-      if (idx < span_vectors) {
-        const bool whole = first >= 0 && first + kVec <= hidden_int;
-        Vec out;
-#pragma unroll
-        for (int k = 0; k < kVec; ++k) {
-          // Columns outside the row read a column inside (their result is not stored).
-          const int col = min(max(first + k, 0), hidden_int - 1);
-          acc_t v = static_cast<acc_t>(xv[i].val[k]) * rstd;
-          if (weight != nullptr) {
-            v *= static_cast<acc_t>(weight_copy[col]);
-          }
-          out.val[k] = static_cast<scalar_t>(v);
-        }
-        if (whole) {
-          y_span[idx] = out;
-        } else {
-#pragma unroll
-          for (int k = 0; k < kVec; ++k) {
-            const int col = first + k;
-            if (col >= 0 && col < hidden_int) {
-              y_row[col] = out.val[k];
-            }
-          }
-        }
-      }
-    }
-  }
-}
-
 // Aligned rows longer than the vector kernel takes, staged in shared memory, each row
 // split over kCluster blocks (common/staged_rows.cuh).
 template <typename scalar_t, int kCluster>
@@ -330,48 +227,6 @@ __global__ void __launch_bounds__(kMaxThreadsPerBlock)
   }
 }
 
-// The shared-memory weight copy of rms_norm_shifted_kernel stays within the 48 KB a block
-// gets without opting in; shorter rows than kShiftedMinHidden keep the scalar kernel, which
-// packs several to a block.
-constexpr int64_t kShiftedMaxWeightBytes = 48 * 1024;
-constexpr int64_t kShiftedMinHidden = 256;
-
-// Launches rms_norm_shifted_kernel and returns true where it takes the rows: 16-bit and
-// float32 rows whose start is off the vector boundary, with y at x's offset from it.
-template <typename scalar_t>
-bool launch_shifted_rms_norm(const scalar_t* x, const scalar_t* weight, scalar_t* y, int64_t rows,
-                             int64_t hidden, acc_type<scalar_t> eps, cudaStream_t stream) {
-  constexpr int kVec = vector_size<scalar_t>();
-  if constexpr (sizeof(scalar_t) > 4) {  // float64 rows would not fit in registers
-    return false;
-  } else {
-    const int64_t weight_bytes = weight != nullptr ? hidden * int64_t{sizeof(scalar_t)} : 0;
-    const auto offset = [](const void* p) {
-      return reinterpret_cast<std::uintptr_t>(p) % kVectorBytes;
-    };
-    if (hidden < kShiftedMinHidden || weight_bytes > kShiftedMaxWeightBytes ||
-        offset(x) != offset(y) || offset(x) % sizeof(scalar_t) != 0) {
-      return false;
-    }
-    // The widest span: a row starting one element after a vector boundary.
-    const int64_t span_vectors = ceil_div(hidden + kVec - 1, kVec);
-    const RowLaunch plan =
-        plan_row_launch(span_vectors * kVec, kVec, /*vector_ok=*/true, kForwardLimits);
-    return launch_vector_rows<1, 2, 4, 8>(plan, [&](auto vpt) {
-      const auto kernel = rms_norm_shifted_kernel<scalar_t, decltype(vpt)::value>;
-      const dim3 block = plan.block();
-      // Blocks stay resident and loop over rows, so the weight is copied once per block.
-      int blocks_per_sm = 0;
-      HOTLOOP_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(
-          &blocks_per_sm, kernel, static_cast<int>(block.x * block.y), weight_bytes));
-      const int64_t grid = std::min<int64_t>(row_blocks(rows, plan),
-                                             int64_t{num_sms()} * std::max(blocks_per_sm, 1));
-      kernel<<<static_cast<unsigned>(grid), block, weight_bytes, stream>>>(x, weight, y, rows,
-                                                                           hidden, eps);
-    });
-  }
-}
-
 template <typename scalar_t>
 void launch_rms_norm(const scalar_t* x, const scalar_t* weight, scalar_t* y, int64_t rows,
                      int64_t hidden, double eps) {
@@ -386,7 +241,7 @@ void launch_rms_norm(const scalar_t* x, const scalar_t* weight, scalar_t* y, int
     rms_norm_vector_kernel<scalar_t, decltype(vpt)::value>
         <<<grid, plan.block(), 0, stream>>>(x, weight, y, rows, hidden, eps_acc);
   });
-  if (vector_launched || launch_shifted_rms_norm(x, weight, y, rows, hidden, eps_acc, stream)) {
+  if (vector_launched) {
     HOTLOOP_KERNEL_LAUNCH_CHECK();
     return;
   }
