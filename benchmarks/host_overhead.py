@@ -170,7 +170,9 @@ def main(argv: list[str] | None = None) -> int:
     }
     rows = measure(args.device, args.calls)
     args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "host_overhead.json").write_text(json.dumps({"meta": meta, "rows": rows}, indent=1))
+    (args.out / "host_overhead.json").write_text(
+        json.dumps({"meta": meta, "rows": rows}, indent=1) + "\n"
+    )
     (args.out / "host_overhead.md").write_text(markdown(rows, meta))
     return 0
 
