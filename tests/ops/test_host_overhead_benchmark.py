@@ -11,7 +11,8 @@ SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "host_overhead.py"
 
 def test_host_overhead_records_each_calls_operators(tmp_path: Path) -> None:
     spec = importlib.util.spec_from_file_location("host_overhead", SCRIPT)
-    assert spec is not None and spec.loader is not None
+    assert spec is not None
+    assert spec.loader is not None
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     assert module.main(["--device", "cpu", "--calls", "5", "--out", str(tmp_path)]) == 0
