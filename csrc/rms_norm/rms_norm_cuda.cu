@@ -5,13 +5,17 @@
 // rows strided over the grid. When every pointer is 16-byte aligned and hidden is
 // a multiple of the vector width, each thread keeps its slice of the row in
 // registers as 16-byte vectors (kVectorsPerThread of them), so x is read from
-// global memory once. Other rows (odd hidden sizes, unaligned views) of up to
-// 16384 elements (float16/bfloat16/float32) stay in registers as scalars, read with
-// coalesced scalar loads (the *_scalar_kernels). Longer ones, and float64, take a
+// global memory once. In the forward, rows off the 16-byte boundary (odd hidden sizes)
+// do the same with the aligned span around each row (rms_norm_shifted_kernel). Other
+// rows (unaligned views; odd rows in the backward) of up to 16384 elements
+// (float16/bfloat16/float32) stay in registers as scalars, read with coalesced scalar
+// loads (the *_scalar_kernels). Longer ones, and float64, take a
 // generic kernel with scalar loads that handles any hidden size, re-reading the
 // row (mostly from L1/L2) for the second pass.
 // Sums are float32 (float64 for float64).
 
+#include <algorithm>
+#include <cstdint>
 #include <optional>
 #include <tuple>
 
@@ -139,6 +143,138 @@ __global__ void __launch_bounds__(scalar_max_threads(kElemsPerThread))
   }
 }
 
+// Rows off the 16-byte boundary (a hidden size that is not a multiple of the vector
+// width): each thread keeps 16-byte vectors of the aligned span around its row in
+// registers, as the vector kernel does. The first and last vector of a span are shared with
+// the neighbouring rows: their elements count and are stored only for the row's own.
+// The weight's vectors line up with no row's: `shifted_weight` holds kVec copies of it,
+// copy `lead` starting `lead` zeros in, read as vectors at the row's vector index.
+// y sits at x's offset from the boundary (launch checks). benchmarks/NOTES.md (runs 20-24)
+// has the variants that ran slower than the scalar kernel.
+template <typename scalar_t, int kVectorsPerThread>
+__global__ void __launch_bounds__(kVectorsPerThread >= 8 ? kForwardMaxThreadsAt8
+                                                         : kMaxThreadsPerBlock)
+    rms_norm_shifted_kernel(const scalar_t* __restrict__ x,
+                            const scalar_t* __restrict__ shifted_weight, scalar_t* __restrict__ y,
+                            int64_t rows, int64_t hidden, int64_t span_vectors,
+                            acc_type<scalar_t> eps) {
+  using acc_t = acc_type<scalar_t>;
+  constexpr int kVec = vector_size<scalar_t>();
+  using Vec = AlignedVector<scalar_t, kVec>;
+  const int hidden_int = static_cast<int>(hidden);
+  const acc_t inv_hidden = acc_t(1) / static_cast<acc_t>(hidden);
+
+  for (int64_t block_row = static_cast<int64_t>(blockIdx.x) * blockDim.y; block_row < rows;
+       block_row += static_cast<int64_t>(gridDim.x) * blockDim.y) {
+    const int64_t row = block_row + threadIdx.y;
+    const scalar_t* x_row = x + row * hidden;
+    // Elements of the span before the row's first: the same for x and y.
+    const int lead = static_cast<int>(reinterpret_cast<std::uintptr_t>(x_row) % kVectorBytes) /
+                     static_cast<int>(sizeof(scalar_t));
+    const int row_vectors = row < rows ? (lead + hidden_int + kVec - 1) / kVec : 0;
+    const Vec* x_span = reinterpret_cast<const Vec*>(x_row - lead);
+    // Every vector in flight at once: the loop holds no branch that waits on a load. The
+    // span's edge vectors hold the neighbouring rows' elements too, zeroed after the loads
+    // (never subtracted later: a neighbour's inf would turn this row into NaN). Only where
+    // a row's span reaches past either end of the tensor do its edge vectors come element by
+    // element instead.
+    const int64_t span_start = row * hidden - lead;  // element index of the span's first
+    const bool span_past_tensor =
+        span_start < 0 || span_start + int64_t{row_vectors} * kVec > rows * hidden;
+    const auto is_edge = [&](int idx) { return idx == 0 || idx == row_vectors - 1; };
+    Vec xv[kVectorsPerThread];
+#pragma unroll
+    for (int i = 0; i < kVectorsPerThread; ++i) {
+      const int idx = threadIdx.x + i * blockDim.x;
+      if (idx < row_vectors && !(span_past_tensor && is_edge(idx))) {
+        xv[i] = x_span[idx];
+      }
+    }
+#pragma unroll
+    for (int i = 0; i < kVectorsPerThread; ++i) {
+      const int idx = threadIdx.x + i * blockDim.x;
+      if (idx < row_vectors && is_edge(idx)) {
+#pragma unroll
+        for (int k = 0; k < kVec; ++k) {
+          const int col = idx * kVec - lead + k;
+          if (col < 0 || col >= hidden_int) {
+            xv[i].val[k] = scalar_t(acc_t(0));
+          } else if (span_past_tensor) {
+            xv[i].val[k] = x_row[col];
+          }
+        }
+      }
+    }
+    acc_t sum_sq[1] = {0};
+#pragma unroll
+    for (int i = 0; i < kVectorsPerThread; ++i) {
+      const int idx = threadIdx.x + i * blockDim.x;
+      if (idx < row_vectors) {
+#pragma unroll
+        for (int k = 0; k < kVec; ++k) {
+          const acc_t v = static_cast<acc_t>(xv[i].val[k]);
+          sum_sq[0] += v * v;
+        }
+      }
+    }
+    row_sum(sum_sq);
+    const acc_t rstd = rsqrt_acc(sum_sq[0] * inv_hidden + eps);
+
+    scalar_t* y_row = y + row * hidden;
+    Vec* y_span = reinterpret_cast<Vec*>(y_row - lead);
+    const Vec* weight_vec =
+        shifted_weight != nullptr
+            ? reinterpret_cast<const Vec*>(shifted_weight) + int64_t{lead} * span_vectors
+            : nullptr;
+#pragma unroll
+    for (int i = 0; i < kVectorsPerThread; ++i) {
+      const int idx = threadIdx.x + i * blockDim.x;
+      const int first = idx * kVec - lead;
+      if (idx < row_vectors) {
+        Vec out;
+        if (weight_vec != nullptr) {
+          const Vec wv = weight_vec[idx];
+#pragma unroll
+          for (int k = 0; k < kVec; ++k) {
+            out.val[k] = static_cast<scalar_t>(static_cast<acc_t>(xv[i].val[k]) * rstd *
+                                               static_cast<acc_t>(wv.val[k]));
+          }
+        } else {
+#pragma unroll
+          for (int k = 0; k < kVec; ++k) {
+            out.val[k] = static_cast<scalar_t>(static_cast<acc_t>(xv[i].val[k]) * rstd);
+          }
+        }
+        if (first >= 0 && first + kVec <= hidden_int) {
+          y_span[idx] = out;
+        } else {
+#pragma unroll
+          for (int k = 0; k < kVec; ++k) {
+            const int col = first + k;
+            if (col >= 0 && col < hidden_int) {
+              y_row[col] = out.val[k];
+            }
+          }
+        }
+      }
+    }
+  }
+}
+
+// Copy `lead` (one per offset from the vector boundary) of the weight for
+// rms_norm_shifted_kernel: span_vectors * kVec elements, the weight starting `lead` in,
+// zeros around it.
+template <typename scalar_t>
+__global__ void shift_weight_kernel(const scalar_t* __restrict__ weight,
+                                    scalar_t* __restrict__ shifted, int64_t hidden,
+                                    int64_t span_elements, int64_t total) {
+  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < total;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const int64_t col = i % span_elements - i / span_elements;
+    shifted[i] = col >= 0 && col < hidden ? weight[col] : scalar_t(acc_type<scalar_t>(0));
+  }
+}
+
 // Aligned rows longer than the vector kernel takes, staged in shared memory, each row
 // split over kCluster blocks (common/staged_rows.cuh).
 template <typename scalar_t, int kCluster>
@@ -227,9 +363,66 @@ __global__ void __launch_bounds__(kMaxThreadsPerBlock)
   }
 }
 
+// A span holds one vector more than an aligned row of the same width: one warp more than
+// the vector kernel's target keeps the vectors a thread holds (and its registers) the same
+// as the aligned width's (4 a thread at H = 4095 gave 44 % occupancy and 69 % of copy
+// bandwidth on an H100).
+constexpr RowKernelLimits kShiftedLimits{kForwardLimits.max_vectors_per_thread,
+                                         kForwardLimits.target_threads + kWarpSize,
+                                         kForwardLimits.max_threads};
+
+// Shorter rows than kShiftedMinHidden keep the scalar kernel, which packs several to a
+// block; rms_norm_shifted_kernel takes the rest that the vector kernel's variants can hold.
+constexpr int64_t kShiftedMinHidden = 256;
+
+// Launches rms_norm_shifted_kernel and returns true where it takes the rows: 16-bit and
+// float32 rows whose start is off the vector boundary, with y at x's offset from it.
+// `like` places the shifted weight copies (a tensor on x's device).
+template <typename scalar_t>
+bool launch_shifted_rms_norm(const scalar_t* x, const scalar_t* weight, scalar_t* y, int64_t rows,
+                             int64_t hidden, acc_type<scalar_t> eps, cudaStream_t stream,
+                             const Tensor& like) {
+  constexpr int kVec = vector_size<scalar_t>();
+  if constexpr (sizeof(scalar_t) > 4) {  // float64 rows would not fit in registers
+    return false;
+  } else {
+    const auto offset = [](const void* p) {
+      return reinterpret_cast<std::uintptr_t>(p) % kVectorBytes;
+    };
+    if (hidden < kShiftedMinHidden || offset(x) != offset(y) || offset(x) % sizeof(scalar_t) != 0) {
+      return false;
+    }
+    // The widest span: a row starting one element after a vector boundary.
+    const int64_t span_vectors = ceil_div(hidden + kVec - 1, kVec);
+    const RowLaunch plan =
+        plan_row_launch(span_vectors * kVec, kVec, /*vector_ok=*/true, kShiftedLimits);
+    // At 4 vectors a thread (16-bit rows past 4608 elements) the scalar kernel is faster:
+    // 85 against 74 % of copy bandwidth at H = 8193 on an H100.
+    if (plan.vectors_per_thread == 0 || plan.vectors_per_thread > 2) {
+      return false;
+    }
+    std::optional<Tensor> shifted;
+    if (weight != nullptr) {
+      const int64_t total = kVec * span_vectors * kVec;
+      shifted = empty_on(like, {total}, like.scalar_type());
+      const int threads = 256;
+      shift_weight_kernel<scalar_t>
+          <<<static_cast<unsigned>(ceil_div(total, threads)), threads, 0, stream>>>(
+              weight, mutable_data<scalar_t>(*shifted), hidden, span_vectors * kVec, total);
+      HOTLOOP_KERNEL_LAUNCH_CHECK();
+    }
+    const scalar_t* shifted_weight = shifted ? const_data<scalar_t>(*shifted) : nullptr;
+    const dim3 grid(static_cast<unsigned>(row_blocks(rows, plan)));
+    return launch_vector_rows<1, 2, 4, 8>(plan, [&](auto vpt) {
+      rms_norm_shifted_kernel<scalar_t, decltype(vpt)::value><<<grid, plan.block(), 0, stream>>>(
+          x, shifted_weight, y, rows, hidden, span_vectors, eps);
+    });
+  }
+}
+
 template <typename scalar_t>
 void launch_rms_norm(const scalar_t* x, const scalar_t* weight, scalar_t* y, int64_t rows,
-                     int64_t hidden, double eps) {
+                     int64_t hidden, double eps, const Tensor& like) {
   using acc_t = acc_type<scalar_t>;
   const bool aligned = is_vector_aligned(x) && is_vector_aligned(y) &&
                        (weight == nullptr || is_vector_aligned(weight));
@@ -241,7 +434,8 @@ void launch_rms_norm(const scalar_t* x, const scalar_t* weight, scalar_t* y, int
     rms_norm_vector_kernel<scalar_t, decltype(vpt)::value>
         <<<grid, plan.block(), 0, stream>>>(x, weight, y, rows, hidden, eps_acc);
   });
-  if (vector_launched) {
+  if (vector_launched ||
+      launch_shifted_rms_norm(x, weight, y, rows, hidden, eps_acc, stream, like)) {
     HOTLOOP_KERNEL_LAUNCH_CHECK();
     return;
   }
@@ -900,7 +1094,7 @@ Tensor rms_norm_cuda(const Tensor& x, const std::optional<Tensor>& weight, doubl
   HOTLOOP_DISPATCH_FLOATING(x.scalar_type(), "rms_norm_cuda", [&] {
     launch_rms_norm<scalar_t>(const_data<scalar_t>(x_contig),
                               w_contig ? const_data<scalar_t>(*w_contig) : nullptr,
-                              mutable_data<scalar_t>(y_contig), rows, hidden, eps);
+                              mutable_data<scalar_t>(y_contig), rows, hidden, eps, x);
   });
   return finish_rms_norm_output(y, y_contig);
 }
