@@ -149,7 +149,7 @@ __global__ void __launch_bounds__(scalar_max_threads(kElemsPerThread))
 // the neighbouring rows: their elements count and are stored only for the row's own.
 // The weight's vectors line up with no row's: `shifted_weight` holds kVec copies of it,
 // copy `lead` starting `lead` zeros in, read as vectors at the row's vector index.
-// y sits at x's offset from the boundary (launch checks). benchmarks/NOTES.md (runs 20-24)
+// y sits at x's offset from the boundary (launch checks). benchmarks/NOTES.md (runs 20-25)
 // has the variants that ran slower than the scalar kernel.
 template <typename scalar_t, int kVectorsPerThread>
 __global__ void __launch_bounds__(kVectorsPerThread >= 8 ? kForwardMaxThreadsAt8
