@@ -18,6 +18,7 @@
 #include <cstdint>
 #include <optional>
 #include <tuple>
+#include <type_traits>
 
 #include "../common/cuda_utils.cuh"
 #include "../common/row_launch.cuh"
@@ -39,6 +40,29 @@ namespace {
 constexpr int kForwardMaxThreadsAt8 = 512;
 constexpr RowKernelLimits kForwardLimits{/*max_vectors_per_thread=*/8, /*target_threads=*/256,
                                          /*max_threads=*/kForwardMaxThreadsAt8};
+
+// x * rstd, times the weight's vector `idx` where there is a weight, in the accumulation type.
+template <typename Vec, typename acc_t>
+__device__ __forceinline__ Vec normalized(const Vec& x, acc_t rstd, const Vec* weight_vec,
+                                          int idx) {
+  using scalar_t = std::remove_cv_t<std::remove_reference_t<decltype(x.val[0])>>;
+  constexpr int kVec = sizeof(Vec) / sizeof(scalar_t);
+  Vec out;
+  if (weight_vec != nullptr) {
+    const Vec wv = weight_vec[idx];
+#pragma unroll
+    for (int k = 0; k < kVec; ++k) {
+      out.val[k] = static_cast<scalar_t>(static_cast<acc_t>(x.val[k]) * rstd *
+                                         static_cast<acc_t>(wv.val[k]));
+    }
+  } else {
+#pragma unroll
+    for (int k = 0; k < kVec; ++k) {
+      out.val[k] = static_cast<scalar_t>(static_cast<acc_t>(x.val[k]) * rstd);
+    }
+  }
+  return out;
+}
 
 template <typename scalar_t, int kVectorsPerThread>
 __global__ void __launch_bounds__(kVectorsPerThread >= 8 ? kForwardMaxThreadsAt8
@@ -81,20 +105,7 @@ __global__ void __launch_bounds__(kVectorsPerThread >= 8 ? kForwardMaxThreadsAt8
     for (int i = 0; i < kVectorsPerThread; ++i) {
       const int idx = threadIdx.x + i * blockDim.x;
       if (row_valid && idx < num_vectors) {
-        Vec out;
-        if (weight_vec != nullptr) {
-          const Vec wv = weight_vec[idx];
-#pragma unroll
-          for (int k = 0; k < kVec; ++k) {
-            out.val[k] = static_cast<scalar_t>(static_cast<acc_t>(xv[i].val[k]) * rstd *
-                                               static_cast<acc_t>(wv.val[k]));
-          }
-        } else {
-#pragma unroll
-          for (int k = 0; k < kVec; ++k) {
-            out.val[k] = static_cast<scalar_t>(static_cast<acc_t>(xv[i].val[k]) * rstd);
-          }
-        }
+        const Vec out = normalized(xv[i], rstd, weight_vec, idx);
         y_row[idx] = out;
       }
     }
@@ -231,20 +242,7 @@ __global__ void __launch_bounds__(kVectorsPerThread >= 8 ? kForwardMaxThreadsAt8
       const int idx = threadIdx.x + i * blockDim.x;
       const int first = idx * kVec - lead;
       if (idx < row_vectors) {
-        Vec out;
-        if (weight_vec != nullptr) {
-          const Vec wv = weight_vec[idx];
-#pragma unroll
-          for (int k = 0; k < kVec; ++k) {
-            out.val[k] = static_cast<scalar_t>(static_cast<acc_t>(xv[i].val[k]) * rstd *
-                                               static_cast<acc_t>(wv.val[k]));
-          }
-        } else {
-#pragma unroll
-          for (int k = 0; k < kVec; ++k) {
-            out.val[k] = static_cast<scalar_t>(static_cast<acc_t>(xv[i].val[k]) * rstd);
-          }
-        }
+        const Vec out = normalized(xv[i], rstd, weight_vec, idx);
         if (first >= 0 && first + kVec <= hidden_int) {
           y_span[idx] = out;
         } else {
