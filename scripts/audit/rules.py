@@ -73,7 +73,7 @@ class Inspection:
         """Readable ELF members -> what the rules judge in each."""
         return self._elf_scan[0]
 
-    @property
+    @cached_property
     def elf_needs(self) -> dict[str, frozenset[str]]:
         """Readable ELF members -> the symbol versions each needs."""
         return {name: facts.version_needs for name, facts in self.elf_facts.items()}

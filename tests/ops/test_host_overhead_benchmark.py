@@ -5,16 +5,24 @@ from __future__ import annotations
 import importlib.util
 import json
 from pathlib import Path
+from typing import Any
+
+import pytest
 
 SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "host_overhead.py"
 
 
-def test_host_overhead_records_each_calls_operators(tmp_path: Path) -> None:
+def load_script() -> Any:
     spec = importlib.util.spec_from_file_location("host_overhead", SCRIPT)
     assert spec is not None
     assert spec.loader is not None
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
+    return module
+
+
+def test_host_overhead_records_each_calls_operators(tmp_path: Path) -> None:
+    module = load_script()
     assert module.main(["--device", "cpu", "--calls", "5", "--out", str(tmp_path)]) == 0
 
     rows = json.loads((tmp_path / "host_overhead.json").read_text())["rows"]
@@ -24,3 +32,10 @@ def test_host_overhead_records_each_calls_operators(tmp_path: Path) -> None:
     assert op["us_median"] > 0
     assert any(e["name"] == "hotloop::rms_norm" and e["per_call"] == 1 for e in op["events"])
     assert "| (1, 4096) | F.rms_norm | no_grad |" in (tmp_path / "host_overhead.md").read_text()
+
+
+def test_host_overhead_refuses_no_calls(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit):
+        load_script().main(["--device", "cpu", "--calls", "0", "--out", str(tmp_path)])
+    assert "--calls: must be at least 1, got 0" in capsys.readouterr().err
+    assert not (tmp_path / "host_overhead.json").exists()
