@@ -5,9 +5,9 @@
 // rows strided over the grid. When every pointer is 16-byte aligned and hidden is
 // a multiple of the vector width, each thread keeps its slice of the row in
 // registers as 16-byte vectors (kVectorsPerThread of them), so x is read from
-// global memory once. In the forward, rows off the 16-byte boundary (odd hidden sizes)
-// do the same with the aligned span around each row (rms_norm_shifted_kernel). Other
-// rows (unaligned views; odd rows in the backward) of up to 16384 elements
+// global memory once. Rows off the 16-byte boundary (odd hidden sizes) do the same with
+// the aligned span around each row (rms_norm_shifted_kernel; in the backward float32
+// only). Other rows (unaligned views; 16-bit odd rows in the backward) of up to 16384 elements
 // (float16/bfloat16/float32) stay in registers as scalars, read with coalesced scalar
 // loads (the *_scalar_kernels). Longer ones, and float64, take a
 // generic kernel with scalar loads that handles any hidden size, re-reading the
@@ -16,6 +16,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <initializer_list>
 #include <optional>
 #include <tuple>
 #include <type_traits>
@@ -154,14 +155,112 @@ __global__ void __launch_bounds__(scalar_max_threads(kElemsPerThread))
   }
 }
 
-// Rows off the 16-byte boundary (a hidden size that is not a multiple of the vector
-// width): each thread keeps 16-byte vectors of the aligned span around its row in
-// registers, as the vector kernel does. The first and last vector of a span are shared with
-// the neighbouring rows: their elements count and are stored only for the row's own.
-// The weight's vectors line up with no row's: `shifted_weight` holds kVec copies of it,
-// copy `lead` starting `lead` zeros in, read as vectors at the row's vector index.
-// y sits at x's offset from the boundary (launch checks). benchmarks/NOTES.md (runs 20-25)
-// has the variants that ran slower than the scalar kernel.
+// ---------------------------------------------------------------------------
+// Spans: rows off the 16-byte boundary (a hidden size that is not a multiple of the
+// vector width) read and written as the 16-byte vectors of the aligned span around each
+// row. The first and last vector of a span are shared with the neighbouring rows: their
+// elements count and are stored only for the row's own. Tensors at the same offset from
+// the boundary have the same spans.
+// ---------------------------------------------------------------------------
+
+struct RowSpan {
+  int lead;          // elements of the span before the row's first
+  int vectors;       // 0 for a row past the end
+  bool past_tensor;  // the span reaches past the first or last element of the tensor
+
+  __device__ __forceinline__ bool is_edge(int idx) const { return idx == 0 || idx == vectors - 1; }
+};
+
+template <typename scalar_t>
+__device__ __forceinline__ int span_lead(const scalar_t* tensor, int64_t row, int64_t hidden) {
+  return static_cast<int>(reinterpret_cast<std::uintptr_t>(tensor + row * hidden) % kVectorBytes) /
+         static_cast<int>(sizeof(scalar_t));
+}
+
+template <typename scalar_t>
+__device__ __forceinline__ int span_vector_count(int lead, int64_t hidden) {
+  constexpr int kVec = vector_size<scalar_t>();
+  return (lead + static_cast<int>(hidden) + kVec - 1) / kVec;
+}
+
+template <typename scalar_t>
+__device__ __forceinline__ RowSpan row_span(int lead, int64_t row, int64_t rows, int64_t hidden) {
+  constexpr int kVec = vector_size<scalar_t>();
+  RowSpan span;
+  span.lead = lead;
+  span.vectors = row < rows ? span_vector_count<scalar_t>(lead, hidden) : 0;
+  const int64_t first = row * hidden - lead;  // element index of the span's first
+  span.past_tensor = first < 0 || first + int64_t{span.vectors} * kVec > rows * hidden;
+  return span;
+}
+
+// This thread's vectors of the span (idx = threadIdx.x + i * blockDim.x), every one in
+// flight at once: nothing here waits on a load. The edge vectors of a span past the
+// tensor are left to mask_span_edges. (The backward loads x and grad_out in one loop of
+// its own, which keeps its aligned variants' registers as they were.)
+template <int kVectorsPerThread, typename Vec, typename scalar_t>
+__device__ __forceinline__ void load_span(Vec (&v)[kVectorsPerThread], const scalar_t* row_start,
+                                          const RowSpan& span) {
+  const Vec* vectors = reinterpret_cast<const Vec*>(row_start - span.lead);
+#pragma unroll
+  for (int i = 0; i < kVectorsPerThread; ++i) {
+    const int idx = threadIdx.x + i * blockDim.x;
+    if (idx < span.vectors && !(span.past_tensor && span.is_edge(idx))) {
+      v[i] = vectors[idx];
+    }
+  }
+}
+
+// Zeroes the neighbouring rows' elements of the edge vectors once loaded (never
+// subtracted later: a neighbour's inf would turn this row into NaN), and reads the edges
+// of a span past the tensor element by element.
+template <int kVectorsPerThread, typename Vec, typename scalar_t>
+__device__ __forceinline__ void mask_span_edges(Vec (&v)[kVectorsPerThread],
+                                                const scalar_t* row_start, const RowSpan& span,
+                                                int hidden) {
+  constexpr int kVec = sizeof(Vec) / sizeof(scalar_t);
+#pragma unroll
+  for (int i = 0; i < kVectorsPerThread; ++i) {
+    const int idx = threadIdx.x + i * blockDim.x;
+    if (idx < span.vectors && span.is_edge(idx)) {
+#pragma unroll
+      for (int k = 0; k < kVec; ++k) {
+        const int col = idx * kVec - span.lead + k;
+        if (col < 0 || col >= hidden) {
+          v[i].val[k] = scalar_t(acc_type<scalar_t>(0));
+        } else if (span.past_tensor) {
+          v[i].val[k] = row_start[col];
+        }
+      }
+    }
+  }
+}
+
+// Stores vector `idx` of the span, the row's own elements only.
+template <typename Vec, typename scalar_t>
+__device__ __forceinline__ void store_span_vector(scalar_t* row_start, const RowSpan& span, int idx,
+                                                  int hidden, const Vec& out) {
+  constexpr int kVec = sizeof(Vec) / sizeof(scalar_t);
+  const int first = idx * kVec - span.lead;
+  if (first >= 0 && first + kVec <= hidden) {
+    reinterpret_cast<Vec*>(row_start - span.lead)[idx] = out;
+  } else {
+#pragma unroll
+    for (int k = 0; k < kVec; ++k) {
+      const int col = first + k;
+      if (col >= 0 && col < hidden) {
+        row_start[col] = out.val[k];
+      }
+    }
+  }
+}
+
+// The forward of span rows: each thread keeps its 16-byte vectors of the span in
+// registers, as the vector kernel does. The weight's vectors line up with no row's:
+// `shifted_weight` holds kVec copies of it, copy `lead` starting `lead` zeros in, read as
+// vectors at the span's vector index. y sits at x's offset from the boundary (launch
+// checks). benchmarks/NOTES.md (runs 20-25) has the variants that ran slower than the
+// scalar kernel.
 template <typename scalar_t, int kVectorsPerThread>
 __global__ void __launch_bounds__(kVectorsPerThread >= 8 ? kForwardMaxThreadsAt8
                                                          : kMaxThreadsPerBlock)
@@ -179,48 +278,15 @@ __global__ void __launch_bounds__(kVectorsPerThread >= 8 ? kForwardMaxThreadsAt8
        block_row += static_cast<int64_t>(gridDim.x) * blockDim.y) {
     const int64_t row = block_row + threadIdx.y;
     const scalar_t* x_row = x + row * hidden;
-    // Elements of the span before the row's first: the same for x and y.
-    const int lead = static_cast<int>(reinterpret_cast<std::uintptr_t>(x_row) % kVectorBytes) /
-                     static_cast<int>(sizeof(scalar_t));
-    const int row_vectors = row < rows ? (lead + hidden_int + kVec - 1) / kVec : 0;
-    const Vec* x_span = reinterpret_cast<const Vec*>(x_row - lead);
-    // Every vector in flight at once: the loop holds no branch that waits on a load. The
-    // span's edge vectors hold the neighbouring rows' elements too, zeroed after the loads
-    // (never subtracted later: a neighbour's inf would turn this row into NaN). Only where
-    // a row's span reaches past either end of the tensor do its edge vectors come element by
-    // element instead.
-    const int64_t span_start = row * hidden - lead;  // element index of the span's first
-    const bool span_past_tensor =
-        span_start < 0 || span_start + int64_t{row_vectors} * kVec > rows * hidden;
-    const auto is_edge = [&](int idx) { return idx == 0 || idx == row_vectors - 1; };
+    const RowSpan span = row_span<scalar_t>(span_lead(x, row, hidden), row, rows, hidden);
     Vec xv[kVectorsPerThread];
-#pragma unroll
-    for (int i = 0; i < kVectorsPerThread; ++i) {
-      const int idx = threadIdx.x + i * blockDim.x;
-      if (idx < row_vectors && !(span_past_tensor && is_edge(idx))) {
-        xv[i] = x_span[idx];
-      }
-    }
-#pragma unroll
-    for (int i = 0; i < kVectorsPerThread; ++i) {
-      const int idx = threadIdx.x + i * blockDim.x;
-      if (idx < row_vectors && is_edge(idx)) {
-#pragma unroll
-        for (int k = 0; k < kVec; ++k) {
-          const int col = idx * kVec - lead + k;
-          if (col < 0 || col >= hidden_int) {
-            xv[i].val[k] = scalar_t(acc_t(0));
-          } else if (span_past_tensor) {
-            xv[i].val[k] = x_row[col];
-          }
-        }
-      }
-    }
+    load_span(xv, x_row, span);
+    mask_span_edges(xv, x_row, span, hidden_int);
     acc_t sum_sq[1] = {0};
 #pragma unroll
     for (int i = 0; i < kVectorsPerThread; ++i) {
       const int idx = threadIdx.x + i * blockDim.x;
-      if (idx < row_vectors) {
+      if (idx < span.vectors) {
 #pragma unroll
         for (int k = 0; k < kVec; ++k) {
           const acc_t v = static_cast<acc_t>(xv[i].val[k]);
@@ -231,29 +297,16 @@ __global__ void __launch_bounds__(kVectorsPerThread >= 8 ? kForwardMaxThreadsAt8
     row_sum(sum_sq);
     const acc_t rstd = rsqrt_acc(sum_sq[0] * inv_hidden + eps);
 
-    scalar_t* y_row = y + row * hidden;
-    Vec* y_span = reinterpret_cast<Vec*>(y_row - lead);
     const Vec* weight_vec =
         shifted_weight != nullptr
-            ? reinterpret_cast<const Vec*>(shifted_weight) + int64_t{lead} * span_vectors
+            ? reinterpret_cast<const Vec*>(shifted_weight) + int64_t{span.lead} * span_vectors
             : nullptr;
 #pragma unroll
     for (int i = 0; i < kVectorsPerThread; ++i) {
       const int idx = threadIdx.x + i * blockDim.x;
-      const int first = idx * kVec - lead;
-      if (idx < row_vectors) {
-        const Vec out = normalized(xv[i], rstd, weight_vec, idx);
-        if (first >= 0 && first + kVec <= hidden_int) {
-          y_span[idx] = out;
-        } else {
-#pragma unroll
-          for (int k = 0; k < kVec; ++k) {
-            const int col = first + k;
-            if (col >= 0 && col < hidden_int) {
-              y_row[col] = out.val[k];
-            }
-          }
-        }
+      if (idx < span.vectors) {
+        store_span_vector(y + row * hidden, span, idx, hidden_int,
+                          normalized(xv[i], rstd, weight_vec, idx));
       }
     }
   }
@@ -373,25 +426,60 @@ constexpr RowKernelLimits kShiftedLimits{kForwardLimits.max_vectors_per_thread,
 // block; rms_norm_shifted_kernel takes the rest that the vector kernel's variants can hold.
 constexpr int64_t kShiftedMinHidden = 256;
 
-// Launches rms_norm_shifted_kernel and returns true where it takes the rows: 16-bit and
-// float32 rows whose start is off the vector boundary, with y at x's offset from it.
-// `like` places the shifted weight copies (a tensor on x's device).
+// Span rows: rows of at least kShiftedMinHidden elements, every tensor in `pointers` at
+// the same offset from the vector boundary, a whole number of elements in.
+template <typename scalar_t>
+bool spans_line_up(int64_t hidden, std::initializer_list<const void*> pointers) {
+  const auto offset = [](const void* p) {
+    return reinterpret_cast<std::uintptr_t>(p) % kVectorBytes;
+  };
+  const std::uintptr_t first = offset(*pointers.begin());
+  return hidden >= kShiftedMinHidden && first % sizeof(scalar_t) == 0 &&
+         std::all_of(pointers.begin(), pointers.end(),
+                     [&](const void* p) { return offset(p) == first; });
+}
+
+// The widest span of a row: one starting one element after a vector boundary.
+template <typename scalar_t>
+int64_t widest_span_vectors(int64_t hidden) {
+  constexpr int kVec = vector_size<scalar_t>();
+  return ceil_div(hidden + kVec - 1, kVec);
+}
+
+// The kVec copies of the weight that the span kernels read (see shift_weight_kernel), or
+// nullopt without a weight. `like` places them (a tensor on x's device).
+template <typename scalar_t>
+std::optional<Tensor> shifted_weight_copies(const scalar_t* weight, int64_t hidden,
+                                            cudaStream_t stream, const Tensor& like) {
+  if (weight == nullptr) {
+    return std::nullopt;
+  }
+  constexpr int kVec = vector_size<scalar_t>();
+  const int64_t span_elements = widest_span_vectors<scalar_t>(hidden) * kVec;
+  const int64_t total = kVec * span_elements;
+  Tensor shifted = empty_on(like, {total}, like.scalar_type());
+  const int threads = 256;
+  shift_weight_kernel<scalar_t>
+      <<<static_cast<unsigned>(ceil_div(total, threads)), threads, 0, stream>>>(
+          weight, mutable_data<scalar_t>(shifted), hidden, span_elements, total);
+  HOTLOOP_KERNEL_LAUNCH_CHECK();
+  return shifted;
+}
+
+// Launches rms_norm_shifted_kernel and returns true where it takes the rows: span rows
+// (spans_line_up) with y at x's offset from the vector boundary.
 template <typename scalar_t>
 bool launch_shifted_rms_norm(const scalar_t* x, const scalar_t* weight, scalar_t* y, int64_t rows,
                              int64_t hidden, acc_type<scalar_t> eps, cudaStream_t stream,
                              const Tensor& like) {
   constexpr int kVec = vector_size<scalar_t>();
-  if constexpr (sizeof(scalar_t) > 4) {  // float64 rows would not fit in registers
+  if constexpr (!kScalarRowsInRegisters<scalar_t>) {  // float64 rows: too many registers
     return false;
   } else {
-    const auto offset = [](const void* p) {
-      return reinterpret_cast<std::uintptr_t>(p) % kVectorBytes;
-    };
-    if (hidden < kShiftedMinHidden || offset(x) != offset(y) || offset(x) % sizeof(scalar_t) != 0) {
+    if (!spans_line_up<scalar_t>(hidden, {x, y})) {
       return false;
     }
-    // The widest span: a row starting one element after a vector boundary.
-    const int64_t span_vectors = ceil_div(hidden + kVec - 1, kVec);
+    const int64_t span_vectors = widest_span_vectors<scalar_t>(hidden);
     const RowLaunch plan =
         plan_row_launch(span_vectors * kVec, kVec, /*vector_ok=*/true, kShiftedLimits);
     // At 4 vectors a thread (16-bit rows past 4608 elements) the scalar kernel is faster:
@@ -399,19 +487,10 @@ bool launch_shifted_rms_norm(const scalar_t* x, const scalar_t* weight, scalar_t
     if (plan.vectors_per_thread == 0 || plan.vectors_per_thread > 2) {
       return false;
     }
-    std::optional<Tensor> shifted;
-    if (weight != nullptr) {
-      const int64_t total = kVec * span_vectors * kVec;
-      shifted = empty_on(like, {total}, like.scalar_type());
-      const int threads = 256;
-      shift_weight_kernel<scalar_t>
-          <<<static_cast<unsigned>(ceil_div(total, threads)), threads, 0, stream>>>(
-              weight, mutable_data<scalar_t>(*shifted), hidden, span_vectors * kVec, total);
-      HOTLOOP_KERNEL_LAUNCH_CHECK();
-    }
+    const std::optional<Tensor> shifted = shifted_weight_copies(weight, hidden, stream, like);
     const scalar_t* shifted_weight = shifted ? const_data<scalar_t>(*shifted) : nullptr;
     const dim3 grid(static_cast<unsigned>(row_blocks(rows, plan)));
-    return launch_vector_rows<1, 2, 4, 8>(plan, [&](auto vpt) {
+    return launch_vector_rows<1, 2>(plan, [&](auto vpt) {
       rms_norm_shifted_kernel<scalar_t, decltype(vpt)::value><<<grid, plan.block(), 0, stream>>>(
           x, shifted_weight, y, rows, hidden, span_vectors, eps);
     });
@@ -488,6 +567,13 @@ constexpr RowKernelLimits kBackwardLimits{/*max_vectors_per_thread=*/1,
                                           /*target_threads=*/kMaxThreadsPerBlock,
                                           /*max_threads=*/kMaxThreadsPerBlock};
 
+// Span rows (float32 only, see launch_rms_norm_backward): 1, 2 or 4 vectors a thread on
+// at most 288 threads, then 4 on up to 512, in one row at a time (the mask and store code
+// of the span edges leaves no registers for a second row).
+constexpr RowKernelLimits kBackwardSpanLimits{/*max_vectors_per_thread=*/4,
+                                              /*target_threads=*/256 + kWarpSize,
+                                              /*max_threads=*/kBackwardMaxThreadsWide};
+
 inline RowLaunch plan_backward_launch(int64_t hidden, int vector_width, bool vector_ok) {
   RowLaunch plan = plan_row_launch(hidden, vector_width, vector_ok, kBackwardLimits);
   if (plan.vectors_per_thread == 0 && vector_ok && hidden % vector_width == 0) {
@@ -504,14 +590,20 @@ inline RowLaunch plan_backward_launch(int64_t hidden, int vector_width, bool vec
 // Rows a thread works on at once. The grid only fills the GPU once (every row
 // slot holds a grad_weight accumulator in registers), so with one row at a time
 // an SM has few rows in flight, each waiting on its reduction; two rows per step
-// double the loads in flight while sharing one accumulator.
-template <int kVectorsPerThread>
+// double the loads in flight while sharing one accumulator. Span rows: one (see
+// kBackwardSpanLimits).
+template <int kVectorsPerThread, bool kSpan>
 constexpr int backward_rows_per_step() {
-  return kVectorsPerThread == 1 ? 2 : 1;
+  return kVectorsPerThread == 1 && !kSpan ? 2 : 1;
 }
 
-template <typename scalar_t, int kVectorsPerThread>
-__global__ void __launch_bounds__(kVectorsPerThread >= kBackwardWideVectors
+// kSpan: span rows (see row_span), with `weight` the shifted copies of the weight as in
+// rms_norm_shifted_kernel. Every row of a block starts `lead` elements after a vector
+// boundary (the launch makes the grid a multiple of kVec blocks, or gives each block one
+// row), so the block's grad_weight accumulator and its copy of the weight line up with all
+// of its rows.
+template <typename scalar_t, int kVectorsPerThread, bool kSpan>
+__global__ void __launch_bounds__(kSpan || kVectorsPerThread >= kBackwardWideVectors
                                       ? kBackwardMaxThreadsWide
                                       : kMaxThreadsPerBlock)
     rms_norm_backward_vector_kernel(const scalar_t* __restrict__ grad_out,
@@ -519,16 +611,22 @@ __global__ void __launch_bounds__(kVectorsPerThread >= kBackwardWideVectors
                                     const scalar_t* __restrict__ weight,
                                     scalar_t* __restrict__ grad_x,
                                     acc_type<scalar_t>* __restrict__ weight_partials, int64_t rows,
-                                    int64_t hidden, acc_type<scalar_t> eps) {
+                                    int64_t hidden, int64_t span_vectors, acc_type<scalar_t> eps) {
   using acc_t = acc_type<scalar_t>;
   constexpr int kVec = vector_size<scalar_t>();
-  constexpr int kRows = backward_rows_per_step<kVectorsPerThread>();
+  constexpr int kRows = backward_rows_per_step<kVectorsPerThread, kSpan>();
   using Vec = AlignedVector<scalar_t, kVec>;
   using AccVec = AlignedVector<acc_t, kVec>;
-  const int num_vectors = static_cast<int>(hidden / kVec);
+  const int hidden_int = static_cast<int>(hidden);
   const acc_t inv_hidden = acc_t(1) / static_cast<acc_t>(hidden);
-  const Vec* weight_vec = reinterpret_cast<const Vec*>(weight);
   const int64_t row_slots = static_cast<int64_t>(gridDim.x) * blockDim.y;
+  const int lead =
+      kSpan ? span_lead(x, static_cast<int64_t>(blockIdx.x) * blockDim.y + threadIdx.y, hidden) : 0;
+  const int num_vectors =
+      kSpan ? span_vector_count<scalar_t>(lead, hidden) : static_cast<int>(hidden / kVec);
+  const Vec* weight_vec = weight != nullptr
+                              ? reinterpret_cast<const Vec*>(weight) + int64_t{lead} * span_vectors
+                              : nullptr;
 
   acc_t dw[kVectorsPerThread][kVec];
 #pragma unroll
@@ -544,28 +642,39 @@ __global__ void __launch_bounds__(kVectorsPerThread >= kBackwardWideVectors
   for (int64_t block_row = static_cast<int64_t>(blockIdx.x) * blockDim.y; block_row < rows;
        block_row += kRows * row_slots) {
     int64_t row[kRows];
-    bool row_valid[kRows];
+    RowSpan span[kRows];
     Vec xv[kRows][kVectorsPerThread];
     Vec gov[kRows][kVectorsPerThread];
     acc_t sums[2 * kRows];  // sum(x^2) and sum(g * x) of each row
 #pragma unroll
     for (int r = 0; r < kRows; ++r) {
       row[r] = block_row + r * row_slots + threadIdx.y;
-      row_valid[r] = row[r] < rows;
+      if constexpr (kSpan) {
+        span[r] = row_span<scalar_t>(lead, row[r], rows, hidden);
+      } else {
+        span[r] = RowSpan{0, row[r] < rows ? num_vectors : 0, false};
+      }
       sums[2 * r] = 0;
       sums[2 * r + 1] = 0;
     }
 #pragma unroll
     for (int r = 0; r < kRows; ++r) {
-      const Vec* x_row = reinterpret_cast<const Vec*>(x + row[r] * hidden);
-      const Vec* go_row = reinterpret_cast<const Vec*>(grad_out + row[r] * hidden);
+      const Vec* x_vectors = reinterpret_cast<const Vec*>(x + row[r] * hidden - lead);
+      const Vec* go_vectors = reinterpret_cast<const Vec*>(grad_out + row[r] * hidden - lead);
 #pragma unroll
       for (int i = 0; i < kVectorsPerThread; ++i) {
         const int idx = threadIdx.x + i * blockDim.x;
-        if (row_valid[r] && idx < num_vectors) {
-          xv[r][i] = x_row[idx];
-          gov[r][i] = go_row[idx];
+        if (idx < span[r].vectors && !(span[r].past_tensor && span[r].is_edge(idx))) {
+          xv[r][i] = x_vectors[idx];
+          gov[r][i] = go_vectors[idx];
         }
+      }
+    }
+    if constexpr (kSpan) {
+#pragma unroll
+      for (int r = 0; r < kRows; ++r) {
+        mask_span_edges(xv[r], x + row[r] * hidden, span[r], hidden_int);
+        mask_span_edges(gov[r], grad_out + row[r] * hidden, span[r], hidden_int);
       }
     }
 #pragma unroll
@@ -578,7 +687,7 @@ __global__ void __launch_bounds__(kVectorsPerThread >= kBackwardWideVectors
         }
 #pragma unroll
         for (int r = 0; r < kRows; ++r) {
-          if (row_valid[r]) {
+          if (span[r].vectors > 0) {
 #pragma unroll
             for (int k = 0; k < kVec; ++k) {
               const acc_t xk = static_cast<acc_t>(xv[r][i].val[k]);
@@ -605,7 +714,7 @@ __global__ void __launch_bounds__(kVectorsPerThread >= kBackwardWideVectors
         }
 #pragma unroll
         for (int r = 0; r < kRows; ++r) {
-          if (row_valid[r]) {
+          if (span[r].vectors > 0) {
             const acc_t rstd = rsqrt_acc(sums[2 * r] * inv_hidden + eps);
             const acc_t x_coeff = rstd * rstd * rstd * sums[2 * r + 1] * inv_hidden;
             Vec out;
@@ -617,7 +726,11 @@ __global__ void __launch_bounds__(kVectorsPerThread >= kBackwardWideVectors
               out.val[k] = static_cast<scalar_t>(rstd * gok * wk - xk * x_coeff);
               dw[i][k] += gok * xk * rstd;
             }
-            reinterpret_cast<Vec*>(grad_x + row[r] * hidden)[idx] = out;
+            if constexpr (kSpan) {
+              store_span_vector(grad_x + row[r] * hidden, span[r], idx, hidden_int, out);
+            } else {
+              reinterpret_cast<Vec*>(grad_x + row[r] * hidden)[idx] = out;
+            }
           }
         }
       }
@@ -629,8 +742,9 @@ __global__ void __launch_bounds__(kVectorsPerThread >= kBackwardWideVectors
   }
   // One partial row per block. Short rows share a block along threadIdx.y: add
   // their accumulators in shared memory first, in a fixed order (deterministic).
+  // Span rows are never that short (kShiftedMinHidden).
   __shared__ acc_t block_dw[kWarpSize * kVectorsPerThread * kVec];
-  if (blockDim.y > 1) {
+  if (!kSpan && blockDim.y > 1) {
     for (int y = 0; y < static_cast<int>(blockDim.y); ++y) {
       if (threadIdx.y == y) {
 #pragma unroll
@@ -661,17 +775,28 @@ __global__ void __launch_bounds__(kVectorsPerThread >= kBackwardWideVectors
       }
     }
   }
-  AccVec* partial_row = reinterpret_cast<AccVec*>(weight_partials + blockIdx.x * hidden);
+  acc_t* partial_row = weight_partials + blockIdx.x * hidden;
 #pragma unroll
   for (int i = 0; i < kVectorsPerThread; ++i) {
     const int idx = threadIdx.x + i * blockDim.x;
     if (idx < num_vectors) {
-      AccVec out;
+      if constexpr (kSpan) {
+        // Column idx * kVec - lead + k: the partial row is not at the span's offset.
 #pragma unroll
-      for (int k = 0; k < kVec; ++k) {
-        out.val[k] = dw[i][k];
+        for (int k = 0; k < kVec; ++k) {
+          const int col = idx * kVec - lead + k;
+          if (col >= 0 && col < hidden_int) {
+            partial_row[col] = dw[i][k];
+          }
+        }
+      } else {
+        AccVec out;
+#pragma unroll
+        for (int k = 0; k < kVec; ++k) {
+          out.val[k] = dw[i][k];
+        }
+        reinterpret_cast<AccVec*>(partial_row)[idx] = out;
       }
-      partial_row[idx] = out;
     }
   }
 }
@@ -1003,15 +1128,26 @@ void launch_rms_norm_backward(const scalar_t* grad_out, const scalar_t* x, const
       HOTLOOP_KERNEL_LAUNCH_CHECK();
     }
   };
-  // The vector kernels write one partial row per block, overwriting it; the
-  // scalar kernels one per row slot, overwriting it; the generic kernel
-  // accumulates into one per row slot, which must start at zero.
-  enum class Partials { kPerBlock, kPerSlot, kPerSlotZeroed };
-  auto launch = [&](auto kernel, const RowLaunch& launch_plan, Partials kind) {
+  // The vector kernels write one partial row per block, overwriting it. Span rows need
+  // every row of a block at one offset from the vector boundary: a grid of a multiple of
+  // kVec blocks (rows strided by it), or one row per block.
+  auto launch_vector = [&](auto kernel, const RowLaunch& launch_plan,
+                           const scalar_t* weight_or_copies, int64_t span_vectors) {
+    int64_t blocks = persistent_blocks(kernel, launch_plan, rows);
+    if (span_vectors > 0 && blocks < rows) {
+      blocks -= blocks % vector_size<scalar_t>();
+    }
+    with_partials(blocks, /*zeroed=*/false, [&](acc_t* partials_ptr) {
+      kernel<<<dim3(static_cast<unsigned>(blocks)), launch_plan.block(), 0, stream>>>(
+          grad_out, x, weight_or_copies, grad_x, partials_ptr, rows, hidden, span_vectors, eps_acc);
+      HOTLOOP_KERNEL_LAUNCH_CHECK();
+    });
+  };
+  // The scalar kernels write one partial row per row slot, overwriting it; the generic
+  // kernel accumulates into one per row slot, which must start at zero.
+  auto launch_per_slot = [&](auto kernel, const RowLaunch& launch_plan, bool zeroed) {
     const int64_t blocks = persistent_blocks(kernel, launch_plan, rows);
-    const int64_t num_partials =
-        kind == Partials::kPerBlock ? blocks : blocks * launch_plan.rows_per_block;
-    with_partials(num_partials, kind == Partials::kPerSlotZeroed, [&](acc_t* partials_ptr) {
+    with_partials(blocks * launch_plan.rows_per_block, zeroed, [&](acc_t* partials_ptr) {
       kernel<<<dim3(static_cast<unsigned>(blocks)), launch_plan.block(), 0, stream>>>(
           grad_out, x, weight, grad_x, partials_ptr, rows, hidden, eps_acc);
       HOTLOOP_KERNEL_LAUNCH_CHECK();
@@ -1019,11 +1155,32 @@ void launch_rms_norm_backward(const scalar_t* grad_out, const scalar_t* x, const
   };
 
   const bool vector_launched = launch_vector_rows<1, kBackwardWideVectors>(plan, [&](auto vpt) {
-    launch(rms_norm_backward_vector_kernel<scalar_t, decltype(vpt)::value>, plan,
-           Partials::kPerBlock);
+    launch_vector(rms_norm_backward_vector_kernel<scalar_t, decltype(vpt)::value, false>, plan,
+                  weight, /*span_vectors=*/0);
   });
   if (vector_launched) {
     return;
+  }
+  // Span rows, float32 only: 16-bit span rows need twice the registers per byte (float32
+  // copies of 8 elements a vector), and ran slower than the scalar kernel at every width
+  // tried (benchmarks/NOTES.md, runs 29-31).
+  if constexpr (std::is_same_v<scalar_t, float>) {
+    if (spans_line_up<scalar_t>(hidden, {grad_out, x, grad_x})) {
+      constexpr int kVec = vector_size<scalar_t>();
+      const int64_t span_vectors = widest_span_vectors<scalar_t>(hidden);
+      const RowLaunch span_plan =
+          plan_row_launch(span_vectors * kVec, kVec, /*vector_ok=*/true, kBackwardSpanLimits);
+      if (span_plan.vectors_per_thread != 0) {
+        const std::optional<Tensor> copies = shifted_weight_copies(weight, hidden, stream, like);
+        const bool span_launched = launch_vector_rows<1, 2, 4>(span_plan, [&](auto vpt) {
+          launch_vector(rms_norm_backward_vector_kernel<scalar_t, decltype(vpt)::value, true>,
+                        span_plan, copies ? const_data<scalar_t>(*copies) : nullptr, span_vectors);
+        });
+        if (span_launched) {
+          return;
+        }
+      }
+    }
   }
   // Staged rows (x and grad_out; common/staged_rows.cuh), one partial row per cluster: the
   // vector kernels take up to 2048 vectors, so a thread of the staged kernel holds 8 or 16
@@ -1064,11 +1221,11 @@ void launch_rms_norm_backward(const scalar_t* grad_out, const scalar_t* x, const
   }
   const RowLaunch scalar_plan = plan_scalar_row_launch(hidden);
   const bool launched = launch_scalar_rows<scalar_t>(scalar_plan, [&](auto elems) {
-    launch(rms_norm_backward_scalar_kernel<scalar_t, decltype(elems)::value>, scalar_plan,
-           Partials::kPerSlot);
+    launch_per_slot(rms_norm_backward_scalar_kernel<scalar_t, decltype(elems)::value>, scalar_plan,
+                    /*zeroed=*/false);
   });
   if (!launched) {
-    launch(rms_norm_backward_generic_kernel<scalar_t>, plan, Partials::kPerSlotZeroed);
+    launch_per_slot(rms_norm_backward_generic_kernel<scalar_t>, plan, /*zeroed=*/true);
   }
 }
 

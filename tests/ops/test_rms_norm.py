@@ -61,6 +61,53 @@ def test_forward_matches_torch(device: str, dtype: torch.dtype) -> None:
     torch.testing.assert_close(hotloop.rms_norm(x, weight), expected, **TOLERANCES[dtype])
 
 
+def rms_norm_backward_reference(
+    grad_out: torch.Tensor, x: torch.Tensor, weight: torch.Tensor | None, eps: float
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """(grad_x, grad_weight) in float64."""
+    x64 = x.detach().double().requires_grad_()
+    w64 = None if weight is None else weight.detach().double().requires_grad_()
+    out64 = x64 * torch.rsqrt(x64.pow(2).mean(-1, keepdim=True) + eps)
+    (out64 if w64 is None else out64 * w64).backward(grad_out.double())
+    return x64.grad, None if w64 is None else w64.grad
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32])
+@pytest.mark.parametrize("hidden", [257, 1001, 2047, 4095, 8193])
+@pytest.mark.parametrize("rows", [9, 3000])
+def test_backward_rows_off_the_vector_boundary(
+    device: str, dtype: torch.dtype, hidden: int, rows: int
+) -> None:
+    # Odd widths put consecutive rows at every offset from the 16-byte boundary. With 3000
+    # rows, more than a GPU keeps resident, each block's grad_weight accumulator takes many
+    # rows; 9 rows give blocks one row each. The offset views give x and grad_out different
+    # offsets from the boundary. Row 4 of grad_out is inf: its neighbours, which share 16-byte
+    # vectors with it, must not see it.
+    if device == "cpu" and rows > 9:
+        pytest.skip("CPU kernels take rows in chunks, not a resident grid of blocks")
+    gen = torch.Generator(device=device).manual_seed(hidden + rows)
+    base = torch.randn(rows * hidden + 1, device=device, dtype=dtype, generator=gen)
+    clean_base = torch.randn(rows * hidden + 1, device=device, dtype=dtype, generator=gen)
+    weight = torch.rand(hidden, device=device, dtype=dtype, generator=gen) + 0.5
+    tol = {"atol": 8 * TOLERANCES[dtype]["atol"], "rtol": 4 * TOLERANCES[dtype]["rtol"]}
+    finite = torch.ones(rows, dtype=torch.bool, device=device)
+    finite[4] = False
+    for x_at, grad_at in ((0, 0), (1, 1), (1, 0)):
+        x = base[x_at : x_at + rows * hidden].view(rows, hidden)
+        clean = clean_base[grad_at : grad_at + rows * hidden].view(rows, hidden)
+        with_inf = clean_base.clone()[grad_at : grad_at + rows * hidden].view(rows, hidden)
+        with_inf[4] = float("inf")
+        for w in (weight, None):
+            grad_x, grad_w = torch.ops.hotloop.rms_norm_backward(clean, x, w, 1e-6)
+            expected_x, expected_w = rms_norm_backward_reference(clean, x, w, 1e-6)
+            torch.testing.assert_close(grad_x, expected_x.to(dtype), **tol)
+            if w is not None:
+                torch.testing.assert_close(grad_w, expected_w.to(dtype), **tol)
+            grad_x = torch.ops.hotloop.rms_norm_backward(with_inf, x, w, 1e-6)[0]
+            torch.testing.assert_close(grad_x[finite], expected_x[finite].to(dtype), **tol)
+            assert not torch.isfinite(grad_x[4]).any()
+
+
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_backward_matches_reference(device: str, dtype: torch.dtype) -> None:
     for x, weight, eps in sample_inputs(device, dtype, requires_grad=True):
