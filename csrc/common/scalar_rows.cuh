@@ -5,98 +5,105 @@
 // elements j = threadIdx.x + i * stride, i < kElemsPerThread, of its row, read
 // with coalesced scalar loads, so a row is read from global memory once.
 //
-// Four variants: kScalarElemsShort elements per thread with blockDim.x as
-// planned, for rows up to kScalarElemsShort * 512; then kScalarElemsMid,
-// kScalarElemsWide and kScalarElemsLong elements per thread with a thread count
-// fixed at compile time (scalar_fixed_threads), for rows up to the product. With
-// the thread count a constant, a thread's elements sit at constant offsets from
-// one pointer, so the row fits in the registers without spilling (with a run-time
-// stride nvcc kept a 64-bit address per element and spilled). Longer rows, and
-// float64 (whose rows would not fit in registers), take the generic kernels.
+// The variants (ScalarRows): kElemsPerThread elements a thread on kFixedThreads threads a
+// row, a constant, so that a thread's elements sit at constant offsets from one pointer and
+// the row fits in the registers (with a run-time stride nvcc kept a 64-bit address per
+// element: more registers, fewer threads an SM). Only the shortest rows (up to 768
+// elements) take blockDim.x as planned, so that rows of up to 32 threads can share a block.
+// Longer rows, and float64 (whose rows would not fit in registers), take the generic kernels.
+// benchmarks/NOTES.md (runs 32-34) has the fixed variants against the planned blockDim.x.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
+#include <tuple>
 #include <type_traits>
+#include <utility>
 
 #include "cuda_utils.cuh"
 #include "row_launch.cuh"
 
 namespace hotloop {
 
-constexpr int kScalarElemsShort = 4;
-constexpr int kScalarElemsMid = 16;
-constexpr int kScalarElemsWide = 24;
-constexpr int kScalarElemsLong = 32;
+// Threads of a row in the variant that takes blockDim.x as planned: at most this many. Up
+// to 768 elements it keeps those rows: the fixed 256 threads would leave a quarter or more
+// of theirs without an element, and rms_norm_fp8 ran 17 % slower so at H = 601.
+constexpr int kScalarPlannedMaxThreads = 192;
 
-// blockDim.x of the scalar kernels: 0 = as planned.
-constexpr int scalar_fixed_threads(int elems_per_thread) {
-  return elems_per_thread == kScalarElemsShort  ? 0
-         : elems_per_thread == kScalarElemsMid  ? 256
-         : elems_per_thread == kScalarElemsWide ? 384
-                                                : 512;
-}
+template <int kElems, int kThreads>  // kThreads == 0: blockDim.x as planned
+struct ScalarRows {
+  static constexpr int kElemsPerThread = kElems;
+  static constexpr int kFixedThreads = kThreads;
+  static constexpr int64_t kMaxHidden =
+      int64_t{kElems} * (kThreads > 0 ? kThreads : kScalarPlannedMaxThreads);
+  // __launch_bounds__: the planned variant keeps the 1024 of a block whose blockDim.x was
+  // up to 512 (its registers as they were).
+  static constexpr int kLaunchBound = kThreads > 0 ? kThreads : kMaxThreadsPerBlock;
+};
 
-constexpr int scalar_max_threads(int elems_per_thread) {
-  return elems_per_thread == kScalarElemsShort ? kMaxThreadsPerBlock
-                                               : scalar_fixed_threads(elems_per_thread);
-}
+using ScalarRowsPlanned = ScalarRows<4, 0>;
+
+// In the order the planner tries them (the first that holds the row).
+using ScalarRowVariants = std::tuple<ScalarRowsPlanned, ScalarRows<4, 256>, ScalarRows<8, 256>,
+                                     ScalarRows<16, 256>, ScalarRows<24, 384>, ScalarRows<32, 512>>;
 
 // The distance between a thread's consecutive elements in its row.
-template <int kElemsPerThread>
+template <typename Rows>
 __device__ __forceinline__ int scalar_stride() {
-  constexpr int kFixedThreads = scalar_fixed_threads(kElemsPerThread);
-  return kFixedThreads > 0 ? kFixedThreads : static_cast<int>(blockDim.x);
+  return Rows::kFixedThreads > 0 ? Rows::kFixedThreads : static_cast<int>(blockDim.x);
 }
 
 template <typename scalar_t>
 constexpr bool kScalarRowsInRegisters = sizeof(scalar_t) <= 4;
 
-// vectors_per_thread of the plan holds the elements per thread; 0 when the row
-// is too long for every variant.
-inline RowLaunch plan_scalar_row_launch(int64_t hidden) {
-  RowLaunch plan;
-  if (hidden <= int64_t{kScalarElemsShort} * 512) {
-    plan.vectors_per_thread = kScalarElemsShort;
-    plan.threads_per_row = threads_for_row(ceil_div(hidden, kScalarElemsShort));
-  } else {
-    for (const int elems : {kScalarElemsMid, kScalarElemsWide, kScalarElemsLong}) {
-      if (hidden <= int64_t{elems} * scalar_fixed_threads(elems)) {
-        plan.vectors_per_thread = elems;
-        plan.threads_per_row = scalar_fixed_threads(elems);
-        break;
-      }
-    }
+struct ScalarRowLaunch {
+  int variant = -1;  // index into ScalarRowVariants; -1: the row is too long for every one
+  RowLaunch launch;  // its threads_per_row and rows_per_block
+};
+
+namespace detail {
+template <std::size_t... kIndex>
+ScalarRowLaunch plan_scalar_rows(int64_t hidden, std::index_sequence<kIndex...>) {
+  ScalarRowLaunch plan;
+  ((hidden <= std::tuple_element_t<kIndex, ScalarRowVariants>::kMaxHidden &&
+    (plan.variant = static_cast<int>(kIndex),
+     plan.launch.threads_per_row = std::tuple_element_t<kIndex, ScalarRowVariants>::kFixedThreads,
+     true)) ||
+   ...);
+  return plan;
+}
+
+template <typename Launch, std::size_t... kIndex>
+bool launch_scalar_variant(int variant, Launch&& launch, std::index_sequence<kIndex...>) {
+  return ((variant == static_cast<int>(kIndex) &&
+           (launch(std::tuple_element_t<kIndex, ScalarRowVariants>{}), true)) ||
+          ...);
+}
+}  // namespace detail
+
+inline ScalarRowLaunch plan_scalar_row_launch(int64_t hidden) {
+  constexpr auto kVariants = std::make_index_sequence<std::tuple_size_v<ScalarRowVariants>>{};
+  ScalarRowLaunch plan = detail::plan_scalar_rows(hidden, kVariants);
+  if (plan.variant >= 0 && plan.launch.threads_per_row == 0) {  // blockDim.x as planned
+    plan.launch.threads_per_row =
+        threads_for_row(ceil_div(hidden, int64_t{ScalarRowsPlanned::kElemsPerThread}));
   }
-  if (plan.threads_per_row <= kWarpSize) {
-    plan.rows_per_block = kThreadsForShortRows / plan.threads_per_row;
+  if (plan.launch.threads_per_row <= kWarpSize) {
+    plan.launch.rows_per_block = kThreadsForShortRows / plan.launch.threads_per_row;
   }
   return plan;
 }
 
-// Calls launch(std::integral_constant<int, kElemsPerThread>{}) for the variant the
-// plan picked and returns true, or returns false where no variant takes the rows
-// (too long, or float64): the caller falls back to its generic kernel.
+// Calls launch(Rows{}) for the variant the plan picked and returns true, or returns false
+// where no variant takes the rows (too long, or float64): the caller falls back to its
+// generic kernel.
 template <typename scalar_t, typename Launch>
-bool launch_scalar_rows(const RowLaunch& scalar_plan, Launch&& launch) {
+bool launch_scalar_rows(const ScalarRowLaunch& plan, Launch&& launch) {
   if constexpr (!kScalarRowsInRegisters<scalar_t>) {
     return false;
   } else {
-    switch (scalar_plan.vectors_per_thread) {
-      case kScalarElemsShort:
-        launch(std::integral_constant<int, kScalarElemsShort>{});
-        return true;
-      case kScalarElemsMid:
-        launch(std::integral_constant<int, kScalarElemsMid>{});
-        return true;
-      case kScalarElemsWide:
-        launch(std::integral_constant<int, kScalarElemsWide>{});
-        return true;
-      case kScalarElemsLong:
-        launch(std::integral_constant<int, kScalarElemsLong>{});
-        return true;
-      default:
-        return false;
-    }
+    return detail::launch_scalar_variant(
+        plan.variant, launch, std::make_index_sequence<std::tuple_size_v<ScalarRowVariants>>{});
   }
 }
 

@@ -100,14 +100,15 @@ __global__ void __launch_bounds__(kVectorsPerThread >= kFusedWideVectors ? kFuse
 
 // Rows that the vector kernel cannot take, held in registers as scalars: the
 // rounded sums are kept for the second step instead of re-read.
-template <typename scalar_t, int kElemsPerThread>
-__global__ void __launch_bounds__(scalar_max_threads(kElemsPerThread))
+template <typename scalar_t, typename Rows>
+__global__ void __launch_bounds__(Rows::kLaunchBound)
     fused_add_rms_norm_scalar_kernel(scalar_t* __restrict__ x, scalar_t* __restrict__ residual,
                                      const scalar_t* __restrict__ weight, int64_t rows,
                                      int64_t hidden, acc_type<scalar_t> eps) {
+  constexpr int kElemsPerThread = Rows::kElemsPerThread;
   using acc_t = acc_type<scalar_t>;
   const acc_t inv_hidden = acc_t(1) / static_cast<acc_t>(hidden);
-  const int stride = scalar_stride<kElemsPerThread>();
+  const int stride = scalar_stride<Rows>();
   // Element i of this thread is column threadIdx.x + i * stride of the row.
   const int own_columns = static_cast<int>(hidden) - static_cast<int>(threadIdx.x);
   const scalar_t* w_own = weight + threadIdx.x;
@@ -261,12 +262,12 @@ void launch_fused_add_rms_norm(scalar_t* x, scalar_t* residual, const scalar_t* 
     launch_staged(staged, stream, kernel, x, residual, weight, rows, hidden, eps_acc);
     return;
   }
-  const RowLaunch scalar_plan = plan_scalar_row_launch(hidden);
-  const dim3 scalar_grid(static_cast<unsigned>(row_blocks(rows, scalar_plan)));
-  const bool scalar_launched = launch_scalar_rows<scalar_t>(scalar_plan, [&](auto elems) {
-    fused_add_rms_norm_scalar_kernel<scalar_t, decltype(elems)::value>
-        <<<scalar_grid, scalar_plan.block(), 0, stream>>>(x, residual, weight, rows, hidden,
-                                                          eps_acc);
+  const ScalarRowLaunch scalar_plan = plan_scalar_row_launch(hidden);
+  const dim3 scalar_grid(static_cast<unsigned>(row_blocks(rows, scalar_plan.launch)));
+  const bool scalar_launched = launch_scalar_rows<scalar_t>(scalar_plan, [&](auto rows_variant) {
+    fused_add_rms_norm_scalar_kernel<scalar_t, decltype(rows_variant)>
+        <<<scalar_grid, scalar_plan.launch.block(), 0, stream>>>(x, residual, weight, rows, hidden,
+                                                                 eps_acc);
   });
   if (!scalar_launched) {
     fused_add_rms_norm_generic_kernel<scalar_t>

@@ -115,15 +115,16 @@ __global__ void __launch_bounds__(kVectorsPerThread >= 8 ? kForwardMaxThreadsAt8
 
 // Rows that the vector kernel cannot take but that fit in registers as scalars
 // (common/scalar_rows.cuh), so x is read once.
-template <typename scalar_t, int kElemsPerThread>
-__global__ void __launch_bounds__(scalar_max_threads(kElemsPerThread))
+template <typename scalar_t, typename Rows>
+__global__ void __launch_bounds__(Rows::kLaunchBound)
     rms_norm_scalar_kernel(const scalar_t* __restrict__ x, const scalar_t* __restrict__ weight,
                            scalar_t* __restrict__ y, int64_t rows, int64_t hidden,
                            acc_type<scalar_t> eps) {
+  constexpr int kElemsPerThread = Rows::kElemsPerThread;
   using acc_t = acc_type<scalar_t>;
   const int hidden_int = static_cast<int>(hidden);
   const acc_t inv_hidden = acc_t(1) / static_cast<acc_t>(hidden);
-  const int stride = scalar_stride<kElemsPerThread>();
+  const int stride = scalar_stride<Rows>();
   // Element i of this thread is column threadIdx.x + i * stride of the row.
   const int own_columns = hidden_int - static_cast<int>(threadIdx.x);
   const scalar_t* w_own = weight != nullptr ? weight + threadIdx.x : nullptr;
@@ -529,11 +530,12 @@ void launch_rms_norm(const scalar_t* x, const scalar_t* weight, scalar_t* y, int
     launch_staged(staged, stream, kernel, x, weight, y, rows, hidden, eps_acc);
     return;
   }
-  const RowLaunch scalar_plan = plan_scalar_row_launch(hidden);
-  const dim3 scalar_grid(static_cast<unsigned>(row_blocks(rows, scalar_plan)));
-  const bool scalar_launched = launch_scalar_rows<scalar_t>(scalar_plan, [&](auto elems) {
-    rms_norm_scalar_kernel<scalar_t, decltype(elems)::value>
-        <<<scalar_grid, scalar_plan.block(), 0, stream>>>(x, weight, y, rows, hidden, eps_acc);
+  const ScalarRowLaunch scalar_plan = plan_scalar_row_launch(hidden);
+  const dim3 scalar_grid(static_cast<unsigned>(row_blocks(rows, scalar_plan.launch)));
+  const bool scalar_launched = launch_scalar_rows<scalar_t>(scalar_plan, [&](auto rows_variant) {
+    rms_norm_scalar_kernel<scalar_t, decltype(rows_variant)>
+        <<<scalar_grid, scalar_plan.launch.block(), 0, stream>>>(x, weight, y, rows, hidden,
+                                                                 eps_acc);
   });
   if (!scalar_launched) {
     rms_norm_generic_kernel<scalar_t>
@@ -924,17 +926,18 @@ __global__ void __launch_bounds__(kStagedThreads)
 // row slot (slot = blockIdx.x * blockDim.y + threadIdx.y) writes its own partial
 // row once at the end, every column of it, so the buffer needs no zeroing and no
 // block-level reduction.
-template <typename scalar_t, int kElemsPerThread>
-__global__ void __launch_bounds__(scalar_max_threads(kElemsPerThread))
+template <typename scalar_t, typename Rows>
+__global__ void __launch_bounds__(Rows::kLaunchBound)
     rms_norm_backward_scalar_kernel(const scalar_t* __restrict__ grad_out,
                                     const scalar_t* __restrict__ x,
                                     const scalar_t* __restrict__ weight,
                                     scalar_t* __restrict__ grad_x,
                                     acc_type<scalar_t>* __restrict__ weight_partials, int64_t rows,
                                     int64_t hidden, acc_type<scalar_t> eps) {
+  constexpr int kElemsPerThread = Rows::kElemsPerThread;
   using acc_t = acc_type<scalar_t>;
-  constexpr int kFixedThreads = scalar_fixed_threads(kElemsPerThread);
-  const int stride = scalar_stride<kElemsPerThread>();
+  constexpr int kFixedThreads = Rows::kFixedThreads;
+  const int stride = scalar_stride<Rows>();
   // Element i of this thread is column threadIdx.x + i * stride of the row.
   const int own_columns = static_cast<int>(hidden) - static_cast<int>(threadIdx.x);
   const scalar_t* w_own = weight != nullptr ? weight + threadIdx.x : nullptr;
@@ -1219,9 +1222,10 @@ void launch_rms_norm_backward(const scalar_t* grad_out, const scalar_t* x, const
       return;
     }
   }
-  const RowLaunch scalar_plan = plan_scalar_row_launch(hidden);
-  const bool launched = launch_scalar_rows<scalar_t>(scalar_plan, [&](auto elems) {
-    launch_per_slot(rms_norm_backward_scalar_kernel<scalar_t, decltype(elems)::value>, scalar_plan,
+  const ScalarRowLaunch scalar_plan = plan_scalar_row_launch(hidden);
+  const bool launched = launch_scalar_rows<scalar_t>(scalar_plan, [&](auto rows_variant) {
+    launch_per_slot(rms_norm_backward_scalar_kernel<scalar_t, decltype(rows_variant)>,
+                    scalar_plan.launch,
                     /*zeroed=*/false);
   });
   if (!launched) {

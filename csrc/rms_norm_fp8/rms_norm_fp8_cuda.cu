@@ -173,15 +173,16 @@ __global__ void __launch_bounds__(kVectorsPerThread >= kFp8WideVectors ? kFp8Max
 
 // Rows that the vector kernel cannot take but that fit in registers as scalars
 // (common/scalar_rows.cuh), so x (and the residual) is read once.
-template <typename scalar_t, bool kResidual, int kElemsPerThread>
-__global__ void __launch_bounds__(scalar_max_threads(kElemsPerThread))
+template <typename scalar_t, bool kResidual, typename Rows>
+__global__ void __launch_bounds__(Rows::kLaunchBound)
     rms_norm_fp8_scalar_kernel(const Fp8NormPointers<scalar_t> p) {
+  constexpr int kElemsPerThread = Rows::kElemsPerThread;
   using acc_t = acc_type<scalar_t>;
   const acc_t inv_hidden = acc_t(1) / static_cast<acc_t>(p.hidden);
   const acc_t eps = static_cast<acc_t>(p.eps);
   const bool dynamic = p.scale == nullptr;
   const float static_inv_scale = dynamic ? 0.0f : 1.0f / *p.scale;
-  const int stride = scalar_stride<kElemsPerThread>();
+  const int stride = scalar_stride<Rows>();
   // Element i of this thread is column threadIdx.x + i * stride of the row.
   const int own_columns = static_cast<int>(p.hidden) - static_cast<int>(threadIdx.x);
   const scalar_t* w_own = p.weight + threadIdx.x;
@@ -306,11 +307,11 @@ void launch_rms_norm_fp8(const Fp8NormPointers<scalar_t>& p) {
   const RowLaunch plan = plan_row_launch(p.hidden, vector_size<scalar_t>(), aligned, kFp8Limits);
   const cudaStream_t stream = current_stream();
   if (plan.vectors_per_thread == 0) {
-    const RowLaunch scalar_plan = plan_scalar_row_launch(p.hidden);
-    const dim3 grid(static_cast<unsigned>(row_blocks(p.rows, scalar_plan)));
-    const bool launched = launch_scalar_rows<scalar_t>(scalar_plan, [&](auto elems) {
-      rms_norm_fp8_scalar_kernel<scalar_t, kResidual, decltype(elems)::value>
-          <<<grid, scalar_plan.block(), 0, stream>>>(p);
+    const ScalarRowLaunch scalar_plan = plan_scalar_row_launch(p.hidden);
+    const dim3 grid(static_cast<unsigned>(row_blocks(p.rows, scalar_plan.launch)));
+    const bool launched = launch_scalar_rows<scalar_t>(scalar_plan, [&](auto rows_variant) {
+      rms_norm_fp8_scalar_kernel<scalar_t, kResidual, decltype(rows_variant)>
+          <<<grid, scalar_plan.launch.block(), 0, stream>>>(p);
     });
     if (launched) {
       HOTLOOP_KERNEL_LAUNCH_CHECK();

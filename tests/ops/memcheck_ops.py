@@ -85,6 +85,7 @@ def main() -> int:
             (3, 7),
             (5, 1000),
             (9, 1001),  # 16-bit rows at every offset from the 16-byte boundary
+            (3, 2047),
             (2, 4095),
             (3, 4096),
             (2, 8193),

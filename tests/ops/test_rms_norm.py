@@ -11,12 +11,13 @@ import hotloop
 
 DTYPES = [torch.float16, torch.bfloat16, torch.float32, torch.float64]
 # Hidden sizes that hit every kernel path on GPUs: tiny, odd, not a multiple of the vector
-# width (register-resident scalars, 4095 and 8193), long aligned rows (the backward's
+# width (register-resident scalars, each of their variants: 7, 1001, 2047, 4095, 8193; the
+# forward's span kernel from 256 on, float32's backward too), long aligned rows (the backward's
 # four-vector kernel: 12288), aligned rows past the register-resident limit (staged in
 # shared memory: the backward at 20000 and 40000, the forward at 40000 and float32's at
 # 20000; split over a cluster of blocks on sm_90: the 16-bit forward and backward at
 # 65536, float32's forward at 40000), and long odd rows (the generic kernels: 20001).
-HIDDEN_SIZES = [1, 7, 64, 4095, 8193, 12288, 20000, 20001, 40000, 65536]
+HIDDEN_SIZES = [1, 7, 64, 1001, 2047, 4095, 8193, 12288, 20000, 20001, 40000, 65536]
 
 
 def sample_inputs(device: str, dtype: torch.dtype, requires_grad: bool = False) -> list[tuple]:
@@ -39,7 +40,7 @@ def test_forward_matches_reference(device: str, dtype: torch.dtype) -> None:
 
 
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32])
-@pytest.mark.parametrize("hidden", [257, 1001, 4095, 8193])
+@pytest.mark.parametrize("hidden", [257, 1001, 2047, 4095, 8193])
 def test_forward_rows_off_the_vector_boundary(device: str, dtype: torch.dtype, hidden: int) -> None:
     # Odd widths put consecutive rows at every offset from the 16-byte boundary; 3000 rows
     # are more than a GPU keeps resident, so blocks loop over rows. The offset view gives

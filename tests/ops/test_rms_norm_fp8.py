@@ -25,9 +25,10 @@ from hotloop.__main__ import describe_ops, ops_for_capability
 from hotloop.ops import E4M3_MAX, FP8_DTYPE, FP8_OPS, MIN_DYNAMIC_SCALE
 
 DTYPES = [torch.float16, torch.bfloat16, torch.float32, torch.float64]
-# Every kernel path on a GPU: one element, odd sizes (register-resident scalars), aligned
+# Every kernel path on a GPU: one element, odd sizes (register-resident scalars, each of
+# their variants: 7, 1001, 2047, 4095, 8193), aligned
 # rows of one to four vectors per thread, and past the register-resident limit (generic).
-HIDDEN_SIZES = [1, 7, 64, 4095, 4096, 8193, 16384, 20000]
+HIDDEN_SIZES = [1, 7, 64, 1001, 2047, 4095, 4096, 8193, 16384, 20000]
 
 requires_fp8_gpu = pytest.mark.skipif(
     not torch.cuda.is_available()
