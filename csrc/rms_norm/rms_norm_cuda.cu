@@ -195,26 +195,9 @@ __device__ __forceinline__ RowSpan row_span(int lead, int64_t row, int64_t rows,
   return span;
 }
 
-// This thread's vectors of the span (idx = threadIdx.x + i * blockDim.x), every one in
-// flight at once: nothing here waits on a load. The edge vectors of a span past the
-// tensor are left to mask_span_edges. (The backward loads x and grad_out in one loop of
-// its own, which keeps its aligned variants' registers as they were.)
-template <int kVectorsPerThread, typename Vec, typename scalar_t>
-__device__ __forceinline__ void load_span(Vec (&v)[kVectorsPerThread], const scalar_t* row_start,
-                                          const RowSpan& span) {
-  const Vec* vectors = reinterpret_cast<const Vec*>(row_start - span.lead);
-#pragma unroll
-  for (int i = 0; i < kVectorsPerThread; ++i) {
-    const int idx = threadIdx.x + i * blockDim.x;
-    if (idx < span.vectors && !(span.past_tensor && span.is_edge(idx))) {
-      v[i] = vectors[idx];
-    }
-  }
-}
-
 // Zeroes the neighbouring rows' elements of the edge vectors once loaded (never
 // subtracted later: a neighbour's inf would turn this row into NaN), and reads the edges
-// of a span past the tensor element by element.
+// of a span past the tensor element by element (the loads leave those out).
 template <int kVectorsPerThread, typename Vec, typename scalar_t>
 __device__ __forceinline__ void mask_span_edges(Vec (&v)[kVectorsPerThread],
                                                 const scalar_t* row_start, const RowSpan& span,
@@ -261,7 +244,9 @@ __device__ __forceinline__ void store_span_vector(scalar_t* row_start, const Row
 // `shifted_weight` holds kVec copies of it, copy `lead` starting `lead` zeros in, read as
 // vectors at the span's vector index. y sits at x's offset from the boundary (launch
 // checks). benchmarks/NOTES.md (runs 20-25) has the variants that ran slower than the
-// scalar kernel.
+// scalar kernel. Written out rather than through the span helpers above: with them nvcc
+// unpacked each loaded 16-bit vector before it issued the next load (69 % instead of 85 %
+// of copy bandwidth at H = 4095 on an H100, run 36).
 template <typename scalar_t, int kVectorsPerThread>
 __global__ void __launch_bounds__(kVectorsPerThread >= 8 ? kForwardMaxThreadsAt8
                                                          : kMaxThreadsPerBlock)
@@ -279,15 +264,48 @@ __global__ void __launch_bounds__(kVectorsPerThread >= 8 ? kForwardMaxThreadsAt8
        block_row += static_cast<int64_t>(gridDim.x) * blockDim.y) {
     const int64_t row = block_row + threadIdx.y;
     const scalar_t* x_row = x + row * hidden;
-    const RowSpan span = row_span<scalar_t>(span_lead(x, row, hidden), row, rows, hidden);
+    // Elements of the span before the row's first: the same for x and y.
+    const int lead = static_cast<int>(reinterpret_cast<std::uintptr_t>(x_row) % kVectorBytes) /
+                     static_cast<int>(sizeof(scalar_t));
+    const int row_vectors = row < rows ? (lead + hidden_int + kVec - 1) / kVec : 0;
+    const Vec* x_span = reinterpret_cast<const Vec*>(x_row - lead);
+    // Every vector in flight at once: the loop holds no branch that waits on a load. The
+    // span's edge vectors hold the neighbouring rows' elements too, zeroed after the loads
+    // (never subtracted later: a neighbour's inf would turn this row into NaN). Only where
+    // a row's span reaches past either end of the tensor do its edge vectors come element by
+    // element instead.
+    const int64_t span_start = row * hidden - lead;  // element index of the span's first
+    const bool span_past_tensor =
+        span_start < 0 || span_start + int64_t{row_vectors} * kVec > rows * hidden;
+    const auto is_edge = [&](int idx) { return idx == 0 || idx == row_vectors - 1; };
     Vec xv[kVectorsPerThread];
-    load_span(xv, x_row, span);
-    mask_span_edges(xv, x_row, span, hidden_int);
+#pragma unroll
+    for (int i = 0; i < kVectorsPerThread; ++i) {
+      const int idx = threadIdx.x + i * blockDim.x;
+      if (idx < row_vectors && !(span_past_tensor && is_edge(idx))) {
+        xv[i] = x_span[idx];
+      }
+    }
+#pragma unroll
+    for (int i = 0; i < kVectorsPerThread; ++i) {
+      const int idx = threadIdx.x + i * blockDim.x;
+      if (idx < row_vectors && is_edge(idx)) {
+#pragma unroll
+        for (int k = 0; k < kVec; ++k) {
+          const int col = idx * kVec - lead + k;
+          if (col < 0 || col >= hidden_int) {
+            xv[i].val[k] = scalar_t(acc_t(0));
+          } else if (span_past_tensor) {
+            xv[i].val[k] = x_row[col];
+          }
+        }
+      }
+    }
     acc_t sum_sq[1] = {0};
 #pragma unroll
     for (int i = 0; i < kVectorsPerThread; ++i) {
       const int idx = threadIdx.x + i * blockDim.x;
-      if (idx < span.vectors) {
+      if (idx < row_vectors) {
 #pragma unroll
         for (int k = 0; k < kVec; ++k) {
           const acc_t v = static_cast<acc_t>(xv[i].val[k]);
@@ -298,16 +316,29 @@ __global__ void __launch_bounds__(kVectorsPerThread >= 8 ? kForwardMaxThreadsAt8
     row_sum(sum_sq);
     const acc_t rstd = rsqrt_acc(sum_sq[0] * inv_hidden + eps);
 
+    scalar_t* y_row = y + row * hidden;
+    Vec* y_span = reinterpret_cast<Vec*>(y_row - lead);
     const Vec* weight_vec =
         shifted_weight != nullptr
-            ? reinterpret_cast<const Vec*>(shifted_weight) + int64_t{span.lead} * span_vectors
+            ? reinterpret_cast<const Vec*>(shifted_weight) + int64_t{lead} * span_vectors
             : nullptr;
 #pragma unroll
     for (int i = 0; i < kVectorsPerThread; ++i) {
       const int idx = threadIdx.x + i * blockDim.x;
-      if (idx < span.vectors) {
-        store_span_vector(y + row * hidden, span, idx, hidden_int,
-                          normalized(xv[i], rstd, weight_vec, idx));
+      const int first = idx * kVec - lead;
+      if (idx < row_vectors) {
+        const Vec out = normalized(xv[i], rstd, weight_vec, idx);
+        if (first >= 0 && first + kVec <= hidden_int) {
+          y_span[idx] = out;
+        } else {
+#pragma unroll
+          for (int k = 0; k < kVec; ++k) {
+            const int col = first + k;
+            if (col >= 0 && col < hidden_int) {
+              y_row[col] = out.val[k];
+            }
+          }
+        }
       }
     }
   }
