@@ -6,10 +6,10 @@
 // a multiple of the vector width, each thread keeps its slice of the row in
 // registers as 16-byte vectors (kVectorsPerThread of them), so x is read from
 // global memory once. Rows off the 16-byte boundary (odd hidden sizes) do the same with
-// the aligned span around each row (rms_norm_shifted_kernel; in the backward float32
-// only). Other rows (unaligned views; 16-bit odd rows in the backward) of up to 16384 elements
-// (float16/bfloat16/float32) stay in registers as scalars, read with coalesced scalar
-// loads (the *_scalar_kernels). Longer ones, and float64, take a
+// the aligned span around each row (rms_norm_shifted_kernel); the backward stages those
+// spans in shared memory (rms_norm_backward_span_staged_kernel). Other rows (unaligned
+// views) of up to 16384 elements (float16/bfloat16/float32) stay in registers as scalars,
+// read with coalesced scalar loads (the *_scalar_kernels). Longer ones, and float64, take a
 // generic kernel with scalar loads that handles any hidden size, re-reading the
 // row (mostly from L1/L2) for the second pass.
 // Sums are float32 (float64 for float64).
@@ -195,31 +195,6 @@ __device__ __forceinline__ RowSpan row_span(int lead, int64_t row, int64_t rows,
   return span;
 }
 
-// Zeroes the neighbouring rows' elements of the edge vectors once loaded (never
-// subtracted later: a neighbour's inf would turn this row into NaN), and reads the edges
-// of a span past the tensor element by element (the loads leave those out).
-template <int kVectorsPerThread, typename Vec, typename scalar_t>
-__device__ __forceinline__ void mask_span_edges(Vec (&v)[kVectorsPerThread],
-                                                const scalar_t* row_start, const RowSpan& span,
-                                                int hidden) {
-  constexpr int kVec = sizeof(Vec) / sizeof(scalar_t);
-#pragma unroll
-  for (int i = 0; i < kVectorsPerThread; ++i) {
-    const int idx = threadIdx.x + i * blockDim.x;
-    if (idx < span.vectors && span.is_edge(idx)) {
-#pragma unroll
-      for (int k = 0; k < kVec; ++k) {
-        const int col = idx * kVec - span.lead + k;
-        if (col < 0 || col >= hidden) {
-          v[i].val[k] = scalar_t(acc_type<scalar_t>(0));
-        } else if (span.past_tensor) {
-          v[i].val[k] = row_start[col];
-        }
-      }
-    }
-  }
-}
-
 // Stores vector `idx` of the span, the row's own elements only.
 template <typename Vec, typename scalar_t>
 __device__ __forceinline__ void store_span_vector(scalar_t* row_start, const RowSpan& span, int idx,
@@ -234,6 +209,103 @@ __device__ __forceinline__ void store_span_vector(scalar_t* row_start, const Row
       const int col = first + k;
       if (col >= 0 && col < hidden) {
         row_start[col] = out.val[k];
+      }
+    }
+  }
+}
+
+// Vector idx of a span into `slot` of a staged kernel's shared memory: with cp.async, or,
+// where the span reaches past the tensor, the row's own elements one by one and zeros in
+// the neighbours' places.
+template <typename scalar_t, int kVec>
+__device__ __forceinline__ void stage_span_vector(AlignedVector<scalar_t, kVec>* slot,
+                                                  const scalar_t* row_start, const RowSpan& span,
+                                                  int idx, int hidden) {
+  if (span.past_tensor && span.is_edge(idx)) {
+#pragma unroll
+    for (int k = 0; k < kVec; ++k) {
+      const int col = idx * kVec - span.lead + k;
+      slot->val[k] = col >= 0 && col < hidden ? row_start[col] : scalar_t(acc_type<scalar_t>(0));
+    }
+  } else {
+    stage_vector(
+        slot, reinterpret_cast<const AlignedVector<scalar_t, kVec>*>(row_start - span.lead) + idx);
+  }
+}
+
+// Zeroes the neighbouring rows' elements of vector idx of a span.
+template <typename scalar_t, int kVec>
+__device__ __forceinline__ void zero_outside_row(AlignedVector<scalar_t, kVec>& v,
+                                                 const RowSpan& span, int idx, int hidden) {
+#pragma unroll
+  for (int k = 0; k < kVec; ++k) {
+    const int col = idx * kVec - span.lead + k;
+    if (col < 0 || col >= hidden) {
+      v.val[k] = scalar_t(acc_type<scalar_t>(0));
+    }
+  }
+}
+
+// Copy `lead` of the shifted weight (shifted_weight_copies) as vectors, or nullptr.
+template <typename Vec, typename scalar_t>
+__device__ __forceinline__ const Vec* span_weight(const scalar_t* weight_copies, int lead,
+                                                  int64_t span_vectors) {
+  return weight_copies != nullptr
+             ? reinterpret_cast<const Vec*>(weight_copies) + int64_t{lead} * span_vectors
+             : nullptr;
+}
+
+// The weight vectors i < kVectorsPerThread (vector idx of the span) of a thread of the staged
+// span kernels: held in registers from the start (kInRegisters), or read each time they are
+// needed. Unset without a weight.
+template <typename Vec, int kVectorsPerThread, bool kInRegisters>
+class SpanWeight {
+ public:
+  __device__ __forceinline__ SpanWeight(const Vec* weight, int num_vectors) : weight_(weight) {
+    if constexpr (kInRegisters) {
+#pragma unroll
+      for (int i = 0; i < kVectorsPerThread; ++i) {
+        const int idx = threadIdx.x + i * blockDim.x;
+        if (weight_ != nullptr && idx < num_vectors) {
+          held_[i] = weight_[idx];
+        }
+      }
+    }
+  }
+
+  __device__ __forceinline__ Vec get(int i, int idx) const {
+    if constexpr (kInRegisters) {
+      return held_[i];
+    } else {
+      Vec v;
+      if (weight_ != nullptr) {
+        v = weight_[idx];
+      }
+      return v;
+    }
+  }
+
+ private:
+  const Vec* weight_;
+  Vec held_[kInRegisters ? kVectorsPerThread : 1];
+};
+
+// One partial row of grad_weight from accumulators in span coordinates: the row's own
+// columns only (the partial row is not at the span's offset).
+template <int kVectorsPerThread, int kVec, typename acc_t>
+__device__ __forceinline__ void store_span_partials(acc_t* partial_row,
+                                                    const acc_t (&dw)[kVectorsPerThread][kVec],
+                                                    int lead, int num_vectors, int hidden) {
+#pragma unroll
+  for (int i = 0; i < kVectorsPerThread; ++i) {
+    const int idx = threadIdx.x + i * blockDim.x;
+    if (idx < num_vectors) {
+#pragma unroll
+      for (int k = 0; k < kVec; ++k) {
+        const int col = idx * kVec - lead + k;
+        if (col >= 0 && col < hidden) {
+          partial_row[col] = dw[i][k];
+        }
       }
     }
   }
@@ -498,6 +570,53 @@ std::optional<Tensor> shifted_weight_copies(const scalar_t* weight, int64_t hidd
   return shifted;
 }
 
+// A grid of `blocks` for span rows: a multiple of kVec blocks, rows strided by it, so that
+// every row of a block starts at one offset from the vector boundary; or one row a block.
+template <typename scalar_t>
+int64_t span_grid(int64_t blocks, int64_t rows) {
+  constexpr int64_t kVec = vector_size<scalar_t>();
+  return blocks >= rows ? rows : std::max(kVec, blocks - blocks % kVec);
+}
+
+// Span rows in the staged span kernels: one or two vectors a thread on up to 1024 threads
+// (16-bit rows up to 16376 elements, float32 up to 8188); the target of one warp over 256
+// keeps a 4095-element 16-bit row at two vectors on 288 threads.
+constexpr RowKernelLimits kSpanStagedLimits{/*max_vectors_per_thread=*/2,
+                                            /*target_threads=*/256 + kWarpSize,
+                                            /*max_threads=*/kMaxThreadsPerBlock};
+// The weight's copy stays in registers in blocks of up to this many threads. With more, the
+// 64 registers a thread that 1024-thread bounds allow leave one block an SM (bfloat16
+// backward at H = 8193 on an H100: 1684-1948 GB/s, against 2186-2313 reading it each pass).
+constexpr int kSpanWeightRegistersMaxThreads = 512;
+
+// Calls launch(vectors_per_thread, weight_in_registers, plan, span_vectors), the first two as
+// integral constants, where the staged span kernels take rows of `hidden` elements, and
+// returns whether it did.
+template <typename scalar_t, typename Launch>
+bool launch_span_staged_rows(int64_t hidden, Launch&& launch) {
+  constexpr int kVec = vector_size<scalar_t>();
+  const int64_t span_vectors = widest_span_vectors<scalar_t>(hidden);
+  const RowLaunch plan =
+      plan_row_launch(span_vectors * kVec, kVec, /*vector_ok=*/true, kSpanStagedLimits);
+  return launch_vector_rows<1, 2>(plan, [&](auto vpt) {
+    if (plan.threads_per_row <= kSpanWeightRegistersMaxThreads) {
+      launch(vpt, std::true_type{}, plan, span_vectors);
+    } else {
+      launch(vpt, std::false_type{}, plan, span_vectors);
+    }
+  });
+}
+
+// A persistent grid of a staged span kernel staging `bytes` a block (span_grid).
+template <typename scalar_t, typename Kernel>
+StagedLaunch plan_span_staged_launch(Kernel kernel, const RowLaunch& plan, int64_t bytes,
+                                     int64_t rows) {
+  StagedLaunch staged =
+      plan_staged_launch(kernel, /*cluster=*/1, plan.threads_per_row, bytes, rows);
+  staged.clusters = span_grid<scalar_t>(staged.clusters, rows);
+  return staged;
+}
+
 // Launches rms_norm_shifted_kernel and returns true where it takes the rows: span rows
 // (spans_line_up) with y at x's offset from the vector boundary.
 template <typename scalar_t>
@@ -600,13 +719,6 @@ constexpr RowKernelLimits kBackwardLimits{/*max_vectors_per_thread=*/1,
                                           /*target_threads=*/kMaxThreadsPerBlock,
                                           /*max_threads=*/kMaxThreadsPerBlock};
 
-// Span rows (float32 only, see launch_rms_norm_backward): 1, 2 or 4 vectors a thread on
-// at most 288 threads, then 4 on up to 512, in one row at a time (the mask and store code
-// of the span edges leaves no registers for a second row).
-constexpr RowKernelLimits kBackwardSpanLimits{/*max_vectors_per_thread=*/4,
-                                              /*target_threads=*/256 + kWarpSize,
-                                              /*max_threads=*/kBackwardMaxThreadsWide};
-
 inline RowLaunch plan_backward_launch(int64_t hidden, int vector_width, bool vector_ok) {
   RowLaunch plan = plan_row_launch(hidden, vector_width, vector_ok, kBackwardLimits);
   if (plan.vectors_per_thread == 0 && vector_ok && hidden % vector_width == 0) {
@@ -623,20 +735,14 @@ inline RowLaunch plan_backward_launch(int64_t hidden, int vector_width, bool vec
 // Rows a thread works on at once. The grid only fills the GPU once (every row
 // slot holds a grad_weight accumulator in registers), so with one row at a time
 // an SM has few rows in flight, each waiting on its reduction; two rows per step
-// double the loads in flight while sharing one accumulator. Span rows: one (see
-// kBackwardSpanLimits).
-template <int kVectorsPerThread, bool kSpan>
+// double the loads in flight while sharing one accumulator.
+template <int kVectorsPerThread>
 constexpr int backward_rows_per_step() {
-  return kVectorsPerThread == 1 && !kSpan ? 2 : 1;
+  return kVectorsPerThread == 1 ? 2 : 1;
 }
 
-// kSpan: span rows (see row_span), with `weight` the shifted copies of the weight as in
-// rms_norm_shifted_kernel. Every row of a block starts `lead` elements after a vector
-// boundary (the launch makes the grid a multiple of kVec blocks, or gives each block one
-// row), so the block's grad_weight accumulator and its copy of the weight line up with all
-// of its rows.
-template <typename scalar_t, int kVectorsPerThread, bool kSpan>
-__global__ void __launch_bounds__(kSpan || kVectorsPerThread >= kBackwardWideVectors
+template <typename scalar_t, int kVectorsPerThread>
+__global__ void __launch_bounds__(kVectorsPerThread >= kBackwardWideVectors
                                       ? kBackwardMaxThreadsWide
                                       : kMaxThreadsPerBlock)
     rms_norm_backward_vector_kernel(const scalar_t* __restrict__ grad_out,
@@ -644,22 +750,16 @@ __global__ void __launch_bounds__(kSpan || kVectorsPerThread >= kBackwardWideVec
                                     const scalar_t* __restrict__ weight,
                                     scalar_t* __restrict__ grad_x,
                                     acc_type<scalar_t>* __restrict__ weight_partials, int64_t rows,
-                                    int64_t hidden, int64_t span_vectors, acc_type<scalar_t> eps) {
+                                    int64_t hidden, acc_type<scalar_t> eps) {
   using acc_t = acc_type<scalar_t>;
   constexpr int kVec = vector_size<scalar_t>();
-  constexpr int kRows = backward_rows_per_step<kVectorsPerThread, kSpan>();
+  constexpr int kRows = backward_rows_per_step<kVectorsPerThread>();
   using Vec = AlignedVector<scalar_t, kVec>;
   using AccVec = AlignedVector<acc_t, kVec>;
-  const int hidden_int = static_cast<int>(hidden);
   const acc_t inv_hidden = acc_t(1) / static_cast<acc_t>(hidden);
   const int64_t row_slots = static_cast<int64_t>(gridDim.x) * blockDim.y;
-  const int lead =
-      kSpan ? span_lead(x, static_cast<int64_t>(blockIdx.x) * blockDim.y + threadIdx.y, hidden) : 0;
-  const int num_vectors =
-      kSpan ? span_vector_count<scalar_t>(lead, hidden) : static_cast<int>(hidden / kVec);
-  const Vec* weight_vec = weight != nullptr
-                              ? reinterpret_cast<const Vec*>(weight) + int64_t{lead} * span_vectors
-                              : nullptr;
+  const int num_vectors = static_cast<int>(hidden / kVec);
+  const Vec* weight_vec = reinterpret_cast<const Vec*>(weight);
 
   acc_t dw[kVectorsPerThread][kVec];
 #pragma unroll
@@ -675,39 +775,28 @@ __global__ void __launch_bounds__(kSpan || kVectorsPerThread >= kBackwardWideVec
   for (int64_t block_row = static_cast<int64_t>(blockIdx.x) * blockDim.y; block_row < rows;
        block_row += kRows * row_slots) {
     int64_t row[kRows];
-    RowSpan span[kRows];
+    int row_vectors[kRows];  // 0 for a row past the end
     Vec xv[kRows][kVectorsPerThread];
     Vec gov[kRows][kVectorsPerThread];
     acc_t sums[2 * kRows];  // sum(x^2) and sum(g * x) of each row
 #pragma unroll
     for (int r = 0; r < kRows; ++r) {
       row[r] = block_row + r * row_slots + threadIdx.y;
-      if constexpr (kSpan) {
-        span[r] = row_span<scalar_t>(lead, row[r], rows, hidden);
-      } else {
-        span[r] = RowSpan{0, row[r] < rows ? num_vectors : 0, false};
-      }
+      row_vectors[r] = row[r] < rows ? num_vectors : 0;
       sums[2 * r] = 0;
       sums[2 * r + 1] = 0;
     }
 #pragma unroll
     for (int r = 0; r < kRows; ++r) {
-      const Vec* x_vectors = reinterpret_cast<const Vec*>(x + row[r] * hidden - lead);
-      const Vec* go_vectors = reinterpret_cast<const Vec*>(grad_out + row[r] * hidden - lead);
+      const Vec* x_vectors = reinterpret_cast<const Vec*>(x + row[r] * hidden);
+      const Vec* go_vectors = reinterpret_cast<const Vec*>(grad_out + row[r] * hidden);
 #pragma unroll
       for (int i = 0; i < kVectorsPerThread; ++i) {
         const int idx = threadIdx.x + i * blockDim.x;
-        if (idx < span[r].vectors && !(span[r].past_tensor && span[r].is_edge(idx))) {
+        if (idx < row_vectors[r]) {
           xv[r][i] = x_vectors[idx];
           gov[r][i] = go_vectors[idx];
         }
-      }
-    }
-    if constexpr (kSpan) {
-#pragma unroll
-      for (int r = 0; r < kRows; ++r) {
-        mask_span_edges(xv[r], x + row[r] * hidden, span[r], hidden_int);
-        mask_span_edges(gov[r], grad_out + row[r] * hidden, span[r], hidden_int);
       }
     }
 #pragma unroll
@@ -720,7 +809,7 @@ __global__ void __launch_bounds__(kSpan || kVectorsPerThread >= kBackwardWideVec
         }
 #pragma unroll
         for (int r = 0; r < kRows; ++r) {
-          if (span[r].vectors > 0) {
+          if (row_vectors[r] > 0) {
 #pragma unroll
             for (int k = 0; k < kVec; ++k) {
               const acc_t xk = static_cast<acc_t>(xv[r][i].val[k]);
@@ -747,7 +836,7 @@ __global__ void __launch_bounds__(kSpan || kVectorsPerThread >= kBackwardWideVec
         }
 #pragma unroll
         for (int r = 0; r < kRows; ++r) {
-          if (span[r].vectors > 0) {
+          if (row_vectors[r] > 0) {
             const acc_t rstd = rsqrt_acc(sums[2 * r] * inv_hidden + eps);
             const acc_t x_coeff = rstd * rstd * rstd * sums[2 * r + 1] * inv_hidden;
             Vec out;
@@ -759,11 +848,7 @@ __global__ void __launch_bounds__(kSpan || kVectorsPerThread >= kBackwardWideVec
               out.val[k] = static_cast<scalar_t>(rstd * gok * wk - xk * x_coeff);
               dw[i][k] += gok * xk * rstd;
             }
-            if constexpr (kSpan) {
-              store_span_vector(grad_x + row[r] * hidden, span[r], idx, hidden_int, out);
-            } else {
-              reinterpret_cast<Vec*>(grad_x + row[r] * hidden)[idx] = out;
-            }
+            reinterpret_cast<Vec*>(grad_x + row[r] * hidden)[idx] = out;
           }
         }
       }
@@ -775,9 +860,8 @@ __global__ void __launch_bounds__(kSpan || kVectorsPerThread >= kBackwardWideVec
   }
   // One partial row per block. Short rows share a block along threadIdx.y: add
   // their accumulators in shared memory first, in a fixed order (deterministic).
-  // Span rows are never that short (kShiftedMinHidden).
   __shared__ acc_t block_dw[kWarpSize * kVectorsPerThread * kVec];
-  if (!kSpan && blockDim.y > 1) {
+  if (blockDim.y > 1) {
     for (int y = 0; y < static_cast<int>(blockDim.y); ++y) {
       if (threadIdx.y == y) {
 #pragma unroll
@@ -813,23 +897,12 @@ __global__ void __launch_bounds__(kSpan || kVectorsPerThread >= kBackwardWideVec
   for (int i = 0; i < kVectorsPerThread; ++i) {
     const int idx = threadIdx.x + i * blockDim.x;
     if (idx < num_vectors) {
-      if constexpr (kSpan) {
-        // Column idx * kVec - lead + k: the partial row is not at the span's offset.
+      AccVec out;
 #pragma unroll
-        for (int k = 0; k < kVec; ++k) {
-          const int col = idx * kVec - lead + k;
-          if (col >= 0 && col < hidden_int) {
-            partial_row[col] = dw[i][k];
-          }
-        }
-      } else {
-        AccVec out;
-#pragma unroll
-        for (int k = 0; k < kVec; ++k) {
-          out.val[k] = dw[i][k];
-        }
-        reinterpret_cast<AccVec*>(partial_row)[idx] = out;
+      for (int k = 0; k < kVec; ++k) {
+        out.val[k] = dw[i][k];
       }
+      reinterpret_cast<AccVec*>(partial_row)[idx] = out;
     }
   }
 }
@@ -947,6 +1020,123 @@ __global__ void __launch_bounds__(kStagedThreads)
       }
       partial_part[idx] = out;
     }
+  }
+}
+
+// Span rows (see row_span) of the backward staged in shared memory: x and grad_out of the
+// span copied with cp.async as the aligned staged kernel copies its rows, so no vector is
+// held in registers across the row sum (16-bit span vectors in registers needed 78-122 of
+// them: benchmarks/NOTES.md, runs 29-31), and each slot, once read by the second pass,
+// takes the block's next row while this one is written. The grad_weight accumulator stays
+// in registers; so does the weight's copy where the block is small enough (kWeightInRegisters,
+// see kSpanWeightRegistersMaxThreads), else it is read again each pass. The grid is a
+// multiple of kVec blocks (or one row a block: span_grid), so every row of a block sits at
+// one offset from the vector boundary.
+template <typename scalar_t, int kVectorsPerThread, bool kWeightInRegisters>
+__global__ void __launch_bounds__(kMaxThreadsPerBlock)
+    rms_norm_backward_span_staged_kernel(const scalar_t* __restrict__ grad_out,
+                                         const scalar_t* __restrict__ x,
+                                         const scalar_t* __restrict__ weight_copies,
+                                         scalar_t* __restrict__ grad_x,
+                                         acc_type<scalar_t>* __restrict__ weight_partials,
+                                         int64_t rows, int64_t hidden, int64_t span_vectors,
+                                         acc_type<scalar_t> eps) {
+  using acc_t = acc_type<scalar_t>;
+  constexpr int kVec = vector_size<scalar_t>();
+  using Vec = AlignedVector<scalar_t, kVec>;
+  const int hidden_int = static_cast<int>(hidden);
+  const acc_t inv_hidden = acc_t(1) / static_cast<acc_t>(hidden);
+  const int lead = span_lead(x, blockIdx.x, hidden);
+  const int num_vectors = span_vector_count<scalar_t>(lead, hidden);
+  Vec* staged_x = staged_rows<Vec>();
+  Vec* staged_go = staged_x + span_vectors;
+  const Vec* weight_vec = span_weight<Vec>(weight_copies, lead, span_vectors);
+  const SpanWeight<Vec, kVectorsPerThread, kWeightInRegisters> span_weight_vectors(weight_vec,
+                                                                                   num_vectors);
+
+  acc_t dw[kVectorsPerThread][kVec];
+#pragma unroll
+  for (int i = 0; i < kVectorsPerThread; ++i) {
+#pragma unroll
+    for (int k = 0; k < kVec; ++k) {
+      dw[i][k] = 0;
+    }
+  }
+  const auto stage = [&](int64_t row, const RowSpan& span, int idx) {
+    stage_span_vector(staged_x + idx, x + row * hidden, span, idx, hidden_int);
+    stage_span_vector(staged_go + idx, grad_out + row * hidden, span, idx, hidden_int);
+  };
+  if (blockIdx.x < rows) {
+    const RowSpan first = row_span<scalar_t>(lead, blockIdx.x, rows, hidden);
+#pragma unroll
+    for (int i = 0; i < kVectorsPerThread; ++i) {
+      const int idx = threadIdx.x + i * blockDim.x;
+      if (idx < num_vectors) {
+        stage(blockIdx.x, first, idx);
+      }
+    }
+  }
+  for (int64_t row = blockIdx.x; row < rows; row += gridDim.x) {
+    wait_for_staged_vectors();
+    const RowSpan span = row_span<scalar_t>(lead, row, rows, hidden);
+    acc_t sums[2] = {0, 0};  // sum(x^2), sum(g * x)
+#pragma unroll
+    for (int i = 0; i < kVectorsPerThread; ++i) {
+      const int idx = threadIdx.x + i * blockDim.x;
+      if (idx < num_vectors) {
+        Vec xv = staged_x[idx];
+        Vec gov = staged_go[idx];
+        if (span.is_edge(idx)) {
+          zero_outside_row(xv, span, idx, hidden_int);
+          zero_outside_row(gov, span, idx, hidden_int);
+        }
+        const Vec wv = span_weight_vectors.get(i, idx);
+#pragma unroll
+        for (int k = 0; k < kVec; ++k) {
+          const acc_t xk = static_cast<acc_t>(xv.val[k]);
+          acc_t gk = static_cast<acc_t>(gov.val[k]);
+          if (weight_vec != nullptr) {
+            gk *= static_cast<acc_t>(wv.val[k]);
+          }
+          sums[0] += xk * xk;
+          sums[1] += gk * xk;
+        }
+      }
+    }
+    row_sum(sums);
+    const acc_t rstd = rsqrt_acc(sums[0] * inv_hidden + eps);
+    const acc_t x_coeff = rstd * rstd * rstd * sums[1] * inv_hidden;
+    const int64_t next = row + gridDim.x;
+    const RowSpan next_span = row_span<scalar_t>(lead, next, rows, hidden);
+#pragma unroll
+    for (int i = 0; i < kVectorsPerThread; ++i) {
+      const int idx = threadIdx.x + i * blockDim.x;
+      if (idx < num_vectors) {
+        // The neighbours' elements of an edge vector stay in: their outputs are not stored
+        // and their grad_weight columns not kept.
+        const Vec xv = staged_x[idx];
+        const Vec gov = staged_go[idx];
+        const Vec wv = span_weight_vectors.get(i, idx);
+        Vec out;
+#pragma unroll
+        for (int k = 0; k < kVec; ++k) {
+          const acc_t xk = static_cast<acc_t>(xv.val[k]);
+          const acc_t gok = static_cast<acc_t>(gov.val[k]);
+          const acc_t wk = weight_vec != nullptr ? static_cast<acc_t>(wv.val[k]) : acc_t(1);
+          out.val[k] = static_cast<scalar_t>(rstd * gok * wk - xk * x_coeff);
+          dw[i][k] += gok * xk * rstd;
+        }
+        store_span_vector(grad_x + row * hidden, span, idx, hidden_int, out);
+        // After the reads above: the copies may not overtake them.
+        if (next < rows) {
+          stage(next, next_span, idx);
+        }
+      }
+    }
+  }
+
+  if (weight_partials != nullptr) {
+    store_span_partials(weight_partials + blockIdx.x * hidden, dw, lead, num_vectors, hidden_int);
   }
 }
 
@@ -1162,26 +1352,15 @@ void launch_rms_norm_backward(const scalar_t* grad_out, const scalar_t* x, const
       HOTLOOP_KERNEL_LAUNCH_CHECK();
     }
   };
-  // The vector kernels write one partial row per block, overwriting it. Span rows need
-  // every row of a block at one offset from the vector boundary: a grid of a multiple of
-  // kVec blocks (rows strided by it), or one row per block.
-  auto launch_vector = [&](auto kernel, const RowLaunch& launch_plan,
-                           const scalar_t* weight_or_copies, int64_t span_vectors) {
-    int64_t blocks = persistent_blocks(kernel, launch_plan, rows);
-    if (span_vectors > 0 && blocks < rows) {
-      blocks -= blocks % vector_size<scalar_t>();
-    }
-    with_partials(blocks, /*zeroed=*/false, [&](acc_t* partials_ptr) {
-      kernel<<<dim3(static_cast<unsigned>(blocks)), launch_plan.block(), 0, stream>>>(
-          grad_out, x, weight_or_copies, grad_x, partials_ptr, rows, hidden, span_vectors, eps_acc);
-      HOTLOOP_KERNEL_LAUNCH_CHECK();
-    });
-  };
-  // The scalar kernels write one partial row per row slot, overwriting it; the generic
-  // kernel accumulates into one per row slot, which must start at zero.
-  auto launch_per_slot = [&](auto kernel, const RowLaunch& launch_plan, bool zeroed) {
+  // The vector kernels write one partial row per block, overwriting it; the
+  // scalar kernels one per row slot, overwriting it; the generic kernel
+  // accumulates into one per row slot, which must start at zero.
+  enum class Partials { kPerBlock, kPerSlot, kPerSlotZeroed };
+  auto launch = [&](auto kernel, const RowLaunch& launch_plan, Partials kind) {
     const int64_t blocks = persistent_blocks(kernel, launch_plan, rows);
-    with_partials(blocks * launch_plan.rows_per_block, zeroed, [&](acc_t* partials_ptr) {
+    const int64_t num_partials =
+        kind == Partials::kPerBlock ? blocks : blocks * launch_plan.rows_per_block;
+    with_partials(num_partials, kind == Partials::kPerSlotZeroed, [&](acc_t* partials_ptr) {
       kernel<<<dim3(static_cast<unsigned>(blocks)), launch_plan.block(), 0, stream>>>(
           grad_out, x, weight, grad_x, partials_ptr, rows, hidden, eps_acc);
       HOTLOOP_KERNEL_LAUNCH_CHECK();
@@ -1189,30 +1368,33 @@ void launch_rms_norm_backward(const scalar_t* grad_out, const scalar_t* x, const
   };
 
   const bool vector_launched = launch_vector_rows<1, kBackwardWideVectors>(plan, [&](auto vpt) {
-    launch_vector(rms_norm_backward_vector_kernel<scalar_t, decltype(vpt)::value, false>, plan,
-                  weight, /*span_vectors=*/0);
+    launch(rms_norm_backward_vector_kernel<scalar_t, decltype(vpt)::value>, plan,
+           Partials::kPerBlock);
   });
   if (vector_launched) {
     return;
   }
-  // Span rows, float32 only: 16-bit span rows need twice the registers per byte (float32
-  // copies of 8 elements a vector), and ran slower than the scalar kernel at every width
-  // tried (benchmarks/NOTES.md, runs 29-31).
-  if constexpr (std::is_same_v<scalar_t, float>) {
+  // Span rows (spans_line_up), staged in shared memory.
+  if constexpr (kScalarRowsInRegisters<scalar_t>) {
     if (spans_line_up<scalar_t>(hidden, {grad_out, x, grad_x})) {
-      constexpr int kVec = vector_size<scalar_t>();
-      const int64_t span_vectors = widest_span_vectors<scalar_t>(hidden);
-      const RowLaunch span_plan =
-          plan_row_launch(span_vectors * kVec, kVec, /*vector_ok=*/true, kBackwardSpanLimits);
-      if (span_plan.vectors_per_thread != 0) {
-        const std::optional<Tensor> copies = shifted_weight_copies(weight, hidden, stream, like);
-        const bool span_launched = launch_vector_rows<1, 2, 4>(span_plan, [&](auto vpt) {
-          launch_vector(rms_norm_backward_vector_kernel<scalar_t, decltype(vpt)::value, true>,
-                        span_plan, copies ? const_data<scalar_t>(*copies) : nullptr, span_vectors);
-        });
-        if (span_launched) {
-          return;
-        }
+      std::optional<Tensor> copies;
+      const bool span_launched = launch_span_staged_rows<scalar_t>(
+          hidden, [&](auto vpt, auto weight_in_registers, const RowLaunch& span_plan,
+                      int64_t span_vectors) {
+            copies = shifted_weight_copies(weight, hidden, stream, like);
+            const auto kernel =
+                rms_norm_backward_span_staged_kernel<scalar_t, decltype(vpt)::value,
+                                                     decltype(weight_in_registers)::value>;
+            const StagedLaunch staged = plan_span_staged_launch<scalar_t>(
+                kernel, span_plan, 2 * span_vectors * kVectorBytes, rows);
+            with_partials(staged.clusters, /*zeroed=*/false, [&](acc_t* partials_ptr) {
+              launch_staged(staged, stream, kernel, grad_out, x,
+                            copies ? const_data<scalar_t>(*copies) : nullptr, grad_x, partials_ptr,
+                            rows, hidden, span_vectors, eps_acc);
+            });
+          });
+      if (span_launched) {
+        return;
       }
     }
   }
@@ -1255,12 +1437,11 @@ void launch_rms_norm_backward(const scalar_t* grad_out, const scalar_t* x, const
   }
   const ScalarRowLaunch scalar_plan = plan_scalar_row_launch(hidden);
   const bool launched = launch_scalar_rows<scalar_t>(scalar_plan, [&](auto rows_variant) {
-    launch_per_slot(rms_norm_backward_scalar_kernel<scalar_t, decltype(rows_variant)>,
-                    scalar_plan.launch,
-                    /*zeroed=*/false);
+    launch(rms_norm_backward_scalar_kernel<scalar_t, decltype(rows_variant)>, scalar_plan.launch,
+           Partials::kPerSlot);
   });
   if (!launched) {
-    launch_per_slot(rms_norm_backward_generic_kernel<scalar_t>, plan, /*zeroed=*/true);
+    launch(rms_norm_backward_generic_kernel<scalar_t>, plan, Partials::kPerSlotZeroed);
   }
 }
 
