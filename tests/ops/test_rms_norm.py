@@ -112,6 +112,8 @@ def test_backward_rows_off_the_vector_boundary(
 
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_backward_matches_reference(device: str, dtype: torch.dtype) -> None:
+    # Fresh random inputs each run; a failure names the seed and the sample to rerun it.
+    seed = torch.seed()
     for x, weight, eps in sample_inputs(device, dtype, requires_grad=True):
         grad_out = torch.randn_like(x)
         hotloop.rms_norm(x, weight, eps).backward(grad_out)
@@ -125,8 +127,17 @@ def test_backward_matches_reference(device: str, dtype: torch.dtype) -> None:
         if dtype in (torch.float16, torch.bfloat16):
             # the weight gradient sums over every row; allow for the rounding of each term
             tol = {"atol": 8 * tol["atol"], "rtol": 4 * tol["rtol"]}
-        for grad, copy in zip(got, copies):
-            torch.testing.assert_close(grad, copy.grad.to(dtype), **tol)
+        sample = (
+            f"x {tuple(x.shape)} strides {x.stride()}, weight {weight is not None}, eps {eps} "
+            f"(torch.manual_seed({seed}))"
+        )
+        for name, grad, copy in zip(("grad_x", "grad_weight"), got, copies):
+            torch.testing.assert_close(
+                grad,
+                copy.grad.to(dtype),
+                **tol,
+                msg=lambda m, at=f"{name} of {sample}": f"{at}: {m}",
+            )
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
