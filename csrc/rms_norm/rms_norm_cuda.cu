@@ -578,8 +578,8 @@ int64_t span_grid(int64_t blocks, int64_t rows) {
   return blocks >= rows ? rows : std::max(kVec, blocks - blocks % kVec);
 }
 
-// Span rows in the staged span kernels: one or two vectors a thread on up to 1024 threads
-// (16-bit rows up to 16376 elements, float32 up to 8188); the target of one warp over 256
+// Span rows in rms_norm_backward_span_staged_kernel: one or two vectors a thread on up to 1024
+// threads (16-bit rows up to 16377 elements, float32 up to 8189); the target of one warp over 256
 // keeps a 4095-element 16-bit row at two vectors on 288 threads.
 constexpr RowKernelLimits kSpanStagedLimits{/*max_vectors_per_thread=*/2,
                                             /*target_threads=*/256 + kWarpSize,
@@ -588,34 +588,6 @@ constexpr RowKernelLimits kSpanStagedLimits{/*max_vectors_per_thread=*/2,
 // 64 registers a thread that 1024-thread bounds allow leave one block an SM (bfloat16
 // backward at H = 8193 on an H100: 1684-1948 GB/s, against 2186-2313 reading it each pass).
 constexpr int kSpanWeightRegistersMaxThreads = 512;
-
-// Calls launch(vectors_per_thread, weight_in_registers, plan, span_vectors), the first two as
-// integral constants, where the staged span kernels take rows of `hidden` elements, and
-// returns whether it did.
-template <typename scalar_t, typename Launch>
-bool launch_span_staged_rows(int64_t hidden, Launch&& launch) {
-  constexpr int kVec = vector_size<scalar_t>();
-  const int64_t span_vectors = widest_span_vectors<scalar_t>(hidden);
-  const RowLaunch plan =
-      plan_row_launch(span_vectors * kVec, kVec, /*vector_ok=*/true, kSpanStagedLimits);
-  return launch_vector_rows<1, 2>(plan, [&](auto vpt) {
-    if (plan.threads_per_row <= kSpanWeightRegistersMaxThreads) {
-      launch(vpt, std::true_type{}, plan, span_vectors);
-    } else {
-      launch(vpt, std::false_type{}, plan, span_vectors);
-    }
-  });
-}
-
-// A persistent grid of a staged span kernel staging `bytes` a block (span_grid).
-template <typename scalar_t, typename Kernel>
-StagedLaunch plan_span_staged_launch(Kernel kernel, const RowLaunch& plan, int64_t bytes,
-                                     int64_t rows) {
-  StagedLaunch staged =
-      plan_staged_launch(kernel, /*cluster=*/1, plan.threads_per_row, bytes, rows);
-  staged.clusters = span_grid<scalar_t>(staged.clusters, rows);
-  return staged;
-}
 
 // Launches rms_norm_shifted_kernel and returns true where it takes the rows: span rows
 // (spans_line_up) with y at x's offset from the vector boundary.
@@ -1376,26 +1348,33 @@ void launch_rms_norm_backward(const scalar_t* grad_out, const scalar_t* x, const
   }
   // Span rows (spans_line_up), staged in shared memory.
   if constexpr (kScalarRowsInRegisters<scalar_t>) {
-    if (spans_line_up<scalar_t>(hidden, {grad_out, x, grad_x})) {
-      std::optional<Tensor> copies;
-      const bool span_launched = launch_span_staged_rows<scalar_t>(
-          hidden, [&](auto vpt, auto weight_in_registers, const RowLaunch& span_plan,
-                      int64_t span_vectors) {
-            copies = shifted_weight_copies(weight, hidden, stream, like);
-            const auto kernel =
-                rms_norm_backward_span_staged_kernel<scalar_t, decltype(vpt)::value,
-                                                     decltype(weight_in_registers)::value>;
-            const StagedLaunch staged = plan_span_staged_launch<scalar_t>(
-                kernel, span_plan, 2 * span_vectors * kVectorBytes, rows);
-            with_partials(staged.clusters, /*zeroed=*/false, [&](acc_t* partials_ptr) {
-              launch_staged(staged, stream, kernel, grad_out, x,
-                            copies ? const_data<scalar_t>(*copies) : nullptr, grad_x, partials_ptr,
-                            rows, hidden, span_vectors, eps_acc);
-            });
-          });
-      if (span_launched) {
-        return;
-      }
+    constexpr int kVec = vector_size<scalar_t>();
+    const int64_t span_vectors = widest_span_vectors<scalar_t>(hidden);
+    const RowLaunch span_plan =
+        plan_row_launch(span_vectors * kVec, kVec, /*vector_ok=*/true, kSpanStagedLimits);
+    if (span_plan.vectors_per_thread != 0 &&
+        spans_line_up<scalar_t>(hidden, {grad_out, x, grad_x})) {
+      const std::optional<Tensor> copies = shifted_weight_copies(weight, hidden, stream, like);
+      auto run = [&](auto kernel) {
+        StagedLaunch staged = plan_staged_launch(kernel, /*cluster=*/1, span_plan.threads_per_row,
+                                                 2 * span_vectors * kVectorBytes, rows);
+        staged.clusters = span_grid<scalar_t>(staged.clusters, rows);
+        with_partials(staged.clusters, /*zeroed=*/false, [&](acc_t* partials_ptr) {
+          launch_staged(staged, stream, kernel, grad_out, x,
+                        copies ? const_data<scalar_t>(*copies) : nullptr, grad_x, partials_ptr,
+                        rows, hidden, span_vectors, eps_acc);
+        });
+      };
+      // kSpanStagedLimits plans one or two vectors a thread: both are here.
+      launch_vector_rows<1, 2>(span_plan, [&](auto vpt) {
+        constexpr int kVectors = decltype(vpt)::value;
+        if (span_plan.threads_per_row <= kSpanWeightRegistersMaxThreads) {
+          run(rms_norm_backward_span_staged_kernel<scalar_t, kVectors, true>);
+        } else {
+          run(rms_norm_backward_span_staged_kernel<scalar_t, kVectors, false>);
+        }
+      });
+      return;
     }
   }
   // Staged rows (x and grad_out; common/staged_rows.cuh), one partial row per cluster: the
