@@ -30,24 +30,22 @@ inline bool is_vector_aligned(const void* ptr) {
   return reinterpret_cast<std::uintptr_t>(ptr) % kVectorBytes == 0;
 }
 
-// How row_reduce combines two values. kIdempotent: combining a value with itself gives
-// it back, so a copy of any partial result can pad the reduction (max); otherwise it pads
-// with zero (sum).
+// How row_reduce combines two values of slot `slot`. Lanes past the last warp pad each
+// slot with 0, the identity of a sum and of a maximum of magnitudes (which are >= 0).
 struct SumOp {
-  static constexpr bool kIdempotent = false;
   template <typename T>
-  __device__ __forceinline__ T operator()(T a, T b) const {
+  __device__ __forceinline__ T operator()(int /*slot*/, T a, T b) const {
     return a + b;
   }
 };
 
-// fmax drops NaN in favour of the other operand, so one NaN does not poison a row's
-// maximum (the NaN element's own output stays NaN).
-struct MaxOp {
-  static constexpr bool kIdempotent = true;
+// Slot 0 summed, slot 1 maximised: the FP8 norms' sum of squares and largest |v * weight|
+// in one exchange. fmax drops NaN in favour of the other operand, so one NaN does not
+// poison a row's maximum (the NaN element's own output stays NaN).
+struct SumAndMaxOp {
   template <typename T>
-  __device__ __forceinline__ T operator()(T a, T b) const {
-    return fmax(a, b);
+  __device__ __forceinline__ T operator()(int slot, T a, T b) const {
+    return slot == 0 ? a + b : fmax(a, b);
   }
 };
 
@@ -67,7 +65,7 @@ __device__ __forceinline__ void row_reduce(T (&v)[N]) {
   for (int offset = lanes / 2; offset > 0; offset /= 2) {
 #pragma unroll
     for (int n = 0; n < N; ++n) {
-      v[n] = combine(v[n], __shfl_xor_sync(0xffffffffu, v[n], offset));
+      v[n] = combine(n, v[n], __shfl_xor_sync(0xffffffffu, v[n], offset));
     }
   }
   if (blockDim.x <= kWarpSize) {
@@ -87,17 +85,13 @@ __device__ __forceinline__ void row_reduce(T (&v)[N]) {
   // Every warp reduces the per-warp results itself: no second barrier to broadcast.
 #pragma unroll
   for (int n = 0; n < N; ++n) {
-    if constexpr (Op::kIdempotent) {
-      v[n] = partial[n][lane < num_warps ? lane : 0];
-    } else {
-      v[n] = lane < num_warps ? partial[n][lane] : T(0);
-    }
+    v[n] = lane < num_warps ? partial[n][lane] : T(0);
   }
 #pragma unroll
   for (int offset = kWarpSize / 2; offset > 0; offset /= 2) {
 #pragma unroll
     for (int n = 0; n < N; ++n) {
-      v[n] = combine(v[n], __shfl_xor_sync(0xffffffffu, v[n], offset));
+      v[n] = combine(n, v[n], __shfl_xor_sync(0xffffffffu, v[n], offset));
     }
   }
   // The next call may overwrite `partial` only after everyone has read it.
@@ -109,10 +103,10 @@ __device__ __forceinline__ void row_sum(T (&v)[N]) {
   row_reduce<SumOp>(v);
 }
 
-// The FP8 norms' per-row scale needs a row's largest magnitude.
-template <typename T, int N>
-__device__ __forceinline__ void row_max(T (&v)[N]) {
-  row_reduce<MaxOp>(v);
+// v[0] summed and v[1], a magnitude, maximised over the row.
+template <typename T>
+__device__ __forceinline__ void row_sum_and_max(T (&v)[2]) {
+  row_reduce<SumAndMaxOp>(v);
 }
 
 template <typename T>

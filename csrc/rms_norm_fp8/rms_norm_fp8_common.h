@@ -4,7 +4,8 @@
 // y = rms_norm(x) * weight in float32 (float64 for float64 x), then
 // out = e4m3(y * (1 / scale)) with 1 / scale formed once in float32, rounded to
 // nearest even and saturated to +-448 (NaN stays NaN): the static ops take one
-// scale for the whole tensor, the dynamic ones compute one per row.
+// scale for the whole tensor, the dynamic ones compute one per row from the row's
+// largest |y|, formed as rstd * max|v * weight| (v: x, or the new residual).
 #pragma once
 
 #include <cmath>

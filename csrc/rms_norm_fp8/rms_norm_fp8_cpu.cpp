@@ -3,7 +3,8 @@
 //
 // Per row: [residual += x, rounded to the dtype and stored;] rstd from the row
 // (the rounded residual), y = v * rstd * weight in float32 (float64 for float64),
-// [the row's scale from max |y|;] out = e4m3(y * (1 / scale)).
+// [the row's scale from max |y|, formed as rstd * max |v * weight|;]
+// out = e4m3(y * (1 / scale)).
 #include <algorithm>
 #include <cmath>
 
@@ -71,11 +72,14 @@ void rms_norm_fp8_cpu_kernel(const Fp8NormPointers<scalar_t>& p) {
       };
       float inv_scale = static_inv_scale;
       if (p.scale == nullptr) {
-        acc_t amax = 0;
+        // rstd > 0 factors out of the maximum: the CUDA kernels take the maximum before they
+        // know rstd, so that one exchange between threads gives both.
+        acc_t max_vw = 0;
         for (int64_t j = 0; j < hidden; ++j) {
-          amax = std::fmax(amax, std::fabs(y_at(j)));
+          max_vw = std::fmax(
+              max_vw, std::fabs(static_cast<acc_t>(v_row[j]) * static_cast<acc_t>(p.weight[j])));
         }
-        const float row_scale = dynamic_row_scale(static_cast<float>(amax), p.scale_ub);
+        const float row_scale = dynamic_row_scale(static_cast<float>(rstd * max_vw), p.scale_ub);
         p.row_scales[row] = row_scale;
         inv_scale = 1.0f / row_scale;
       }

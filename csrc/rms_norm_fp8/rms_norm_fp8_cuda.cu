@@ -6,8 +6,10 @@
 // 16-byte vectors when every row is 16-byte aligned, register-resident scalars
 // for other rows up to 16384 elements (common/scalar_rows.cuh), and a generic
 // kernel that re-reads the row for longer ones and for float64. Per row: the sum
-// of squares (row_sum), for the dynamic ops the largest |y| (row_max) and the
-// row's scale, then out = e4m3(y * (1 / scale)) converted two at a time.
+// of squares and, for the dynamic ops, the largest |v * weight|, in one exchange
+// (Fp8RowQuantiser); rstd and the row's scale from them; then out = e4m3(y * (1 / scale))
+// converted two at a time. Whether the scale is dynamic is a template parameter:
+// the static ops neither compute nor exchange the maximum.
 //
 // The conversion is cuda_fp8.h's: one cvt.rn.satfinite instruction per pair of
 // values on sm_89 and newer. The wheel also carries sm_80/sm_86 code (the other
@@ -46,33 +48,78 @@ __device__ __forceinline__ __nv_fp8x2_storage_t e4m3x2(float lo, float hi) {
   return __nv_cvt_float2_to_fp8x2(make_float2(lo, hi), __NV_SATFINITE, __NV_E4M3);
 }
 
-// 1 / scale of a dynamic row from the row's largest |y| (partial in amax[0] on
-// entry); thread 0 of the row stores the scale. Every thread of the block calls it.
+// rstd and 1 / scale of one row.
 template <typename acc_t>
-__device__ __forceinline__ float dynamic_inv_scale(acc_t (&amax)[1], const float* scale_ub,
-                                                   float* row_scales, int64_t row, bool row_valid) {
-  row_max(amax);
-  const float row_scale = dynamic_row_scale(static_cast<float>(amax[0]), scale_ub);
-  if (row_valid && threadIdx.x == 0) {
-    row_scales[row] = row_scale;
-  }
-  return 1.0f / row_scale;
-}
+struct Fp8Row {
+  acc_t rstd;
+  float inv_scale;
+};
 
-template <typename scalar_t, bool kResidual, int kVectorsPerThread>
+// What a kernel needs to turn its threads' statistics of a row into the row's rstd and
+// scale. The row's largest |y| is rstd * max|v * weight| (rstd > 0), which the CPU kernel
+// forms the same way, so the sum of squares and the maximum need one exchange; a static
+// scale needs neither the maximum nor its exchange.
+template <typename scalar_t, bool kDynamic>
+class Fp8RowQuantiser {
+ public:
+  using acc_t = acc_type<scalar_t>;
+  // A thread's part of a row: the sum of squares [, the largest |v * weight|].
+  using Stats = acc_t[kDynamic ? 2 : 1];
+
+  __device__ __forceinline__ explicit Fp8RowQuantiser(const Fp8NormPointers<scalar_t>& p)
+      : inv_hidden_(acc_t(1) / static_cast<acc_t>(p.hidden)),
+        eps_(static_cast<acc_t>(p.eps)),
+        static_inv_scale_(kDynamic ? 0.0f : 1.0f / *p.scale),
+        scale_ub_(p.scale_ub),
+        row_scales_(p.row_scales),
+        rows_(p.rows) {}
+
+  // Only for a dynamic scale: v's contribution to stats[1].
+  static __device__ __forceinline__ void add_magnitude(Stats& stats, acc_t v, acc_t w) {
+    stats[1] = fmax(stats[1], fabs(v * w));
+  }
+
+  // Every thread of the block calls it (row_reduce says why); thread 0 of a dynamic row
+  // stores the row's scale.
+  __device__ __forceinline__ Fp8Row<acc_t> finish(Stats& stats, int64_t row) const {
+    if constexpr (kDynamic) {
+      row_sum_and_max(stats);
+    } else {
+      row_sum(stats);
+    }
+    const acc_t rstd = rsqrt_acc(stats[0] * inv_hidden_ + eps_);
+    if constexpr (kDynamic) {
+      const float row_scale = dynamic_row_scale(static_cast<float>(rstd * stats[1]), scale_ub_);
+      if (row < rows_ && threadIdx.x == 0) {
+        row_scales_[row] = row_scale;
+      }
+      return {rstd, 1.0f / row_scale};
+    } else {
+      return {rstd, static_inv_scale_};
+    }
+  }
+
+ private:
+  acc_t inv_hidden_;
+  acc_t eps_;
+  float static_inv_scale_;
+  const float* scale_ub_;
+  float* row_scales_;
+  int64_t rows_;
+};
+
+template <typename scalar_t, bool kResidual, bool kDynamic, int kVectorsPerThread>
 __global__ void __launch_bounds__(kVectorsPerThread >= kFp8WideVectors ? kFp8MaxThreadsWide
                                                                        : kMaxThreadsPerBlock)
     rms_norm_fp8_vector_kernel(const Fp8NormPointers<scalar_t> p) {
-  using acc_t = acc_type<scalar_t>;
+  using Quantiser = Fp8RowQuantiser<scalar_t, kDynamic>;
+  using acc_t = typename Quantiser::acc_t;
   constexpr int kVec = vector_size<scalar_t>();
   using Vec = AlignedVector<scalar_t, kVec>;
   using OutVec = AlignedVector<__nv_fp8x2_storage_t, kVec / 2>;
   const int num_vectors = static_cast<int>(p.hidden / kVec);
-  const acc_t inv_hidden = acc_t(1) / static_cast<acc_t>(p.hidden);
-  const acc_t eps = static_cast<acc_t>(p.eps);
+  const Quantiser quantiser(p);
   const Vec* weight_vec = reinterpret_cast<const Vec*>(p.weight);
-  const bool dynamic = p.scale == nullptr;
-  const float static_inv_scale = dynamic ? 0.0f : 1.0f / *p.scale;
 
   // The loop bound is the same for the whole block; rows past the end are masked.
   for (int64_t block_row = static_cast<int64_t>(blockIdx.x) * blockDim.y; block_row < p.rows;
@@ -116,7 +163,7 @@ __global__ void __launch_bounds__(kVectorsPerThread >= kFp8WideVectors ? kFp8Max
         }
       }
     }
-    acc_t sum_sq[1] = {0};
+    typename Quantiser::Stats stats = {};
 #pragma unroll
     for (int i = 0; i < kVectorsPerThread; ++i) {
       const int idx = threadIdx.x + i * blockDim.x;
@@ -124,30 +171,22 @@ __global__ void __launch_bounds__(kVectorsPerThread >= kFp8WideVectors ? kFp8Max
 #pragma unroll
         for (int k = 0; k < kVec; ++k) {
           const acc_t value = static_cast<acc_t>(v[i].val[k]);
-          sum_sq[0] += value * value;
+          stats[0] += value * value;
         }
-      }
-    }
-    row_sum(sum_sq);
-    const acc_t rstd = rsqrt_acc(sum_sq[0] * inv_hidden + eps);
-
-    float inv_scale = static_inv_scale;
-    if (dynamic) {
-      acc_t amax[1] = {0};
-#pragma unroll
-      for (int i = 0; i < kVectorsPerThread; ++i) {
-        const int idx = threadIdx.x + i * blockDim.x;
-        if (row_valid && idx < num_vectors) {
+        if constexpr (kDynamic) {
+          // The output reads the weight again (from L1) rather than hold it in registers:
+          // holding it, or loading all of a row's weight vectors at once, cost occupancy
+          // and lost (benchmarks/NOTES.md, runs 51-52).
           const Vec wv = weight_vec[idx];
 #pragma unroll
           for (int k = 0; k < kVec; ++k) {
-            const acc_t y = static_cast<acc_t>(v[i].val[k]) * rstd * static_cast<acc_t>(wv.val[k]);
-            amax[0] = fmax(amax[0], fabs(y));
+            Quantiser::add_magnitude(stats, static_cast<acc_t>(v[i].val[k]),
+                                     static_cast<acc_t>(wv.val[k]));
           }
         }
       }
-      inv_scale = dynamic_inv_scale(amax, p.scale_ub, p.row_scales, row, row_valid);
     }
+    const Fp8Row<acc_t> r = quantiser.finish(stats, row);
 
     OutVec* out_row = reinterpret_cast<OutVec*>(p.out + offset);
 #pragma unroll
@@ -159,11 +198,11 @@ __global__ void __launch_bounds__(kVectorsPerThread >= kFp8WideVectors ? kFp8Max
 #pragma unroll
         for (int k = 0; k < kVec / 2; ++k) {
           const acc_t y0 =
-              static_cast<acc_t>(v[i].val[2 * k]) * rstd * static_cast<acc_t>(wv.val[2 * k]);
-          const acc_t y1 = static_cast<acc_t>(v[i].val[2 * k + 1]) * rstd *
+              static_cast<acc_t>(v[i].val[2 * k]) * r.rstd * static_cast<acc_t>(wv.val[2 * k]);
+          const acc_t y1 = static_cast<acc_t>(v[i].val[2 * k + 1]) * r.rstd *
                            static_cast<acc_t>(wv.val[2 * k + 1]);
           out.val[k] =
-              e4m3x2(static_cast<float>(y0 * inv_scale), static_cast<float>(y1 * inv_scale));
+              e4m3x2(static_cast<float>(y0 * r.inv_scale), static_cast<float>(y1 * r.inv_scale));
         }
         out_row[idx] = out;
       }
@@ -173,15 +212,13 @@ __global__ void __launch_bounds__(kVectorsPerThread >= kFp8WideVectors ? kFp8Max
 
 // Rows that the vector kernel cannot take but that fit in registers as scalars
 // (common/scalar_rows.cuh), so x (and the residual) is read once.
-template <typename scalar_t, bool kResidual, typename Rows>
+template <typename scalar_t, bool kResidual, bool kDynamic, typename Rows>
 __global__ void __launch_bounds__(Rows::kLaunchBound)
     rms_norm_fp8_scalar_kernel(const Fp8NormPointers<scalar_t> p) {
   constexpr int kElemsPerThread = Rows::kElemsPerThread;
-  using acc_t = acc_type<scalar_t>;
-  const acc_t inv_hidden = acc_t(1) / static_cast<acc_t>(p.hidden);
-  const acc_t eps = static_cast<acc_t>(p.eps);
-  const bool dynamic = p.scale == nullptr;
-  const float static_inv_scale = dynamic ? 0.0f : 1.0f / *p.scale;
+  using Quantiser = Fp8RowQuantiser<scalar_t, kDynamic>;
+  using acc_t = typename Quantiser::acc_t;
+  const Quantiser quantiser(p);
   const int stride = scalar_stride<Rows>();
   // Element i of this thread is column threadIdx.x + i * stride of the row.
   const int own_columns = static_cast<int>(p.hidden) - static_cast<int>(threadIdx.x);
@@ -218,32 +255,24 @@ __global__ void __launch_bounds__(Rows::kLaunchBound)
         v[i] = i * stride < row_columns ? static_cast<acc_t>(x_own[i * stride]) : acc_t(0);
       }
     }
-    acc_t sum_sq[1] = {0};
+    typename Quantiser::Stats stats = {};
 #pragma unroll
     for (int i = 0; i < kElemsPerThread; ++i) {
-      sum_sq[0] += v[i] * v[i];
-    }
-    row_sum(sum_sq);
-    const acc_t rstd = rsqrt_acc(sum_sq[0] * inv_hidden + eps);
-
-    float inv_scale = static_inv_scale;
-    if (dynamic) {
-      acc_t amax[1] = {0};
-#pragma unroll
-      for (int i = 0; i < kElemsPerThread; ++i) {
+      stats[0] += v[i] * v[i];
+      if constexpr (kDynamic) {
         if (i * stride < row_columns) {
-          amax[0] = fmax(amax[0], fabs(v[i] * rstd * static_cast<acc_t>(w_own[i * stride])));
+          Quantiser::add_magnitude(stats, v[i], static_cast<acc_t>(w_own[i * stride]));
         }
       }
-      inv_scale = dynamic_inv_scale(amax, p.scale_ub, p.row_scales, row, row < p.rows);
     }
+    const Fp8Row<acc_t> r = quantiser.finish(stats, row);
 
     __nv_fp8_storage_t* out_own = reinterpret_cast<__nv_fp8_storage_t*>(p.out + own_offset);
 #pragma unroll
     for (int i = 0; i < kElemsPerThread; ++i) {
       if (i * stride < row_columns) {
-        const acc_t y = v[i] * rstd * static_cast<acc_t>(w_own[i * stride]);
-        out_own[i * stride] = e4m3(static_cast<float>(y * inv_scale));
+        const acc_t y = v[i] * r.rstd * static_cast<acc_t>(w_own[i * stride]);
+        out_own[i * stride] = e4m3(static_cast<float>(y * r.inv_scale));
       }
     }
   }
@@ -254,53 +283,47 @@ __global__ void __launch_bounds__(Rows::kLaunchBound)
 // does (common/residual_add.cuh); the later steps re-read the residual elements this
 // same thread stored, so no barrier is needed between them.
 
-template <typename scalar_t, bool kResidual>
+template <typename scalar_t, bool kResidual, bool kDynamic>
 __global__ void __launch_bounds__(kMaxThreadsPerBlock)
     rms_norm_fp8_generic_kernel(const Fp8NormPointers<scalar_t> p) {
-  using acc_t = acc_type<scalar_t>;
-  const acc_t inv_hidden = acc_t(1) / static_cast<acc_t>(p.hidden);
-  const acc_t eps = static_cast<acc_t>(p.eps);
-  const bool dynamic = p.scale == nullptr;
-  const float static_inv_scale = dynamic ? 0.0f : 1.0f / *p.scale;
+  using Quantiser = Fp8RowQuantiser<scalar_t, kDynamic>;
+  using acc_t = typename Quantiser::acc_t;
+  const Quantiser quantiser(p);
   for (int64_t block_row = static_cast<int64_t>(blockIdx.x) * blockDim.y; block_row < p.rows;
        block_row += static_cast<int64_t>(gridDim.x) * blockDim.y) {
     const int64_t row = block_row + threadIdx.y;
     const int64_t row_hidden = row < p.rows ? p.hidden : 0;  // masks rows past the end
     const int64_t offset = row * p.hidden;
     const scalar_t* v_row = p.x + offset;  // x, or the rounded new residual
-    acc_t sum_sq[1] = {0};
+    typename Quantiser::Stats stats = {};
     if constexpr (kResidual) {
+      // The sum of squares comes with the add; a dynamic scale's maximum takes a pass of
+      // its own below.
       scalar_t* res_row = p.residual + offset;
-      sum_sq[0] = add_residual_row(p.x + offset, res_row, row_hidden);
+      stats[0] = add_residual_row(p.x + offset, res_row, row_hidden);
       v_row = res_row;
-    } else {
+    }
+    if constexpr (!kResidual || kDynamic) {
       for (int64_t j = threadIdx.x; j < row_hidden; j += blockDim.x) {
-        const acc_t value = static_cast<acc_t>(v_row[j]);
-        sum_sq[0] += value * value;
+        const acc_t v = static_cast<acc_t>(v_row[j]);
+        if constexpr (!kResidual) {
+          stats[0] += v * v;
+        }
+        if constexpr (kDynamic) {
+          Quantiser::add_magnitude(stats, v, static_cast<acc_t>(p.weight[j]));
+        }
       }
     }
-    row_sum(sum_sq);
-    const acc_t rstd = rsqrt_acc(sum_sq[0] * inv_hidden + eps);
-    auto y_at = [&](int64_t j) {
-      return static_cast<acc_t>(v_row[j]) * rstd * static_cast<acc_t>(p.weight[j]);
-    };
-
-    float inv_scale = static_inv_scale;
-    if (dynamic) {
-      acc_t amax[1] = {0};
-      for (int64_t j = threadIdx.x; j < row_hidden; j += blockDim.x) {
-        amax[0] = fmax(amax[0], fabs(y_at(j)));
-      }
-      inv_scale = dynamic_inv_scale(amax, p.scale_ub, p.row_scales, row, row < p.rows);
-    }
+    const Fp8Row<acc_t> r = quantiser.finish(stats, row);
     __nv_fp8_storage_t* out_row = reinterpret_cast<__nv_fp8_storage_t*>(p.out + offset);
     for (int64_t j = threadIdx.x; j < row_hidden; j += blockDim.x) {
-      out_row[j] = e4m3(static_cast<float>(y_at(j) * inv_scale));
+      const acc_t y = static_cast<acc_t>(v_row[j]) * r.rstd * static_cast<acc_t>(p.weight[j]);
+      out_row[j] = e4m3(static_cast<float>(y * r.inv_scale));
     }
   }
 }
 
-template <typename scalar_t, bool kResidual>
+template <typename scalar_t, bool kResidual, bool kDynamic>
 void launch_rms_norm_fp8(const Fp8NormPointers<scalar_t>& p) {
   const bool aligned = is_vector_aligned(p.x) && is_vector_aligned(p.weight) &&
                        is_vector_aligned(p.out) && (!kResidual || is_vector_aligned(p.residual));
@@ -310,7 +333,7 @@ void launch_rms_norm_fp8(const Fp8NormPointers<scalar_t>& p) {
     const ScalarRowLaunch scalar_plan = plan_scalar_row_launch(p.hidden);
     const dim3 grid(static_cast<unsigned>(row_blocks(p.rows, scalar_plan.launch)));
     const bool launched = launch_scalar_rows<scalar_t>(scalar_plan, [&](auto rows_variant) {
-      rms_norm_fp8_scalar_kernel<scalar_t, kResidual, decltype(rows_variant)>
+      rms_norm_fp8_scalar_kernel<scalar_t, kResidual, kDynamic, decltype(rows_variant)>
           <<<grid, scalar_plan.launch.block(), 0, stream>>>(p);
     });
     if (launched) {
@@ -320,9 +343,10 @@ void launch_rms_norm_fp8(const Fp8NormPointers<scalar_t>& p) {
   }
   const dim3 grid(static_cast<unsigned>(row_blocks(p.rows, plan)));
   switch (plan.vectors_per_thread) {
-#define HOTLOOP_LAUNCH(VPT)                                                                     \
-  case VPT:                                                                                     \
-    rms_norm_fp8_vector_kernel<scalar_t, kResidual, VPT><<<grid, plan.block(), 0, stream>>>(p); \
+#define HOTLOOP_LAUNCH(VPT)                                        \
+  case VPT:                                                        \
+    rms_norm_fp8_vector_kernel<scalar_t, kResidual, kDynamic, VPT> \
+        <<<grid, plan.block(), 0, stream>>>(p);                    \
     break;
     HOTLOOP_LAUNCH(1)
     HOTLOOP_LAUNCH(2)
@@ -330,7 +354,8 @@ void launch_rms_norm_fp8(const Fp8NormPointers<scalar_t>& p) {
 #undef HOTLOOP_LAUNCH
     default:
       HOTLOOP_INTERNAL_ASSERT(plan.vectors_per_thread == 0);
-      rms_norm_fp8_generic_kernel<scalar_t, kResidual><<<grid, plan.block(), 0, stream>>>(p);
+      rms_norm_fp8_generic_kernel<scalar_t, kResidual, kDynamic>
+          <<<grid, plan.block(), 0, stream>>>(p);
   }
   HOTLOOP_KERNEL_LAUNCH_CHECK();
 }
@@ -359,10 +384,16 @@ struct LaunchCuda {
   template <typename scalar_t>
   void operator()(const Tensor& x, const Fp8NormPointers<scalar_t>& p) const {
     const CudaDeviceGuard guard(x);
-    if (p.residual != nullptr) {
-      launch_rms_norm_fp8<scalar_t, true>(p);
+    const bool fused = p.residual != nullptr;
+    const bool dynamic = p.scale == nullptr;
+    if (fused && dynamic) {
+      launch_rms_norm_fp8<scalar_t, true, true>(p);
+    } else if (fused) {
+      launch_rms_norm_fp8<scalar_t, true, false>(p);
+    } else if (dynamic) {
+      launch_rms_norm_fp8<scalar_t, false, true>(p);
     } else {
-      launch_rms_norm_fp8<scalar_t, false>(p);
+      launch_rms_norm_fp8<scalar_t, false, false>(p);
     }
   }
 };
