@@ -32,8 +32,14 @@ namespace {
 // the residual, and more vectors on more threads spilled there.
 constexpr int kFp8WideVectors = 4;
 constexpr int kFp8MaxThreadsWide = 512;
+// Rows of up to 128 threads, or 256 for the fused ops. Fewer threads a row means more
+// vectors a thread and fewer barriers an element: on the H100 at 2048 and 4096 bfloat16
+// elements that was 4-8 % faster with a static scale and 12-20 % with a dynamic one,
+// but 4 % slower for the fused dynamic op at 4096, whose four-vector variant runs at
+// 128 registers (benchmarks/NOTES.md, run 54).
+template <bool kResidual>
 constexpr RowKernelLimits kFp8Limits{/*max_vectors_per_thread=*/kFp8WideVectors,
-                                     /*target_threads=*/256,
+                                     /*target_threads=*/kResidual ? 256 : 128,
                                      /*max_threads=*/kFp8MaxThreadsWide};
 
 // The first GPUs with FP8 conversion and FP8 tensor cores: Ada (8.9), Hopper (9.0).
@@ -327,7 +333,8 @@ template <typename scalar_t, bool kResidual, bool kDynamic>
 void launch_rms_norm_fp8(const Fp8NormPointers<scalar_t>& p) {
   const bool aligned = is_vector_aligned(p.x) && is_vector_aligned(p.weight) &&
                        is_vector_aligned(p.out) && (!kResidual || is_vector_aligned(p.residual));
-  const RowLaunch plan = plan_row_launch(p.hidden, vector_size<scalar_t>(), aligned, kFp8Limits);
+  const RowLaunch plan =
+      plan_row_launch(p.hidden, vector_size<scalar_t>(), aligned, kFp8Limits<kResidual>);
   const cudaStream_t stream = current_stream();
   if (plan.vectors_per_thread == 0) {
     const ScalarRowLaunch scalar_plan = plan_scalar_row_launch(p.hidden);
