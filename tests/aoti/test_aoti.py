@@ -247,3 +247,47 @@ def test_package_updates_its_inputs_in_place_like_eager(
     torch.testing.assert_close(aoti_x, eager_x)
     torch.testing.assert_close(aoti_residual, eager_residual)
     torch.testing.assert_close(aoti_out, eager_out)
+
+
+class Fp8Producer(torch.nn.Module):
+    """The FP8 norms as an FP8 GEMM's producer: static and dynamic scale, alone and fused
+    (each fused op adds x to the caller's residual in place)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.weight = torch.nn.Parameter(torch.rand(64) + 0.5)
+        self.register_buffer("scale", torch.full((1,), 0.01))
+
+    def forward(self, x: torch.Tensor, residual: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        static = hotloop.rms_norm_fp8(x, self.weight, self.scale, 1e-5)
+        dynamic, scales = hotloop.rms_norm_fp8_dynamic(x, self.weight, 1e-5)
+        fused_static = hotloop.fused_add_rms_norm_fp8(x, residual, self.weight, self.scale, 1e-5)
+        fused_dynamic, fused_scales = hotloop.fused_add_rms_norm_fp8_dynamic(
+            x, residual, self.weight, 1e-5
+        )
+        return static, dynamic, scales, fused_static, fused_dynamic, fused_scales
+
+
+def test_fp8_ops_in_a_package_match_eager(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "inductor-cache"))
+    model = Fp8Producer()
+    x, residual = torch.randn(4, 64), torch.randn(4, 64)
+    with torch.no_grad():
+        program = torch.export.export(model, (x.clone(), residual.clone()))
+        package = torch._inductor.aoti_compile_and_package(
+            program, package_path=str(tmp_path / "fp8.pt2")
+        )
+        eager_residual = residual.clone()
+        eager = model(x, eager_residual)
+        aoti_residual = residual.clone()
+        got = torch._inductor.aoti_load_package(package)(x, aoti_residual)
+    assert extern_ops(package_files(Path(package))) == {
+        f"hotloop::{op}" for op in hotloop.ops.FP8_OPS
+    }
+    torch.testing.assert_close(aoti_residual, eager_residual)
+    assert len(got) == len(eager)
+    for index, (g, e) in enumerate(zip(got, eager)):
+        assert (g.dtype, g.shape) == (e.dtype, e.shape), index
+        # The same CPU kernel on the same inputs gives the same bits (compared as bytes, which
+        # float8 tensors need).
+        assert torch.equal(g.view(torch.uint8), e.view(torch.uint8)), index
