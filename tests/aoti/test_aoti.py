@@ -32,6 +32,11 @@ EXTERN_OPS = {"hotloop::rms_norm", "hotloop::fused_add_rms_norm", "hotloop::mula
 TIMEOUT_S = 900
 
 requires_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+requires_fp8_gpu = pytest.mark.skipif(
+    not torch.cuda.is_available()
+    or torch.cuda.get_device_capability() < hotloop.ops.FP8_MIN_CAPABILITY,
+    reason="needs a CUDA GPU of compute capability 8.9 or newer",
+)
 
 
 def ops_library_path() -> str:
@@ -271,12 +276,15 @@ class Fp8Producer(torch.nn.Module):
         return (*as_bytes, scales, fused_scales)
 
 
+@pytest.mark.parametrize(
+    "device", ["cpu", pytest.param("cuda", marks=[pytest.mark.gpu, requires_fp8_gpu])]
+)
 def test_fp8_ops_in_a_package_match_eager(
-    runner: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    device: str, runner: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "inductor-cache"))
-    model = Fp8Producer()
-    x, residual = torch.randn(4, 64), torch.randn(4, 64)
+    model = Fp8Producer().to(device)
+    x, residual = torch.randn(4, 64, device=device), torch.randn(4, 64, device=device)
     with torch.no_grad():
         program = torch.export.export(model, (x.clone(), residual.clone()))
         package = torch._inductor.aoti_compile_and_package(
@@ -292,12 +300,13 @@ def test_fp8_ops_in_a_package_match_eager(
     torch.testing.assert_close(aoti_residual, eager_residual)
     assert len(got) == len(eager)
     for index, (g, e) in enumerate(zip(got, eager)):
-        # The same CPU kernel on the same inputs: the same bits.
+        # The same kernel on the same inputs: the same bits.
         assert (g.dtype, g.shape) == (e.dtype, e.shape), index
         assert torch.equal(g, e), index
     # And from C++ without Python, exactly.
-    torch.save([x, residual], tmp_path / "inputs.pt")
-    torch.save(list(eager), tmp_path / "expected.pt")
+    torch.save([x.cpu(), residual.cpu()], tmp_path / "inputs.pt")
+    torch.save([e.cpu() for e in eager], tmp_path / "expected.pt")
     expected = ["--expected", tmp_path / "expected.pt", "--rtol", "0", "--atol", "0"]
     result = check(run_block(runner, tmp_path, *expected))
     assert "MISMATCH" not in result.stdout
+    assert f"on {device}" in result.stdout
