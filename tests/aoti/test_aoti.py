@@ -258,7 +258,8 @@ class Fp8Producer(torch.nn.Module):
     """The FP8 norms as an FP8 GEMM's producer: static and dynamic scale, alone and fused
     (each fused op adds x to the caller's residual in place). The float8 outputs are returned
     as their bytes (a free view) for the C++ runner: C++'s unpickler cannot read float8
-    tensors saved by torch.save, nor Python read those saved from C++."""
+    tensors saved by torch.save, nor Python read those saved from C++. The last output is
+    the residual after both fused ops have updated it."""
 
     def __init__(self) -> None:
         super().__init__()
@@ -273,7 +274,8 @@ class Fp8Producer(torch.nn.Module):
             x, residual, self.weight, 1e-5
         )
         as_bytes = [q.view(torch.uint8) for q in (static, dynamic, fused_static, fused_dynamic)]
-        return (*as_bytes, scales, fused_scales)
+        # The residual as the fused ops left it, for a runner that sees only outputs.
+        return (*as_bytes, scales, fused_scales, residual.clone())
 
 
 @pytest.mark.parametrize(
@@ -292,18 +294,24 @@ def test_fp8_ops_in_a_package_match_eager(
         )
         eager_residual = residual.clone()
         eager = model(x, eager_residual)
-        aoti_residual = residual.clone()
-        got = torch._inductor.aoti_load_package(package)(x, aoti_residual)
     assert extern_ops(package_files(Path(package))) == {
         f"hotloop::{op}" for op in hotloop.ops.FP8_OPS
     }
-    torch.testing.assert_close(aoti_residual, eager_residual)
-    assert len(got) == len(eager)
-    for index, (g, e) in enumerate(zip(got, eager)):
-        # The same kernel on the same inputs: the same bits.
-        assert (g.dtype, g.shape) == (e.dtype, e.shape), index
-        assert torch.equal(g, e), index
-    # And from C++ without Python, exactly.
+    if device == "cpu":
+        # Python's loader only on the CPU: in torch 2.11.0+cu130 on the GPU host,
+        # aoti_load_package segfaults on every CUDA package, one of x * 2 + 1 in a process
+        # without hotloop included (inside std::regex, in the package's parse_device_str).
+        # The C++ runner below loads the same CUDA packages without fault.
+        aoti_residual = residual.clone()
+        with torch.no_grad():
+            got = torch._inductor.aoti_load_package(package)(x, aoti_residual)
+        torch.testing.assert_close(aoti_residual, eager_residual)
+        assert len(got) == len(eager)
+        for index, (g, e) in enumerate(zip(got, eager)):
+            # The same kernel on the same inputs: the same bits.
+            assert (g.dtype, g.shape) == (e.dtype, e.shape), index
+            assert torch.equal(g, e), index
+    # And from C++ without Python, exactly (the last output is the updated residual).
     torch.save([x.cpu(), residual.cpu()], tmp_path / "inputs.pt")
     torch.save([e.cpu() for e in eager], tmp_path / "expected.pt")
     expected = ["--expected", tmp_path / "expected.pt", "--rtol", "0", "--atol", "0"]
