@@ -298,10 +298,11 @@ def test_fp8_ops_in_a_package_match_eager(
         f"hotloop::{op}" for op in hotloop.ops.FP8_OPS
     }
     if device == "cpu":
-        # Python's loader only on the CPU: in torch 2.11.0+cu130 on the GPU host,
-        # aoti_load_package segfaults on every CUDA package, one of x * 2 + 1 in a process
-        # without hotloop included (inside std::regex, in the package's parse_device_str).
-        # The C++ runner below loads the same CUDA packages without fault.
+        # Python's loader is checked in the CPU case only. On the GPU host (torch
+        # 2.11.0+cu130, Python 3.12) aoti_load_package segfaults on every package, CPU or
+        # CUDA, hotloop's or not: one of x * 2 + 1 in a process that never imported hotloop
+        # crashes the same way, in std::regex inside the package's parse_device_str. The C++
+        # runner below loads the same packages there without fault.
         aoti_residual = residual.clone()
         with torch.no_grad():
             got = torch._inductor.aoti_load_package(package)(x, aoti_residual)
