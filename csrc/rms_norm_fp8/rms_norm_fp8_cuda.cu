@@ -273,27 +273,40 @@ __global__ void __launch_bounds__(Rows::kLaunchBound)
     }
     const Fp8Row<acc_t> r = quantiser.finish(stats, row);
 
-    // The weight is read four elements ahead of their stores. A load cannot pass a store
-    // (the compiler must assume that the output may alias the weight), so read one at a
-    // time each would wait for the store before it: 4-7 % slower at 2047-8193 elements
-    // (benchmarks/NOTES.md, run 56).
-    constexpr int kWeightAhead = 4;
-    static_assert(kElemsPerThread % kWeightAhead == 0, "whole groups of weights");
     __nv_fp8_storage_t* out_own = reinterpret_cast<__nv_fp8_storage_t*>(p.out + own_offset);
+    if constexpr (kResidual && !kDynamic) {
+      // One weight at a time between stores: the fused static kernel lost with the weight
+      // read ahead in the full benchmark (4095: 76.5 % of copy like this, 70-71 % four
+      // ahead; benchmarks/NOTES.md, runs 55, 58 and 61).
 #pragma unroll
-    for (int group = 0; group < kElemsPerThread; group += kWeightAhead) {
-      acc_t w[kWeightAhead];
-#pragma unroll
-      for (int j = 0; j < kWeightAhead; ++j) {
-        const int i = group + j;
-        w[j] = i * stride < row_columns ? static_cast<acc_t>(w_own[i * stride]) : acc_t(0);
-      }
-#pragma unroll
-      for (int j = 0; j < kWeightAhead; ++j) {
-        const int i = group + j;
+      for (int i = 0; i < kElemsPerThread; ++i) {
         if (i * stride < row_columns) {
-          const acc_t y = v[i] * r.rstd * w[j];
+          const acc_t y = v[i] * r.rstd * static_cast<acc_t>(w_own[i * stride]);
           out_own[i * stride] = e4m3(static_cast<float>(y * r.inv_scale));
+        }
+      }
+    } else {
+      // The weight is read four elements ahead of their stores. A load cannot pass a store
+      // (the compiler must assume that the output may alias the weight), so read one at a
+      // time each would wait for the store before it: 4-7 % slower at 2047-8193 elements
+      // (benchmarks/NOTES.md, run 56).
+      constexpr int kWeightAhead = 4;
+      static_assert(kElemsPerThread % kWeightAhead == 0, "whole groups of weights");
+#pragma unroll
+      for (int group = 0; group < kElemsPerThread; group += kWeightAhead) {
+        acc_t w[kWeightAhead];
+#pragma unroll
+        for (int j = 0; j < kWeightAhead; ++j) {
+          const int i = group + j;
+          w[j] = i * stride < row_columns ? static_cast<acc_t>(w_own[i * stride]) : acc_t(0);
+        }
+#pragma unroll
+        for (int j = 0; j < kWeightAhead; ++j) {
+          const int i = group + j;
+          if (i * stride < row_columns) {
+            const acc_t y = v[i] * r.rstd * w[j];
+            out_own[i * stride] = e4m3(static_cast<float>(y * r.inv_scale));
+          }
         }
       }
     }
