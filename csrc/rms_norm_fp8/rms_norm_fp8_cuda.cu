@@ -277,7 +277,8 @@ __global__ void __launch_bounds__(Rows::kLaunchBound)
     if constexpr (kResidual && !kDynamic) {
       // One weight at a time between stores: the fused static kernel lost with the weight
       // read ahead in the full benchmark (4095: 76.5 % of copy like this, 70-71 % four
-      // ahead; benchmarks/NOTES.md, runs 55, 58 and 61).
+      // ahead; benchmarks/NOTES.md, runs 55, 58 and 61). Written out: the grouped loop below
+      // with one weight a group compiles to different code from this measured one.
 #pragma unroll
       for (int i = 0; i < kElemsPerThread; ++i) {
         if (i * stride < row_columns) {
