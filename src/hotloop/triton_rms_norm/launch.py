@@ -21,6 +21,7 @@ from hotloop.triton_rms_norm.kernels import (
 )
 from hotloop.triton_rms_norm.launch_config import (
     LOOPED_BLOCK,
+    LOOPED_FWD_WARPS,
     RELOAD_W_TILE,
     VECTOR_BYTES,
     BwdConfig,
@@ -148,7 +149,7 @@ def forward_rows(
             HAS_WEIGHT=has_weight,
             FP64=fp64,
             BLOCK_N=LOOPED_BLOCK,
-            num_warps=8,
+            num_warps=LOOPED_FWD_WARPS,
         )
 
 

@@ -14,8 +14,11 @@ import triton
 # Widest rows (register blocks, BLOCK_N + BLOCK_TAIL) that one program holds in
 # registers; wider rows take the looped kernels.
 MAX_FUSED_BLOCK = 16384
-# Column block of the looped kernels.
+# Column block of the looped kernels, and the warps of the looped forward: on 32 warps (4
+# elements a thread; 8 before) it ran 1.3-1.4x faster on rows of up to 80 KB and 1.02-1.07x
+# on rows of 128 and 256 KB, on an H100 (bf16 and float32, benchmarks/NOTES.md, run 63).
 LOOPED_BLOCK = 4096
+LOOPED_FWD_WARPS = 32
 # Rows under this fraction of their power of two (8193 of 16384) are held as half of it
 # plus a tail block (see row_blocks); the smallest tail block.
 _WIDE_FILL = 0.75
@@ -68,6 +71,7 @@ FWD_CONFIG: dict[RowShape, FwdConfig] = {
     (8192, 0, True): FwdConfig(2, 16),
     (16384, 0, True): FwdConfig(1, 16),
     (1024, 0, False): FwdConfig(4, 4),
+    (2048, 0, False): FwdConfig(4, 4),
     (4096, 0, False): FwdConfig(2, 4),
     (8192, 16, False): FwdConfig(1, 8),
 }
@@ -79,6 +83,7 @@ BWD_CONFIG: dict[RowShape, BwdConfig] = {
     (8192, 0, True): BwdConfig(1, 16, 1, prefetch=True),
     (16384, 0, True): BwdConfig(1, 16, 1),
     (1024, 0, False): BwdConfig(2, 4, 8, prefetch=True),
+    (2048, 0, False): BwdConfig(2, 8, 2),
     (4096, 0, False): BwdConfig(1, 4, 2),
     (8192, 16, False): BwdConfig(1, 8, 2),
 }
