@@ -54,6 +54,28 @@ def test_forward_rows_off_the_vector_boundary(device: str, dtype: torch.dtype, h
             torch.testing.assert_close(hotloop.rms_norm(x, w, 1e-6), expected, **TOLERANCES[dtype])
 
 
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32])
+@pytest.mark.parametrize("hidden", [257, 1001, 2047, 3001, 4095])
+@pytest.mark.parametrize("rows", [5, 8, 3003])
+def test_forward_odd_rows_keep_to_themselves(
+    device: str, dtype: torch.dtype, hidden: int, rows: int
+) -> None:
+    # Aligned x and y with an odd width: neighbouring rows share 16-byte vectors, and the
+    # last row's last vector is cut by the tensor's end. 3003 rows are more than a GPU keeps
+    # resident. Row 4 holds an inf: its neighbours must not see it.
+    gen = torch.Generator(device=device).manual_seed(hidden + rows)
+    x = torch.randn(rows, hidden, device=device, dtype=dtype, generator=gen)
+    x[4, hidden // 2] = float("inf")
+    weight = torch.rand(hidden, device=device, dtype=dtype, generator=gen) + 0.5
+    finite = torch.ones(rows, dtype=torch.bool, device=device)
+    finite[4] = False
+    for w in (weight, None):
+        got = hotloop.rms_norm(x, w, 1e-6)
+        expected = rms_norm_reference(x, w, 1e-6)
+        torch.testing.assert_close(got[finite], expected[finite], **TOLERANCES[dtype])
+        assert not torch.isfinite(got[4]).all()
+
+
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
 def test_forward_matches_torch(device: str, dtype: torch.dtype) -> None:
     x = torch.randn(6, 300, device=device, dtype=dtype)
