@@ -32,10 +32,11 @@ import hotloop
 from hotloop import triton_rms_norm
 
 DTYPES = [torch.float16, torch.bfloat16, torch.float32, torch.float64]
-# Every kernel path: one element, odd sizes, narrow rows packed several to a program,
-# one under and one over a power of two, the widest register-resident forward and
-# backward rows (8192, 16384) and rows wider than both (looped kernels).
-HIDDEN_SIZES = [1, 7, 64, 1000, 4095, 8192, 8193, 16384, 20000]
+# Every kernel path: one element, odd sizes (each unaligned row shape with settings of its
+# own: 2047, 4095, 8193), narrow rows packed several to a program, one under and one over a
+# power of two, the widest register-resident forward and backward rows (8192, 16384) and
+# rows wider than both (looped kernels).
+HIDDEN_SIZES = [1, 7, 64, 1000, 2047, 4095, 8192, 8193, 16384, 20000]
 
 
 def sample_inputs(
