@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from scripts import audit, build, ci, matrix, sbom, toolchain, wheeltest
+from scripts import audit, basics, build, ci, matrix, sbom, toolchain, wheeltest
 
 REPO = Path(__file__).resolve().parents[2]
 WORKFLOWS = REPO / ".github" / "workflows"
@@ -165,7 +165,7 @@ def test_nox_runs_the_same_pytest_command_and_environment(
     monkeypatch.setattr(wheeltest.subprocess, "run", fake_run)
     interp = wheeltest.Interpreter("3.12", Path("/usr/bin/python3.12"), "test")
     wheeltest.run_op_tests_in_venv("torch==2.11.0", tmp_path / "x.whl", interp, tmp_path)
-    expected = ci.test_command().replace("{project}", str(toolchain.REPO)).split()
+    expected = ci.test_command().replace("{project}", str(basics.REPO)).split()
     assert [str(python), *expected[1:]] == seen["cmd"]
     for key, value in ci.TEST_ENVIRONMENT.items():
         assert seen["env"].get(key) == value

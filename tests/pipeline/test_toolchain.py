@@ -35,7 +35,7 @@ Components: main
 def test_deb822_mirror_becomes_bullseye():
     mirror = toolchain.debian_mirror(toolchain.parse_deb822(DEB822))
     assert mirror.uri == "http://mirror.example/debian"
-    assert toolchain.debian_sources_line(mirror) == (
+    assert toolchain.debian_sources_line(mirror, toolchain.SYSROOT_SUITE) == (
         "deb [signed-by=/usr/share/keyrings/debian-archive-keyring.gpg] "
         "http://mirror.example/debian bullseye main\n"
     )
@@ -99,7 +99,7 @@ def test_merge_split_cuda12_components(tmp_path):
         (site / rel).write_text(rel)
     home = tmp_path / "home"
     for component in toolchain.component_roots(site):
-        toolchain._merge_tree(component, home)
+        toolchain.cuda_pypi.merge_tree(component, home)
     assert sorted(str(p.relative_to(home)) for p in home.rglob("*") if p.is_file()) == [
         "bin/nvcc", "include/cub/cub.cuh", "include/cuda_runtime.h", "lib/libcudart.so.12",
     ]  # fmt: skip
@@ -465,7 +465,7 @@ def debian_toolkit(tmp_path, monkeypatch):
 
         monkeypatch.setenv("HOTLOOP_CACHE_DIR", str(tmp_path / "cache"))
         monkeypatch.delenv("HOTLOOP_CUDA_HOME_12_8", raising=False)
-        monkeypatch.setattr(toolchain, "apt_download", fake_download)
+        monkeypatch.setattr(toolchain.cuda_debian, "apt_download", fake_download)
         toolkit = toolchain.Toolkit(
             nvcc="12.4", debs=pins_for(source), suite="trixie", components=("main", "non-free")
         )
@@ -531,7 +531,7 @@ def test_debian_toolkit_download_failure_says_what_to_pin(debian_toolkit, monkey
     def refused(packages, suite, workdir, mirror=None, components=("main",)):
         raise subprocess.CalledProcessError(100, ["apt-get", "download", *packages])
 
-    monkeypatch.setattr(toolchain, "apt_download", refused)
+    monkeypatch.setattr(toolchain.cuda_debian, "apt_download", refused)
     with pytest.raises(toolchain.ToolkitError) as err:
         toolchain.ensure_cuda_toolkit("12.8", toolkit)
     assert "nvidia-cuda-toolkit=12.4.131~12.4.1-2" in str(err.value)
