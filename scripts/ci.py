@@ -176,12 +176,23 @@ def cpu_environment(config: Mapping[str, str]) -> str:
     return " ".join(f'{key}="{value}"' for key, value in values.items())
 
 
+# Marks a folder staged_project wrote, which it may replace on the next run.
+STAGED_MARKER = ".hotloop-staged-project"
+
+
 def staged_project(dest: Path) -> Path:
     """The repository's files (tracked, and untracked but not ignored) copied to ``dest``.
 
     cibuildwheel copies its working folder into the container: this keeps caches, venvs and
-    build outputs of the checkout out of it, as on a fresh CI checkout.
+    build outputs of the checkout out of it, as on a fresh CI checkout. ``dest`` lies under
+    ``--cache``, which may be any folder: an earlier copy is replaced only when it carries
+    this function's marker, and anything else there is left alone (SystemExit naming it).
     """
+    if dest.exists() and not (dest / STAGED_MARKER).is_file():
+        raise SystemExit(
+            f"{dest} exists and is no project copy of `scripts.ci cibuildwheel` (it has no "
+            f"{STAGED_MARKER}); it is left as it is: give another --cache or move it away"
+        )
     listed = subprocess.run(
         ["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"],
         cwd=REPO,
@@ -197,6 +208,7 @@ def staged_project(dest: Path) -> Path:
         target = dest / rel
         target.parent.mkdir(parents=True, exist_ok=True)
         shutil.copy2(src, target)
+    (dest / STAGED_MARKER).write_text("written by python -m scripts.ci; replaced on each run\n")
     return dest
 
 

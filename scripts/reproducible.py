@@ -8,7 +8,8 @@ the binary, which setup.py keeps free of build paths (``-ffile-prefix-map``).
 
     python -m scripts.reproducible --torch 2.14 [--cpu | --arch-list 9.0] [--work DIR]
 
-builds the row's wheel twice, in two folders with different paths and no compiler cache,
+builds the row's wheel twice, in two folders with different paths and no compiler cache (both
+in a new ``run-*`` folder under ``--work``, which is never cleared),
 repairs and finalizes both, and exits 1 naming every member that differs (``diffoscope``
 shows how, when it is installed).
 """
@@ -26,6 +27,7 @@ import os
 import shutil
 import subprocess
 import sys
+import tempfile
 import time
 import zipfile
 from collections.abc import Mapping, Sequence
@@ -275,7 +277,12 @@ def release_wheel(
 def build_twice(
     row: matrix.Row, work: Path, with_cuda: bool, python: Path | None = None
 ) -> tuple[Build, Build]:
-    """Two cold builds of ``row`` in folders whose paths differ in name and length."""
+    """Two cold builds of ``row`` in folders whose paths differ in name and length.
+
+    Both live in a fresh folder of their own under ``work`` (``work/run-XXXXXXXX/first`` and
+    ``.../second-build-tree/deeper``): ``work`` may be any folder the caller names (``--work ~``),
+    and nothing already in it is read, replaced or removed.
+    """
     from scripts import build as build_mod
 
     # Read once: a commit made while the builds run must not make them differ.
@@ -284,11 +291,11 @@ def build_twice(
         "HOTLOOP_GIT_COMMIT": build_mod.git_commit(),
     }
     epoch = int(provenance["SOURCE_DATE_EPOCH"])
+    work.mkdir(parents=True, exist_ok=True)
+    run = Path(tempfile.mkdtemp(prefix="run-", dir=work))
     builds = []
     for label, rel in (("a", "first"), ("b", "second-build-tree/deeper")):
-        workdir = work / rel
-        if workdir.exists():
-            shutil.rmtree(workdir)
+        workdir = run / rel
         start = time.monotonic()
         log(f"build {label} in {workdir}")
         wheel, py = build_once(row, workdir, with_cuda, python, provenance)
@@ -312,7 +319,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     parser.add_argument("--python", type=Path, help="build interpreter (default: the row's newest)")
     parser.add_argument(
-        "--work", type=Path, help="work folder (default: <cache>/reproducible/<variant>)"
+        "--work",
+        type=Path,
+        help="folder for a new run-* folder of this run (default: <cache>/reproducible/<variant>)",
     )
     args = parser.parse_args(argv)
     os.environ.setdefault("UV_PYTHON_DOWNLOADS", "never")
@@ -331,7 +340,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         )
         return 0
     print(f"NOT reproducible: {a.wheel.name} differs in: " + ", ".join(diffs), file=sys.stderr)
-    report = diffoscope_report(a.wheel, b.wheel, work / "diffoscope.txt")
+    report = diffoscope_report(a.wheel, b.wheel, a.workdir.parent / "diffoscope.txt")
     if report:
         print(f"diffoscope: {report}", file=sys.stderr)
     return 1

@@ -9,22 +9,26 @@ the CUDA 13 stable wheel against torch 2.11 and tests it with torch 2.15).
 
 Wheels that passed everything land in ``--out`` (default ``wheelhouse/``), next to
 ``<variant>.json`` per cell and ``report.json`` / ``report.md`` for the run. A failed cell
-leaves no wheel there. Work folders (venvs, build logs, unrepaired wheels) live under the
-cache: ``$HOTLOOP_CACHE_DIR`` or ``.cache/hotloop/work/<variant>/``.
+leaves no wheel there. A new wheel replaces only a file of its own name: other releases in
+``--out`` stay, and report files there that no run of this tool wrote stop the run. Work
+folders (venvs, build logs, unrepaired wheels) live under the cache: ``$HOTLOOP_CACHE_DIR``
+or ``.cache/hotloop/work/<variant>/``.
 """
 
 from __future__ import annotations
 
 import argparse
 import datetime
+import json
 import os
 import platform
 import shutil
 import sys
 import time
 import traceback
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import Any
 
 from scripts import audit, basics, build, matrix, reproducible, toolchain
 from scripts.interpreters import find_interpreters
@@ -38,9 +42,10 @@ DEFAULT_OUT = basics.REPO / "wheelhouse"
 log = basics.logger("wheels")
 
 
-def publish_wheel(wheel: Path, out_dir: Path, variant: str) -> Path:
-    """Put a wheel that passed into ``out_dir`` in place of the variant's earlier ones.
+def publish_wheel(wheel: Path, out_dir: Path) -> Path:
+    """Put a wheel that passed into ``out_dir``, replacing only a file of the same name.
 
+    ``out_dir`` may hold other releases (older versions of the same variant): they stay.
     Nothing in ``out_dir`` changes before this point: an interrupted or failed run leaves the
     last good wheel where it was. The copy lands under a temporary name and is renamed, so
     ``out_dir`` never holds half a wheel.
@@ -48,11 +53,34 @@ def publish_wheel(wheel: Path, out_dir: Path, variant: str) -> Path:
     dest = out_dir / wheel.name
     partial = out_dir / f".{wheel.name}.partial"
     shutil.copy2(wheel, partial)
-    for old in matrix.variant_wheels(out_dir, variant):
-        if old.name != wheel.name:
-            old.unlink()
     partial.replace(dest)
     return dest
+
+
+def _json_object(path: Path) -> dict[str, Any]:
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, UnicodeDecodeError, ValueError):
+        return {}
+    return data if isinstance(data, dict) else {}
+
+
+def foreign_reports(out_dir: Path, variants: Sequence[str]) -> list[str]:
+    """The report files this run would write over that a ``nox -s wheels`` run did not write
+    (``--out`` may be any folder: a ``report.md`` of someone else's is never overwritten)."""
+    written_by_us: dict[str, Callable[[Path], bool]] = {
+        "report.json": lambda p: isinstance(_json_object(p).get("cells"), list),
+        "report.md": lambda p: p.read_text(errors="replace").startswith("| cell "),
+        **{
+            f"{v}.json": (lambda p, v=v: _json_object(p).get("variant") == v)  # type: ignore[misc]
+            for v in variants
+        },
+    }
+    return [
+        name
+        for name, ours in written_by_us.items()
+        if (out_dir / name).exists() and not ((out_dir / name).is_file() and ours(out_dir / name))
+    ]
 
 
 def kept_note(out_dir: Path, variant: str) -> str:
@@ -116,9 +144,9 @@ def run_cell(
                 row, repaired, final_dir, tools.cuda_home, tools.sysroot, epoch
             )
 
-        repaired, report = audit.repair_and_audit(
-            result.wheel, workdir / "repaired", row, site, finalize
-        )
+        repaired_dir = workdir / "repaired"  # this cell's own work folder: last run's wheel
+        shutil.rmtree(repaired_dir, ignore_errors=True)
+        repaired, report = audit.repair_and_audit(result.wheel, repaired_dir, row, site, finalize)
         cell.wheel = repaired.name
         cell.sha256 = sha256_of_file(repaired)
         cell.size_bytes = repaired.stat().st_size
@@ -153,7 +181,7 @@ def run_cell(
                 )
             )
         cell.stage = "done"
-        publish_wheel(repaired, out_dir, row.variant)
+        publish_wheel(repaired, out_dir)
         cell.status = "passed"
     except (build.BuildError, audit.AuditError, RuntimeError, OSError, SystemExit) as exc:
         cell.error = str(exc) + kept_note(out_dir, row.variant)
@@ -200,6 +228,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     builds = matrix.build_rows(rows, every)
     out_dir = args.out.resolve()
     out_dir.mkdir(parents=True, exist_ok=True)
+    foreign = foreign_reports(out_dir, [b.variant for b in builds])
+    if foreign:
+        print(
+            f"wheels: {out_dir} holds {', '.join(foreign)}, which this run would write and which "
+            "no `nox -s wheels` run wrote; it is left as it is: give another --out",
+            file=sys.stderr,
+        )
+        return 2
     started = time.monotonic()
     for builder in builds:
         served = ", ".join(r.torch for r in rows if r.variant == builder.variant)

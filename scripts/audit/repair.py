@@ -27,10 +27,19 @@ def auditwheel_command(wheel: Path, out_dir: Path, extra_excludes: Sequence[str]
 def repair_wheel(
     wheel: Path, out_dir: Path, provided_by_torch: Sequence[str] = ()
 ) -> tuple[Path, str]:
-    """``auditwheel repair`` -> (repaired wheel, auditwheel's output)."""
+    """``auditwheel repair`` -> (repaired wheel, auditwheel's output).
+
+    ``out_dir`` must hold no wheel: the one wheel there afterwards is the one auditwheel
+    wrote. Wheels already there are the caller's, and are never deleted.
+    """
     out_dir.mkdir(parents=True, exist_ok=True)
-    for old in out_dir.glob("*.whl"):
-        old.unlink()
+    present = sorted(p.name for p in out_dir.glob("*.whl"))
+    if present:
+        raise AuditError(
+            f"{wheel.name}: auditwheel: {out_dir} holds {', '.join(present)} already; repair "
+            "writes into an empty folder and never deletes wheels it did not write: give "
+            "another folder or move them away"
+        )
     proc = subprocess.run(
         auditwheel_command(wheel, out_dir, provided_by_torch), capture_output=True, text=True
     )

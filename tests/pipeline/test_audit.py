@@ -749,3 +749,14 @@ def test_command_runs_abi3audit_unless_skipped(wheel_factory, monkeypatch, capsy
     assert audit.main([str(wheel)]) == 1
     assert seen == [wheel.name]
     assert f"{wheel.name}: abi3audit: --strict failed" in capsys.readouterr().err
+
+
+def test_repair_refuses_a_folder_holding_wheels_it_did_not_write(wheel_factory, tmp_path):
+    """auditwheel's output folder may hold the caller's wheels: they are never deleted."""
+    out = tmp_path / "out"
+    out.mkdir()
+    theirs = out / "hotloop-0.0.9+stable.cu13-cp39-abi3-manylinux_2_28_x86_64.whl"
+    theirs.write_bytes(b"an older release")
+    with pytest.raises(audit.AuditError, match=r"holds .*hotloop-0\.0\.9.*\.whl.*empty folder"):
+        audit.repair_wheel(wheel_factory(), out)
+    assert theirs.read_bytes() == b"an older release"

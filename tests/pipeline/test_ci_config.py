@@ -333,3 +333,19 @@ def test_actionlint_checks_reusable_workflow_calls(tmp_path: Path, uses: str, fo
     assert (proc.returncode != 0) == found, proc.stdout + proc.stderr
     if found:
         assert f"a.yml:5:11 reusable workflow call {uses!r}".replace("'", '"') in proc.stdout
+
+
+def test_staged_project_replaces_only_its_own_copy(tmp_path: Path) -> None:
+    """`scripts.ci cibuildwheel --cache ~` must not remove ~/project."""
+    theirs = tmp_path / "project"
+    (theirs / "src").mkdir(parents=True)
+    (theirs / "src" / "main.c").write_text("int main(void) { return 0; }\n")
+    with pytest.raises(SystemExit, match=r"project exists and is no project copy"):
+        ci.staged_project(theirs)
+    assert (theirs / "src" / "main.c").read_text() == "int main(void) { return 0; }\n"
+    ours = tmp_path / "cache" / "project"
+    ci.staged_project(ours)
+    (ours / "stale.txt").write_text("from an earlier run")
+    ci.staged_project(ours)  # its own copy: replaced
+    assert (ours / "noxfile.py").is_file()
+    assert not (ours / "stale.txt").exists()

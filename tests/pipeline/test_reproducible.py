@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from scripts import audit, reproducible, sbom
+from scripts import audit, build, reproducible, sbom
 
 EPOCH = 1700000000
 
@@ -191,3 +191,46 @@ def test_nvcc_wrapper_runs_through_a_launcher(tmp_path):
         "/p/csrc/x.cu",
         "-Xcudafe=--orig_src_path_name=hotloop/csrc/x.cu",
     ]
+
+
+def fake_builds(monkeypatch, built: list[Path]) -> None:
+    """build_once/release_wheel that write a small wheel where the real ones would."""
+
+    def build_once(row, workdir, with_cuda, python=None, provenance=None):
+        assert not workdir.exists() or not any(workdir.iterdir()), f"{workdir} not fresh"
+        (workdir / "dist").mkdir(parents=True)
+        wheel = workdir / "dist" / "hotloop-0.1.0-cp39-abi3-linux_x86_64.whl"
+        with zipfile.ZipFile(wheel, "w") as zf:
+            zf.writestr("hotloop/__init__.py", "")
+        built.append(workdir)
+        return wheel, Path("python")
+
+    def release_wheel(row, wheel, python, out_dir, epoch, with_cuda):
+        return wheel
+
+    monkeypatch.setattr(reproducible, "build_once", build_once)
+    monkeypatch.setattr(reproducible, "release_wheel", release_wheel)
+    monkeypatch.setattr(build, "source_date_epoch", lambda: str(EPOCH))
+    monkeypatch.setattr(build, "git_commit", lambda: "0" * 40)
+
+
+def test_build_twice_leaves_what_it_did_not_create(newest_row, tmp_path, monkeypatch):
+    """--work ~ must not remove ~/first or ~/second-build-tree: the builds get fresh folders."""
+    work = tmp_path / "home"
+    mine = {"first/notes.txt": "keep", "second-build-tree/deeper/x": "keep", "diffoscope.txt": "k"}
+    for rel, text in mine.items():
+        (work / rel).parent.mkdir(parents=True, exist_ok=True)
+        (work / rel).write_text(text)
+    built: list[Path] = []
+    fake_builds(monkeypatch, built)
+    a, b = reproducible.build_twice(newest_row, work, with_cuda=False)
+    for rel, text in mine.items():
+        assert (work / rel).read_text() == text, rel
+    assert len(built) == 2
+    assert all(work in p.parents for p in built)
+    assert len(str(built[0])) != len(str(built[1]))  # the paths differ in length too
+    # A second run gets folders of its own again.
+    reproducible.build_twice(newest_row, work, with_cuda=False)
+    assert len(set(built)) == 4
+    assert a.wheel.is_file()
+    assert b.wheel.is_file()

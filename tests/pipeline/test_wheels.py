@@ -73,6 +73,35 @@ def test_failed_cell_keeps_the_last_good_wheel(fake_pipeline, tmp_path, newest_r
     assert f"kept the earlier wheel that passed: {good[0].name}" in cell["error"]
 
 
+def test_passing_cell_replaces_only_the_file_it_writes(fake_pipeline, tmp_path, newest_row):
+    """--out may be a folder of releases: older wheels of the same variant stay there."""
+    out = tmp_path / "out"
+    out.mkdir()
+    older = out / f"hotloop-0.0.9+{newest_row.variant}-cp39-abi3-manylinux_2_28_x86_64.whl"
+    older.write_bytes(b"an older release")
+    same = out / f"hotloop-{newest_row.version}-cp39-abi3-manylinux_2_28_x86_64.whl"
+    same.write_bytes(b"the last build of this version")
+    assert wheels.main(["--out", str(out)]) == 0
+    assert older.read_bytes() == b"an older release"
+    assert same.read_bytes().startswith(b"PK")  # the new build took its own name's place
+    assert sorted(p.name for p in out.glob("*.whl")) == sorted([older.name, same.name])
+
+
+@pytest.mark.parametrize("name", ["report.md", "report.json", "VARIANT.json"])
+def test_report_files_it_did_not_write_stop_the_run(fake_pipeline, tmp_path, newest_row, name):
+    out = tmp_path / "out"
+    out.mkdir()
+    theirs = out / name.replace("VARIANT", newest_row.variant)
+    theirs.write_text("# my notes\n")
+    assert wheels.main(["--out", str(out)]) == 2
+    assert [p.name for p in out.iterdir()] == [theirs.name]
+    assert theirs.read_text() == "# my notes\n"
+    # What a run wrote, a later run may write again.
+    theirs.unlink()
+    assert wheels.main(["--out", str(out)]) == 0
+    assert wheels.main(["--out", str(out)]) == 0
+
+
 def test_an_interrupted_run_changes_nothing_in_out(fake_pipeline, tmp_path, monkeypatch):
     out = tmp_path / "out"
     assert wheels.main(["--out", str(out)]) == 0
