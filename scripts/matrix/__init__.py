@@ -1,7 +1,8 @@
 """The build matrix, and ``nox -s matrix``: the run that proves it, cell by cell.
 
 The table is imported from here (``from scripts import matrix; matrix.load_rows()``); it lives
-in :mod:`scripts.matrix.table`, read from ``matrix.toml`` beside it. The compatibility run
+in :mod:`scripts.matrix.table`, read from ``matrix.toml`` beside it and checked once, when it
+is loaded, against the typed model of :mod:`scripts.matrix.model`. The compatibility run
 (``python -m scripts.matrix``, which ``nox -s matrix`` calls) has one module per job:
 
 * :mod:`scripts.matrix.plan`: which wheel file each (torch, Python) cell tests.
@@ -13,10 +14,11 @@ in :mod:`scripts.matrix.table`, read from ``matrix.toml`` beside it. The compati
 * :mod:`scripts.matrix.render`: ``docs/compatibility.json`` and its Markdown.
 * :mod:`scripts.matrix.run`: the run and its command line.
 
-Only the table is imported here: it needs the standard library alone (the GitHub workflow
-reads it with a bare Python), while the run needs the pipeline's tools.
+Only the table and its model are imported here: they need the standard library alone (the
+GitHub workflow reads the table with a bare Python), while the run needs the pipeline's tools.
 """
 
+from scripts.matrix.model import MatrixTableError
 from scripts.matrix.table import (
     MATRIX_FILE,
     PACKAGE_VERSION,
@@ -34,6 +36,7 @@ from scripts.matrix.table import (
 __all__ = [
     "MATRIX_FILE",
     "PACKAGE_VERSION",
+    "MatrixTableError",
     "Row",
     "archs_from_list",
     "build_row_of",

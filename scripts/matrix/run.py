@@ -34,6 +34,7 @@ from scripts import build, toolchain, wheeltest
 from scripts.basics import REPO
 from scripts.interpreters import Interpreter, find_interpreters
 from scripts.matrix.digests import source_digest, suite_digest
+from scripts.matrix.model import release
 from scripts.matrix.negatives import (
     DEFAULT_NEGATIVES,
     NEGATIVE_PYTHON,
@@ -72,7 +73,6 @@ from scripts.matrix.schedule import (
     build_order,
     cell_priority,
     parse_deadline,
-    release,
 )
 from scripts.matrix.table import Row, load_rows, select_rows
 from scripts.wheelfile import sha256_of_file as file_sha256

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from scripts import toolchain
+from scripts.matrix.model import release
 from scripts.matrix.reuse import newest_wheel
 from scripts.matrix.table import Row
 
@@ -44,10 +45,6 @@ def parse_deadline(
     hour, minute = (int(x) for x in text.split(":"))
     at = now.replace(hour=hour, minute=minute, second=0, microsecond=0)
     return at if at > now else at + datetime.timedelta(days=1)
-
-
-def release(torch: str) -> tuple[int, ...]:
-    return tuple(int(p) for p in torch.split("."))
 
 
 def cell_priority(python: str, row: Row) -> tuple[int, int, tuple[int, ...]]:

@@ -9,14 +9,21 @@ from __future__ import annotations
 
 import argparse
 import json
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
 from scripts import variant as variant_rule
-from scripts.basics import tomllib
-from scripts.toolchain import Toolkit
+from scripts.matrix.model import (
+    MatrixTableError,
+    RowSpec,
+    ToolkitSpec,
+    load_matrix,
+    release,
+    row_error,
+)
+from scripts.toolchain import DebPin, Toolkit
 
 MATRIX_FILE = Path(__file__).with_name("matrix.toml")
 PACKAGE_VERSION = variant_rule.BASE_VERSION
@@ -66,10 +73,15 @@ class Row:
         cp39-abi3 whichever Python builds it, but not byte for byte: the limited-API module
         object takes its initial reference count from the building Python's headers
         (immortal from 3.12 on)."""
-        pythons = self.pythons
-        if self.kind == variant_rule.STABLE:
-            pythons = tuple(p for p in pythons if _release(p) >= STABLE_BUILD_MIN_PYTHON)
-        return pythons[0]
+        return self.audit_pythons(self.pythons, self.kind)[0]
+
+    @staticmethod
+    def audit_pythons(pythons: Sequence[str], kind: str) -> tuple[str, ...]:
+        """The Pythons that can build and audit a wheel of ``kind`` (the loader checks that a
+        build row lists one)."""
+        if kind == variant_rule.STABLE:
+            return tuple(p for p in pythons if release(p) >= STABLE_BUILD_MIN_PYTHON)
+        return tuple(pythons)
 
     @property
     def is_build(self) -> bool:
@@ -144,37 +156,84 @@ def archs_from_list(arch_list: str) -> list[str]:
     return targets
 
 
-def _release(torch: str) -> tuple[int, ...]:
-    return tuple(int(p) for p in torch.split("."))
+def toolkit_of(cuda: str, spec: ToolkitSpec) -> Toolkit:
+    """The toolkit a ``[toolkits."X.Y"]`` table describes."""
+    debian = spec.debian
+    return Toolkit(
+        nvcc=spec.nvcc or cuda,
+        packages=spec.packages,
+        debs=tuple(DebPin(p.name, p.version, p.sha256) for p in debian.packages) if debian else (),
+        suite=debian.suite if debian else "",
+        components=debian.components if debian else (),
+        arch_list=spec.arch_list or None,
+    )
+
+
+def _row_problem(
+    number: int,
+    raw: RowSpec,
+    earlier: dict[str, tuple[int, RowSpec]],
+    builder: RowSpec,
+    toolkits: Mapping[str, ToolkitSpec],
+) -> MatrixTableError | None:
+    """What is wrong with row ``number`` next to the rows before it (older torch first)."""
+    label = variant_label(raw.torch, raw.cuda)
+    if raw.torch in earlier:
+        first, other = earlier[raw.torch]
+        return row_error(
+            number,
+            raw,
+            "torch",
+            f"already row {first} (CUDA {other.cuda}). A row is the wheel PyPI serves for "
+            f"`pip install torch=={raw.torch}`, built for one CUDA, and its cells install exactly "
+            "that; PyTorch's other builds of a release (download.pytorch.org/whl/cu128 and the "
+            "like) need no row of their own: the stable wheel of their CUDA major serves them "
+            "from 2.10 on. Keep one row per torch release",
+        )
+    if builder.cuda not in toolkits:
+        return row_error(
+            number,
+            raw,
+            "cuda",
+            f"the {label} wheel serving it is built with CUDA {builder.cuda} (torch "
+            f'{builder.torch}), and there is no [toolkits."{builder.cuda}"]',
+        )
+    if builder is raw and not Row.audit_pythons(raw.pythons, variant_rule.kind_for(raw.torch)):
+        return row_error(
+            number,
+            raw,
+            "pythons",
+            f"this row builds the {label} wheel, whose audit (torch-abi-audit) runs on Python "
+            f">= {'.'.join(map(str, STABLE_BUILD_MIN_PYTHON))}: list one",
+        )
+    return None
 
 
 def load_rows(path: Path = MATRIX_FILE) -> list[Row]:
-    """All rows, oldest torch first."""
-    data = tomllib.loads(path.read_text())
-    toolkits = data["toolkits"]
-    raws = sorted(data["row"], key=lambda raw: _release(raw["torch"]))
+    """All rows, oldest torch first. A bad table is one :class:`MatrixTableError` naming the
+    file, the row, the key and the value: :func:`load_matrix` checks each value, and this the
+    rows next to each other (one per torch release, a toolkit for each wheel)."""
+    spec = load_matrix(path)
+    numbered = sorted(enumerate(spec.row, 1), key=lambda item: release(item[1].torch))
     # A variant's wheel is compiled against the oldest torch it serves.
-    build_row: dict[str, dict[str, Any]] = {}
-    for raw in raws:
-        build_row.setdefault(variant_label(raw["torch"], raw["cuda"]), raw)
+    build_row: dict[str, RowSpec] = {}
+    earlier: dict[str, tuple[int, RowSpec]] = {}
     rows = []
-    for raw in raws:
-        builder = build_row[variant_label(raw["torch"], raw["cuda"])]
-        cuda = builder["cuda"]
-        if cuda not in toolkits:
-            raise ValueError(
-                f"{path}: torch {builder['torch']} is built with CUDA {cuda}, "
-                f'no [toolkits."{cuda}"]'
-            )
-        toolkit = Toolkit.from_table(cuda, toolkits[cuda])
+    for number, raw in numbered:
+        builder = build_row.setdefault(variant_label(raw.torch, raw.cuda), raw)
+        problem = _row_problem(number, raw, earlier, builder, spec.toolkits)
+        if problem:
+            raise MatrixTableError(f"{path}: {problem}")
+        earlier[raw.torch] = (number, raw)
+        toolkit = spec.toolkits[builder.cuda]
         rows.append(
             Row(
-                torch=raw["torch"],
-                cuda=raw["cuda"],
-                pythons=tuple(raw["pythons"]),
-                arch_list=builder.get("arch_list", toolkit.arch_list or data["arch_list"]),
-                toolkit=toolkit,
-                build_torch=builder["torch"],
+                torch=raw.torch,
+                cuda=raw.cuda,
+                pythons=raw.pythons,
+                arch_list=builder.arch_list or toolkit.arch_list or spec.arch_list,
+                toolkit=toolkit_of(builder.cuda, toolkit),
+                build_torch=builder.torch,
             )
         )
     return rows

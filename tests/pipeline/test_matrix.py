@@ -143,7 +143,7 @@ def test_the_table_imports_without_the_run() -> None:
     out = subprocess.run(
         [sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, check=True
     ).stdout
-    assert out.strip() == "['scripts.matrix', 'scripts.matrix.table']"
+    assert out.strip() == "['scripts.matrix', 'scripts.matrix.model', 'scripts.matrix.table']"
 
 
 def test_python_m_scripts_matrix_table_prints_the_rows() -> None:
