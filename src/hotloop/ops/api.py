@@ -1,0 +1,209 @@
+"""The Python API of hotloop's operators and the constants that describe them."""
+
+from __future__ import annotations
+
+import warnings
+
+import torch
+from torch import Tensor
+
+try:
+    from hotloop import triton_rms_norm
+except ImportError as err:  # Triton ships with CUDA builds of torch only
+    triton_rms_norm = None  # type: ignore[assignment]
+    _TRITON_MISSING: ImportError | None = err
+
+
+# "native" is hotloop's C++ kernels for x's device (CPU or CUDA), "triton" the Triton ones.
+BACKENDS = ("native", "triton")
+# Until 0.1.0 the native kernels of a CUDA tensor were also called "cuda": the same code
+# under a device's name, which said nothing for CPU tensors. Still accepted, with a warning,
+# so that code written against 0.1.0 keeps running for one more release.
+_DEPRECATED_BACKENDS = {"cuda": "native"}
+# The backend `rms_norm` uses for CUDA tensors when none is named: the faster one in
+# benchmarks/results/rms_norm.json.
+DEFAULT_CUDA_BACKEND = "native"
+
+FLOATING_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
+
+# The FP8 ops' output: float8_e4m3fn, saturated to +-E4M3_MAX. A dynamic row's scale is
+# max|y| / E4M3_MAX, at least MIN_DYNAMIC_SCALE (vLLM's floor; csrc/rms_norm_fp8 says why).
+FP8_DTYPE = torch.float8_e4m3fn
+E4M3_MAX = 448.0
+MIN_DYNAMIC_SCALE = 1.0 / (E4M3_MAX * 512.0)
+# The oldest GPUs the FP8 ops run on: Ada (8.9) and Hopper (9.0) convert to float8 in
+# hardware and run the FP8 GEMMs that consume the output.
+FP8_MIN_CAPABILITY = (8, 9)
+FP8_OPS = (
+    "rms_norm_fp8",
+    "rms_norm_fp8_dynamic",
+    "fused_add_rms_norm_fp8",
+    "fused_add_rms_norm_fp8_dynamic",
+)
+
+
+def muladd(a: Tensor, b: Tensor, c: float) -> Tensor:
+    """a * b + c, elementwise."""
+    return torch.ops.hotloop.muladd.default(a, b, c)
+
+
+def mul(a: Tensor, b: Tensor) -> Tensor:
+    """a * b, elementwise."""
+    return torch.ops.hotloop.mul.default(a, b)
+
+
+def _pick_backend(x: Tensor, backend: str | None) -> str:
+    if backend is None:  # first: the common call pays for one comparison
+        return DEFAULT_CUDA_BACKEND if x.is_cuda else "native"
+    if backend in _DEPRECATED_BACKENDS:
+        new = _DEPRECATED_BACKENDS[backend]
+        # Dynamo can't trace warnings.warn (a graph break, an error under fullgraph):
+        # eager calls warn, compiled ones stay whole.
+        if not torch.compiler.is_compiling():
+            warnings.warn(
+                f"rms_norm: backend={backend!r} is deprecated and will be removed in hotloop "
+                f"0.2; it runs the same kernels as backend={new!r}, which works on every device",
+                DeprecationWarning,
+                stacklevel=3,
+            )
+        if not x.is_cuda:
+            raise ValueError(
+                f"rms_norm(backend={backend!r}): x is on {x.device}; pass a CUDA tensor, "
+                f"or backend={new!r} (or None) to use the kernels for x's device"
+            )
+        return new
+    if backend not in BACKENDS:
+        raise ValueError(f"rms_norm: backend must be one of {BACKENDS} or None, got {backend!r}")
+    return backend
+
+
+# Looked up once: torch.ops' attribute lookups cost a decode-sized call about 0.3 us.
+_RMS_NORM = torch.ops.hotloop.rms_norm.default
+
+
+def rms_norm(
+    x: Tensor,
+    weight: Tensor | None = None,
+    eps: float | None = None,
+    backend: str | None = None,
+) -> Tensor:
+    """RMSNorm over the last dimension, as ``torch.nn.functional.rms_norm(x, (H,), weight, eps)``.
+
+    ``eps=None`` takes ``torch.finfo(x.dtype).eps`` like torch does. ``backend`` picks the
+    kernels: "native" (hotloop's C++ kernels for x's device), "triton", or None for the
+    fastest one available for x's device.
+    """
+    if eps is None:
+        # A non-floating x gets no eps of its own: the op refuses it with its own message,
+        # which under torch.compile comes from the fake kernel. (Raising here instead would
+        # surface as Dynamo's "Observed exception" with the message buried in its context.)
+        eps = torch.finfo(x.dtype).eps if x.is_floating_point() else 0.0
+    if _pick_backend(x, backend) == "triton":
+        if triton_rms_norm is None:
+            raise RuntimeError(
+                f"rms_norm(backend='triton'): Triton can't be imported ({_TRITON_MISSING}); "
+                "install a CUDA build of torch, which brings Triton"
+            )
+        return triton_rms_norm.rms_norm(x, weight, eps)
+    if _autograd_has_nothing_to_do(x, weight) and not torch.is_inference_mode_enabled():
+        # (Inference mode keeps the dispatcher out of Autograd kernels already, and the
+        # guard costs a decode-sized call about 0.4 us.)
+        with torch._C._AutoDispatchBelowAutograd():
+            return _RMS_NORM(x, weight, eps)
+    return _RMS_NORM(x, weight, eps)
+
+
+def fused_add_rms_norm(x: Tensor, residual: Tensor, weight: Tensor, eps: float = 1e-6) -> None:
+    """In place: ``residual += x``, then ``x = rms_norm(residual) * weight``.
+
+    The inference step between two transformer blocks, in one pass over memory. It has no
+    backward: call it under ``torch.no_grad()`` or ``torch.inference_mode()``.
+    """
+    if _autograd_has_nothing_to_do(x, residual, weight):
+        _bump_versions_in_place("fused_add_rms_norm", x, residual)
+        with torch._C._AutoDispatchBelowADInplaceOrView():
+            torch.ops.hotloop.fused_add_rms_norm.default(x, residual, weight, eps)
+        return
+    torch.ops.hotloop.fused_add_rms_norm.default(x, residual, weight, eps)
+
+
+def rms_norm_fp8(x: Tensor, weight: Tensor, scale: Tensor, eps: float = 1e-6) -> Tensor:
+    """RMSNorm quantised to float8_e4m3fn with a static per-tensor scale, for FP8 GEMMs.
+
+    ``out = e4m3(rms_norm(x) * weight / scale)``: the norm in float32 (float64 for
+    float64 x), the division as a multiplication by ``1 / scale`` formed in float32, then
+    rounded to nearest even and saturated to +-448. ``scale`` is a float32 tensor of one
+    element on x's device (read there: no host synchronisation); ``out.float() * scale``
+    dequantises. CUDA needs compute capability 8.9 or newer. Inference only: no backward.
+    """
+    return torch.ops.hotloop.rms_norm_fp8.default(x, weight, scale, eps)
+
+
+def rms_norm_fp8_dynamic(
+    x: Tensor, weight: Tensor, eps: float = 1e-6, scale_ub: Tensor | None = None
+) -> tuple[Tensor, Tensor]:
+    """RMSNorm quantised to float8_e4m3fn with one scale per row (per token).
+
+    Returns ``(out, scales)``: ``scales`` is float32 of shape ``x.shape[:-1] + (1,)``,
+    ``scales = max(min(max|y_row|, scale_ub) / 448, 1 / (448 * 512))`` with ``y`` the
+    normalised row times ``weight``; the floor keeps a row of zeros from a zero scale.
+    ``out = e4m3(y / scales)`` as in :func:`rms_norm_fp8`; values above ``scale_ub``
+    saturate. ``out.float() * scales`` dequantises.
+    """
+    out, scales = torch.ops.hotloop.rms_norm_fp8_dynamic.default(x, weight, eps, scale_ub)
+    return out, scales
+
+
+def fused_add_rms_norm_fp8(
+    x: Tensor, residual: Tensor, weight: Tensor, scale: Tensor, eps: float = 1e-6
+) -> Tensor:
+    """In place ``residual += x``, then :func:`rms_norm_fp8` of the new residual.
+
+    The step between two transformer blocks feeding an FP8 GEMM, in one pass over memory:
+    equals ``residual.add_(x); rms_norm_fp8(residual, weight, scale, eps)``. x is only
+    read. Call it under ``torch.no_grad()`` or ``torch.inference_mode()``.
+    """
+    return torch.ops.hotloop.fused_add_rms_norm_fp8.default(x, residual, weight, scale, eps)
+
+
+def fused_add_rms_norm_fp8_dynamic(
+    x: Tensor,
+    residual: Tensor,
+    weight: Tensor,
+    eps: float = 1e-6,
+    scale_ub: Tensor | None = None,
+) -> tuple[Tensor, Tensor]:
+    """In place ``residual += x``, then :func:`rms_norm_fp8_dynamic` of the new residual."""
+    out, scales = torch.ops.hotloop.fused_add_rms_norm_fp8_dynamic.default(
+        x, residual, weight, eps, scale_ub
+    )
+    return out, scales
+
+
+def _autograd_has_nothing_to_do(*tensors: Tensor | None) -> bool:
+    """Whether the op's Python Autograd kernel (below) would only pass the call on.
+
+    Then the API functions call below it: that kernel is a Python function the dispatcher
+    enters for every tensor outside inference mode, about 5 us of a decode-sized call's
+    20 (H100, torch 2.11; benchmarks/NOTES.md). Under torch.compile/export and torch.func
+    transforms the call keeps its usual path, which those trace or transform.
+    """
+    # is_compiling() first: Dynamo traces this function and cannot trace the torch._C calls.
+    if torch.compiler.is_compiling():
+        return False
+    if torch.is_grad_enabled() and torch._C._any_requires_grad(*tensors):
+        return False
+    return not torch._C._are_functorch_transforms_active()
+
+
+def _bump_versions_in_place(op: str, *written: Tensor) -> None:
+    """What ADInplaceOrView does for torch's in-place ops before they write."""
+    if not torch.is_inference_mode_enabled() and any(t.is_inference() for t in written):
+        # torch's version counter raises this for its own ops; increment_version below
+        # skips inference tensors instead.
+        raise RuntimeError(
+            f"{op}: Inplace update to inference tensor outside InferenceMode is "
+            "not allowed. You can make a clone to get a normal tensor before doing inplace "
+            "update. See https://github.com/pytorch/rfcs/pull/17 for more details."
+        )
+    torch.autograd.graph.increment_version(written)
