@@ -5,7 +5,10 @@
 * Credentials come from twine's own sources: ``TWINE_USERNAME`` / ``TWINE_PASSWORD`` (CI secrets)
   or the system keyring. There is no option to pass a password, none is read from a file in the
   repository, and a URL with ``user:password@`` in it is refused before anything else and never
-  shown. twine's output is shown with the password (plain and base64) masked.
+  shown. twine's output is shown with the password (plain, base64, HTML-escaped and
+  percent-encoded) masked, and with everything after the URL's host (path, query, fragment:
+  where token-in-URL indexes put the token) masked too; twine gets the URL through its
+  environment, not its command line.
 * The wheels are checked first: file names, labels and torch pins as the index checks them
   (``scripts/wheelfile.py``; a public version, for PyPI, may carry no label), then
   ``twine check``.
@@ -29,7 +32,7 @@ import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from urllib.parse import urlsplit
+from urllib.parse import parse_qsl, quote, quote_plus, unquote, unquote_plus, urlsplit
 
 from scripts import tools
 from scripts.wheelfile import WheelError, describe_wheel, find_wheels
@@ -112,18 +115,31 @@ class PublishError(RuntimeError):
 
 
 def mask_secrets(text: str, secrets: Sequence[str | None]) -> str:
-    """``text`` without the secrets, in plain and in base64 (the form of a Basic
-    ``Authorization`` header), and without any ``Authorization`` header's value."""
+    """``text`` without the secrets, each also as HTML and URLs write it (a server's error
+    page echoes what it got), and without any ``Authorization`` header's value."""
     text = re.sub(
         r"(Authorization[\"']?\s*[:=]\s*[\"']?(?:Basic|Bearer|Token)\s+)[^\s\"',}]+",
         rf"\g<1>{MASK}",
         text,
         flags=re.IGNORECASE,
     )
-    for secret in secrets:
-        if secret:
-            text = text.replace(secret, MASK)
+    forms = {form for secret in secrets if secret for form in written_forms(secret)}
+    for form in sorted(forms, key=len, reverse=True):  # a longer form may hold a shorter one
+        text = text.replace(form, MASK)
     return text
+
+
+def written_forms(secret: str) -> set[str]:
+    """``secret`` as it is, HTML-escaped and percent-encoded (and, if it is percent-encoded
+    itself, decoded): the ways a tool or a server may print it back."""
+    plain = {secret, unquote(secret), unquote_plus(secret)}
+    encoded = {
+        form
+        for text in plain
+        for form in (quote(text, safe=""), quote(text, safe="/"), quote_plus(text))
+    }
+    escaped = {html.escape(text, quote=q) for text in plain | encoded for q in (True, False)}
+    return {form for form in plain | encoded | escaped if form}
 
 
 def credential_forms(username: str | None, password: str | None) -> list[str]:
@@ -132,6 +148,26 @@ def credential_forms(username: str | None, password: str | None) -> list[str]:
         return []
     pair = f"{username or ''}:{password}".encode()
     return [password, base64.b64encode(pair).decode(), base64.urlsafe_b64encode(pair).decode()]
+
+
+# Path segments and query values shorter than this are masked only as part of the whole
+# path or query: masking every "1" or "x" of twine's output would hide what it says.
+_URL_PART_MIN = 6
+
+
+def url_secrets(url: str) -> list[str]:
+    """What of an upload URL must never be printed: everything after the host (tokens ride in
+    the path, ``/<token>/legacy/``, or the query, ``?api_token=``), as a whole and piece by
+    piece. Only ``scheme://host[:port]`` stays readable."""
+    parts = urlsplit(url)
+    after_host = url.split(parts.netloc, 1)[1] if parts.netloc else url
+    whole = [after_host, parts.path, parts.query, parts.fragment]
+    pieces = [
+        *parts.path.split("/"),
+        *(value for _, value in parse_qsl(parts.query, keep_blank_values=True)),
+        parts.fragment,
+    ]
+    return [p for p in whole if p.strip("/")] + [p for p in pieces if len(p) >= _URL_PART_MIN]
 
 
 def classify(returncode: int, output: str, skip_existing: bool) -> str:
@@ -178,28 +214,40 @@ def check_repository_url(url: str) -> str:
     return url
 
 
-def twine_command(url: str, wheel: Path, timeout: float) -> list[str]:
+def twine_command(wheel: Path, timeout: float) -> list[str]:
+    """twine upload of one wheel; the URL goes in :func:`twine_environment`, not here."""
     return [
         sys.executable, "-c", _TWINE_WITH_TIMEOUTS, str(timeout), "--no-color", "upload",
         # --verbose: the server's reason ("... already exists") is only in the response body.
         "--non-interactive", "--disable-progress-bar", "--verbose",
-        "--repository-url", url,
         str(wheel),
     ]  # fmt: skip
+
+
+def twine_environment(url: str) -> dict[str, str]:
+    """twine's environment: the URL rides in ``TWINE_REPOSITORY_URL`` because every user of
+    the machine can read a command line (``ps``), and a URL may hold a token."""
+    return {
+        **os.environ,
+        "TWINE_REPOSITORY_URL": url,
+        "TWINE_NON_INTERACTIVE": "1",
+        # Wide output so the server's message is not broken across lines.
+        "COLUMNS": "400",
+    }
 
 
 def upload_wheel(
     url: str, wheel: Path, skip_existing: bool = False, timeout: float = DEFAULT_TIMEOUT_S
 ) -> UploadResult:
     secrets = credential_forms(os.environ.get("TWINE_USERNAME"), os.environ.get("TWINE_PASSWORD"))
+    secrets += url_secrets(url)
     try:
         proc = subprocess.run(
-            twine_command(url, wheel, timeout),
+            twine_command(wheel, timeout),
             capture_output=True,
             text=True,
             timeout=UPLOAD_TIMEOUT_S,
-            # Wide output so the server's message is not broken across lines.
-            env={**os.environ, "TWINE_NON_INTERACTIVE": "1", "COLUMNS": "400"},
+            env=twine_environment(url),
         )
     except subprocess.TimeoutExpired:
         message = f"{_TIMEOUT_MARK}: twine still running after {UPLOAD_TIMEOUT_S} s, stopped"

@@ -6,6 +6,7 @@ from __future__ import annotations
 import base64
 import csv
 import hashlib
+import html
 import io
 import secrets
 import shutil
@@ -16,12 +17,14 @@ import urllib.request
 import uuid
 import zipfile
 from pathlib import Path
+from urllib.parse import quote, quote_plus
 
 import pytest
 from index_helpers import (
     REPO,
     TORCH_VARIANT,
     VARIANTS,
+    free_port,
     installed_hotloop,
     isolated_env,
     make_tiny_wheel,
@@ -244,6 +247,55 @@ def test_mask_secrets_hides_the_basic_authorization_form() -> None:
     assert token not in masked
     assert "xyz" not in masked
     assert "Authorization: Basic ********" in masked
+
+
+def test_mask_secrets_hides_the_escaped_and_encoded_password() -> None:
+    password = "p&<w>%d/ \"q'"
+    text = " | ".join(
+        [html.escape(password), html.escape(password, quote=False), quote(password, safe=""),
+         quote_plus(password), quote(password)]
+    )  # fmt: skip
+    masked = publish.mask_secrets(text, publish.credential_forms("hotloop-ci", password))
+    assert masked == " | ".join([publish.MASK] * 5)
+
+
+def test_twine_gets_the_url_outside_its_command_line(tmp_path: Path) -> None:
+    """A process list shows every command line on the machine: the URL stays out of it."""
+    url = "https://index.invalid/T0KEN/legacy/?api_token=T0KEN"
+    assert not any("T0KEN" in arg for arg in publish.twine_command(tmp_path / "x.whl", 1.0))
+    assert publish.twine_environment(url)["TWINE_REPOSITORY_URL"] == url
+
+
+TOKENS = ("pathT0KEN9f3a", "queryT0KEN7c1e", "fragT0KEN42")
+
+
+def url_with_tokens(base: str) -> str:
+    return f"{base.rstrip('/')}/{TOKENS[0]}/legacy/?api_token={TOKENS[1]}&x=1#{TOKENS[2]}"
+
+
+@pytest.mark.parametrize("where", ["unreachable", "refused"])
+def test_a_token_in_the_url_path_or_query_is_never_printed(
+    tools, server, wheel_dir: Path, where: str
+) -> None:
+    """Token-in-URL indexes (`?api_token=`, `/<token>/legacy/`): whatever twine and requests
+    say about the URL reaches the output with the path, query and fragment masked."""
+    base = f"http://127.0.0.1:{free_port()}/" if where == "unreachable" else server[0]
+    url = url_with_tokens(base)
+    proc = run(
+        [tools[0], "-m", "scripts.publish", "--repository-url", url, "--wheels", wheel_dir],
+        env=isolated_env(TWINE_USERNAME=USER, TWINE_PASSWORD="not-the-password"),
+        cwd=REPO,
+        check=False,
+    )
+    output = proc.stdout + proc.stderr
+    assert proc.returncode == 1
+    # No server at that port, or one that has no such path (pypiserver answers 404).
+    expected = publish.UNREACHABLE if where == "unreachable" else "failed (404 Not Found)"
+    assert expected in output
+    assert "publish: 0 of 4 wheel(s) on 127.0.0.1" in output
+    for token in TOKENS:
+        assert token not in output
+    assert "Traceback" not in output
 
 
 def test_an_invalid_wheel_name_is_not_published(
