@@ -11,7 +11,8 @@ run everywhere); cibuildwheel only needs an image that has what its container co
 * the project's glibc 2.31 sysroot (``toolchain.ensure_sysroot``) at ``HOTLOOP_SYSROOT``, so
   the manylinux_2_28 tag holds whatever the image's own glibc is.
 
-The root filesystem is made by ``mmdebstrap`` (Debian's reproducible debootstrap) with its own
+The root filesystem is made by ``mmdebstrap`` (Debian's reproducible debootstrap; the installed
+one, else Debian's package unpacked into the cache by :mod:`scripts.mmdebstrap`) with its own
 apt configuration, the interpreters are copied in from the machine's CPython installs (pyenv's
 or any other ``find_interpreters`` finds; Debian has no 3.10), and the tree is packed into a tar
 with sorted names, one mtime and numeric owners, then ``podman import``-ed as
@@ -40,7 +41,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from scripts import basics, matrix, toolchain
+from scripts import basics, matrix, mmdebstrap, toolchain
 from scripts.interpreters import find_interpreters
 
 IMAGE_REPOSITORY = "localhost/hotloop-builder"
@@ -102,12 +103,25 @@ def podman_env(base: Mapping[str, str] | None = None) -> dict[str, str]:
     return env
 
 
-def podman(*args: str, capture: bool = False) -> subprocess.CompletedProcess[str]:
-    exe = shutil.which("podman")
-    if exe is None:
+# The container engine, as Debian packages it: podman runs the image with runc (CONTAINERS_CONF).
+ENGINE_COMMANDS = ("podman", "runc")
+
+
+def require_engine() -> None:
+    """Stop with the install command when podman or runc is missing (mmdebstrap, the other
+    tool the image needs, is brought in by :mod:`scripts.mmdebstrap`)."""
+    missing = [name for name in ENGINE_COMMANDS if shutil.which(name) is None]
+    if missing:
         raise SystemExit(
-            "podman not found: install Debian's podman and runc (apt-get install podman runc)"
+            f"{' and '.join(missing)} not found: apt-get install {' '.join(missing)} (as root; "
+            "Debian's packages). The local build image runs in podman with runc "
+            "(docs/release.md); on GitHub Actions, cibuildwheel uses PyTorch's builder image"
         )
+
+
+def podman(*args: str, capture: bool = False) -> subprocess.CompletedProcess[str]:
+    require_engine()
+    exe = shutil.which("podman") or "podman"
     return basics.run([exe, *args], log=log, env=podman_env(), capture_output=capture, text=True)
 
 
@@ -184,9 +198,9 @@ def image_exists(name: str) -> bool:
 # --------------------------------------------------------------------------- root filesystem
 
 
-def mmdebstrap_command(rootfs: Path, mirror: str) -> list[str]:
+def mmdebstrap_command(rootfs: Path, mirror: str, exe: Path | str = "mmdebstrap") -> list[str]:
     return [
-        "mmdebstrap",
+        str(exe),
         "--mode=root",
         "--variant=minbase",
         "--include=" + ",".join(sorted(PACKAGES)),
@@ -301,8 +315,11 @@ def remove_volatile(rootfs: Path) -> None:
 def build_rootfs(rootfs: Path, homes: Mapping[str, Path]) -> None:
     mirror = toolchain.debian_mirror(toolchain.system_apt_sources()).uri
     env = dict(os.environ, SOURCE_DATE_EPOCH=str(IMAGE_EPOCH))
+    exe = mmdebstrap.ensure_mmdebstrap()
     log(f"mmdebstrap {SUITE} from {mirror} into {rootfs}")
-    subprocess.run(mmdebstrap_command(rootfs, mirror), check=True, env=env)
+    subprocess.run(
+        mmdebstrap_command(rootfs, mirror, exe), check=True, env=mmdebstrap.tool_env(exe, env)
+    )
     for version, home in homes.items():
         tag = python_tag(version)
         copy_interpreter(home, rootfs / "opt" / "python" / f"{tag}-{tag}")
@@ -366,6 +383,7 @@ def ensure_image(rows: Sequence[matrix.Row] | None = None) -> str:
 
     One image serves every cell: the Pythons of all build identifiers are in it.
     """
+    require_engine()
     spec, homes = image_inputs(rows)
     key = image_key(spec)
     name = image_name(key)

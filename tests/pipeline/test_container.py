@@ -10,7 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from scripts import ci, container, matrix
+from scripts import ci, container, matrix, mmdebstrap
+from tests.pipeline.deb_helpers import build_deb
 
 ROWS = matrix.load_rows()
 
@@ -34,8 +35,10 @@ def test_key_follows_every_input():
 
 
 def test_mmdebstrap_command_names_suite_packages_and_mirror(tmp_path):
-    cmd = container.mmdebstrap_command(tmp_path / "root", "http://deb.example/debian")
-    assert cmd[0] == "mmdebstrap"
+    cmd = container.mmdebstrap_command(
+        tmp_path / "root", "http://deb.example/debian", tmp_path / "bin" / "mmdebstrap"
+    )
+    assert cmd[0] == str(tmp_path / "bin" / "mmdebstrap")
     assert "--variant=minbase" in cmd
     included = next(a for a in cmd if a.startswith("--include=")).split("=", 1)[1].split(",")
     assert set(included) == set(container.PACKAGES)
@@ -195,3 +198,82 @@ def test_cibuildwheel_builds_repairs_and_tests_a_cpu_wheel_in_the_local_image(tm
     (wheel,) = tmp_path.glob("*.whl")
     assert wheel.name.endswith("-cp39-abi3-manylinux_2_24_x86_64.manylinux_2_28_x86_64.whl")
     assert sbom.check_sbom(wheel) == []
+
+
+def test_mmdebstrap_comes_from_the_debian_archive_when_it_is_not_installed(tmp_path, monkeypatch):
+    """A fresh machine has no mmdebstrap: the pipeline brings Debian's package into the cache
+    (private apt state, dpkg-deb -x), as the toolchain does, instead of a FileNotFoundError."""
+    monkeypatch.setenv("HOTLOOP_CACHE_DIR", str(tmp_path / "cache"))
+    real_which = shutil.which
+    monkeypatch.setattr(
+        shutil, "which", lambda name, *a, **k: None if name == "mmdebstrap" else real_which(name)
+    )
+    asked = []
+
+    def download(packages, suite, workdir, *args, **kwargs):
+        asked.append((list(packages), suite))
+        (workdir / "debs").mkdir(parents=True, exist_ok=True)
+        return [
+            build_deb(
+                workdir / "debs",
+                "mmdebstrap",
+                "1.3.5-7",
+                {"usr/bin/mmdebstrap": "#!/bin/sh\necho made\n", "usr/bin/mmtarfilter": ""},
+            )
+        ]
+
+    monkeypatch.setattr(mmdebstrap.apt, "apt_download", download)
+    exe = mmdebstrap.ensure_mmdebstrap()
+    assert asked == [(["mmdebstrap"], mmdebstrap.host_suite())]
+    assert exe.is_file()
+    assert (exe.parent / "mmtarfilter").is_file()
+    assert str(exe).startswith(str(tmp_path / "cache"))
+    # Cached: a second call downloads nothing.
+    assert mmdebstrap.ensure_mmdebstrap() == exe
+    assert len(asked) == 1
+    # mmdebstrap runs its helpers (mmtarfilter) by name: its folder leads PATH.
+    env = mmdebstrap.tool_env(exe, {"PATH": "/usr/bin"})
+    assert env["PATH"] == f"{exe.parent}:/usr/bin"
+
+
+def test_the_installed_mmdebstrap_is_used_when_there_is_one(tmp_path, monkeypatch):
+    monkeypatch.setattr(
+        shutil,
+        "which",
+        lambda name, *a, **k: "/usr/bin/mmdebstrap" if name == "mmdebstrap" else None,
+    )
+    assert mmdebstrap.ensure_mmdebstrap() == Path("/usr/bin/mmdebstrap")
+
+
+def test_mmdebstrap_on_a_host_without_apt_says_what_to_install(tmp_path, monkeypatch):
+    monkeypatch.setenv("HOTLOOP_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.setattr(shutil, "which", lambda name, *a, **k: None)
+    with pytest.raises(SystemExit) as err:
+        mmdebstrap.ensure_mmdebstrap()
+    message = str(err.value)
+    assert "apt-get, dpkg, dpkg-deb, perl" in message
+    assert "apt-get install mmdebstrap" in message
+
+
+@pytest.mark.parametrize(
+    ("missing", "words"),
+    [
+        ({"podman", "runc"}, "podman and runc not found: apt-get install podman runc"),
+        ({"runc"}, "runc not found: apt-get install runc"),
+    ],
+)
+def test_image_checks_podman_and_runc_before_anything_else(tmp_path, monkeypatch, missing, words):
+    """``nox -s cibuildwheel`` on a fresh machine: one message naming each missing command and
+    the command that installs it, before interpreters are looked for or a root is made."""
+    present = {name: f"/usr/bin/{name}" for name in container.ENGINE_COMMANDS}
+    monkeypatch.setattr(
+        shutil, "which", lambda name, *a, **k: None if name in missing else present.get(name)
+    )
+
+    def too_late(*args, **kwargs):
+        raise AssertionError("the image's inputs were gathered before the check")
+
+    monkeypatch.setattr(container, "image_inputs", too_late)
+    with pytest.raises(SystemExit) as err:
+        container.ensure_image(ROWS)
+    assert words in str(err.value)

@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 
 from scripts import matrix, reproducible, toolchain
+from tests.pipeline.deb_helpers import build_deb
 
 DEB822 = """\
 Types: deb
@@ -314,35 +315,6 @@ def test_cuda12_rows_build_with_debian_nvcc_12_4_for_sm80_to_sm90_and_ptx():
 )  # fmt: skip
 def test_deb_member_target(member, target):
     assert toolchain.deb_member_target(member) == target
-
-
-def build_deb(out_dir: Path, name: str, version: str, files: dict[str, str | Path]) -> Path:
-    """A ``.deb`` named ``name`` with ``files`` (path -> text, or a Path for a symlink)."""
-    if shutil.which("dpkg-deb") is None:
-        pytest.skip("dpkg-deb not installed")
-    tree = out_dir / f"{name}-tree"
-    (tree / "DEBIAN").mkdir(parents=True)
-    (tree / "DEBIAN" / "control").write_text(
-        f"Package: {name}\nVersion: {version}\nArchitecture: amd64\n"
-        "Maintainer: test <t@example.invalid>\nDescription: test\n"
-    )
-    for rel, content in files.items():
-        path = tree / rel
-        path.parent.mkdir(parents=True, exist_ok=True)
-        if isinstance(content, Path):
-            path.symlink_to(content)
-        else:
-            path.write_text(content)
-            if "/bin/" in rel:
-                path.chmod(0o755)
-    deb = out_dir / f"{name}_{version}_amd64.deb"
-    subprocess.run(
-        ["dpkg-deb", "--root-owner-group", "-Zgzip", "--build", tree, deb],
-        check=True,
-        stdout=subprocess.DEVNULL,
-    )
-    shutil.rmtree(tree)
-    return deb
 
 
 def fake_nvcc(release: str) -> str:
