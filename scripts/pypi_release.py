@@ -29,6 +29,7 @@ import re
 import shutil
 import sys
 import zipfile
+import zlib
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -38,6 +39,8 @@ from scripts.wheelfile import WheelError, describe_wheel, find_wheels, parse_whe
 # The variant PyPI serves: the stable-ABI wheel for CUDA 13.
 PYPI_VARIANT = Variant(STABLE, "13")
 _CHUNK = 1 << 20
+# What zipfile raises for a member whose data is corrupt or cut short.
+_MEMBER_ERRORS = (zipfile.BadZipFile, zlib.error, EOFError)
 
 
 class ReleaseError(RuntimeError):
@@ -51,16 +54,27 @@ def _record_hash(data: bytes) -> str:
 
 def _member_hash(zf: zipfile.ZipFile, info: zipfile.ZipInfo) -> tuple[str, int]:
     digest = hashlib.sha256()
-    with zf.open(info) as member:
-        for chunk in iter(lambda: member.read(_CHUNK), b""):
-            digest.update(chunk)
+    try:
+        with zf.open(info) as member:
+            for chunk in iter(lambda: member.read(_CHUNK), b""):
+                digest.update(chunk)
+    except _MEMBER_ERRORS as exc:
+        raise ReleaseError(f"{info.filename} cannot be read from the zip: {exc}") from None
     encoded = base64.urlsafe_b64encode(digest.digest()).rstrip(b"=").decode()
     return f"sha256={encoded}", info.file_size
 
 
 def check_record(zf: zipfile.ZipFile, record_name: str) -> list[list[str]]:
     """RECORD's rows, after checking that they name every member once with its right hash."""
-    rows = list(csv.reader(io.StringIO(zf.read(record_name).decode("utf-8"))))
+    try:
+        rows = list(csv.reader(io.StringIO(zf.read(record_name).decode("utf-8"))))
+    except (UnicodeDecodeError, csv.Error) as exc:
+        raise ReleaseError(f"RECORD is not a UTF-8 CSV file ({exc})") from None
+    for number, row in enumerate(rows, 1):
+        if row and len(row) != 3:
+            raise ReleaseError(
+                f"RECORD line {number} {row!r} has {len(row)} fields, need path,hash,size"
+            )
     listed = {row[0]: row for row in rows if row}
     members = {i.filename: i for i in zf.infolist() if not i.is_dir()}
     if set(listed) != set(members):
@@ -72,8 +86,8 @@ def check_record(zf: zipfile.ZipFile, record_name: str) -> list[list[str]]:
     for name, info in members.items():
         if name == record_name:
             continue
-        expected = listed[name][1:3]
-        if _member_hash(zf, info) != (expected[0], int(expected[1] or -1)):
+        digest, size = listed[name][1:3]
+        if _member_hash(zf, info) != (digest, int(size) if size.isdigit() else -1):
             raise ReleaseError(f"{name}: its hash or size does not match RECORD")
     return [row for row in rows if row]
 
@@ -106,7 +120,7 @@ def public_wheel(source: Path, out_dir: Path) -> Path:
     """Write the public-version copy of ``source`` into ``out_dir``; refuse to overwrite."""
     described = describe_wheel(source)
     if described.label != PYPI_VARIANT.label:
-        raise ReleaseError(f"{source.name} is not the {PYPI_VARIANT.label} wheel")
+        raise ReleaseError(f"not the {PYPI_VARIANT.label} wheel")
     parts = parse_wheel_name(source.name)
     public = parts.version.split("+", 1)[0]
     build = f"-{parts.build}" if parts.build else ""
@@ -123,7 +137,7 @@ def public_wheel(source: Path, out_dir: Path) -> Path:
 
     with zipfile.ZipFile(source) as zf:
         if record_name not in zf.namelist() or metadata_name not in zf.namelist():
-            raise ReleaseError(f"{source.name}: no {record_name} and {metadata_name}")
+            raise ReleaseError(f"no {record_name} and {metadata_name}")
         rows = check_record(zf, record_name)
         metadata = public_metadata(zf.read(metadata_name), parts.version, public)
         record = io.StringIO()
@@ -161,7 +175,7 @@ def public_wheel(source: Path, out_dir: Path) -> Path:
             raise
     if result.requires_torch != "".join(PYPI_VARIANT.requires_torch.split()):
         target.unlink()
-        raise ReleaseError(f"{target.name}: Requires-Dist on torch is {result.requires_torch}")
+        raise ReleaseError(f"the copy's Requires-Dist on torch is {result.requires_torch}")
     return target
 
 
@@ -172,7 +186,13 @@ def pypi_wheels(sources: Sequence[Path], out_dir: Path) -> list[Path]:
             f"no {PYPI_VARIANT.label} wheel under {', '.join(map(str, sources))}: PyPI gets "
             f"the {PYPI_VARIANT.label} wheel only (build it with the CUDA 13 row)"
         )
-    return [public_wheel(p, out_dir) for p in chosen]
+    written = []
+    for path in chosen:
+        try:
+            written.append(public_wheel(path, out_dir))
+        except ReleaseError as exc:
+            raise ReleaseError(f"{path.name}: {exc}") from None
+    return written
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -8,6 +8,7 @@ import csv
 import hashlib
 import html
 import io
+import re
 import secrets
 import shutil
 import sys
@@ -470,3 +471,57 @@ def test_pypi_upload_refuses_a_wheel_whose_record_is_wrong(
     assert pypi_release.main(args) == 1
     assert "RECORD does not list the wheel's files" in capsys.readouterr().err
     assert not (tmp_path / "out").exists()
+
+
+def stored_copy(wheel: Path, change=None) -> Path:
+    """``wheel`` rewritten uncompressed (its bytes findable in the file), members passed
+    through ``change(name, data) -> data`` first."""
+    with zipfile.ZipFile(wheel) as zf:
+        members = [(i, zf.read(i)) for i in zf.infolist()]
+    with zipfile.ZipFile(wheel, "w", zipfile.ZIP_STORED) as zf:
+        for info, data in members:
+            info.compress_type = zipfile.ZIP_STORED
+            zf.writestr(info, change(info.filename, data) if change else data)
+    return wheel
+
+
+def record_with_a_short_row(name: str, data: bytes) -> bytes:
+    if not name.endswith("/RECORD"):
+        return data
+    lines = data.decode().splitlines()
+    path, digest, _ = lines[0].split(",")
+    return "\n".join([f"{path},{digest}", *lines[1:]]).encode() + b"\n"
+
+
+@pytest.mark.parametrize(
+    ("damage", "message"),
+    [
+        ("crc", r"hotloop/_C\.abi3\.so cannot be read from the zip: Bad CRC-32"),
+        ("short-record-row", r"RECORD line 1 .* has 2 fields, need path,hash,size"),
+        ("not-a-zip", r"not a readable zip file"),
+    ],
+)
+def test_pypi_upload_names_the_file_and_the_problem_of_a_damaged_wheel(
+    tmp_path: Path, capsys: pytest.CaptureFixture, damage: str, message: str
+) -> None:
+    payload = bytes(range(256)) * 8
+    wheel = make_tiny_wheel(
+        tmp_path / "w", "stable.cu13", extra_files={"hotloop/_C.abi3.so": payload}
+    )
+    if damage == "crc":
+        stored_copy(wheel)
+        data = wheel.read_bytes()
+        at = data.index(payload) + 100
+        wheel.write_bytes(data[:at] + bytes([data[at] ^ 0xFF]) + data[at + 1 :])
+    elif damage == "short-record-row":
+        stored_copy(wheel, record_with_a_short_row)
+    else:
+        wheel.write_bytes(b"not a zip at all")
+    args = ["--wheels", str(wheel.parent), "--out", str(tmp_path / "out")]
+    assert pypi_release.main(args) == 1
+    out, err = capsys.readouterr()
+    assert "Traceback" not in out + err
+    (line,) = err.splitlines()
+    assert line.startswith(f"pypi_release: {wheel.name}: ")
+    assert re.search(message, line), line
+    assert not (tmp_path / "out").exists() or not any((tmp_path / "out").iterdir())
