@@ -320,6 +320,48 @@ def sbom_properties(document: Mapping[str, Any]) -> dict[str, str]:
     return {p["name"]: p.get("value", "") for p in component.get("properties", [])}
 
 
+def _kind(value: object) -> str:
+    return type(value).__name__
+
+
+def shape_problems(document: Mapping[str, Any]) -> list[str]:
+    """Where a CycloneDX document lacks the shape the checks read (objects, lists and strings
+    where the schema has them); empty when :func:`check_sbom` can read it. A wheel's SBOM may
+    be anything: its shape is a finding, never a crash that hides the wheel's other findings."""
+    problems: list[str] = []
+
+    def expect(value: object, kind: type, where: str) -> bool:
+        if isinstance(value, kind):
+            return True
+        need = {dict: "an object", list: "a list", str: "a string"}[kind]
+        problems.append(f"{where} is a {_kind(value)}, need {need}")
+        return False
+
+    def strings(entry: Mapping[str, Any], where: str, required: str, optional: str) -> None:
+        if required not in entry:
+            problems.append(f"{where} has no {required}")
+        for key in (required, optional):
+            if key in entry:
+                expect(entry[key], str, f"{where}.{key}")
+
+    metadata = document.get("metadata", {})
+    if expect(metadata, dict, "metadata"):
+        component = metadata.get("component", {})
+        if expect(component, dict, "metadata.component"):
+            properties = component.get("properties", [])
+            if expect(properties, list, "metadata.component.properties"):
+                for i, prop in enumerate(properties):
+                    where = f"metadata.component.properties[{i}]"
+                    if expect(prop, dict, where):
+                        strings(prop, where, "name", "value")
+    components = document.get("components", [])
+    if expect(components, list, "components"):
+        for i, entry in enumerate(components):
+            if expect(entry, dict, f"components[{i}]"):
+                strings(entry, f"components[{i}]", "name", "version")
+    return problems
+
+
 def check_sbom(wheel: Path) -> list[str]:
     """Audit rule ``sbom``: violations (empty when the wheel's SBOM is present and agrees).
 
@@ -337,6 +379,9 @@ def check_sbom(wheel: Path) -> list[str]:
     if not isinstance(document, dict) or document.get("bomFormat") != "CycloneDX":
         got = document.get("bomFormat") if isinstance(document, dict) else type(document).__name__
         return [f"sbom: {SBOM_PATH} is not a CycloneDX document (bomFormat {got!r})"]
+    shape = shape_problems(document)
+    if shape:
+        return [f"sbom: {SBOM_PATH} is not a CycloneDX document as written: {p}" for p in shape]
     with zipfile.ZipFile(wheel) as zf:
         info = wheel_build_info(zf)
     if info is None:

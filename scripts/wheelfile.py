@@ -148,7 +148,8 @@ def build_info_of(source: str) -> dict[str, Any] | None:
         ):
             try:
                 value = ast.literal_eval(node.value)
-            except ValueError:
+            # A literal that is no value: {[]: 1} (unhashable key), or nested past the stack.
+            except (ValueError, TypeError, RecursionError):
                 return None
             return value if isinstance(value, dict) else None
     return None

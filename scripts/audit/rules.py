@@ -207,9 +207,10 @@ def check_build_info(it: Inspection) -> Iterator[str]:
     }
     got = dict(info)
     if isinstance(got.get("archs"), list):
-        # a set of targets: setup.py may list compute_120 before sm_120
-        got["archs"] = sorted(got["archs"])
-        expected["archs"] = sorted(row.archs)
+        # a set of targets: setup.py may list compute_120 before sm_120 (repr: a hostile
+        # list may mix types, which do not compare)
+        got["archs"] = sorted(got["archs"], key=repr)
+        expected["archs"] = sorted(row.archs, key=repr)
     for key, want in expected.items():
         if got.get(key) != want:
             yield f"{key} is {info.get(key)!r}, need {want!r}"

@@ -274,6 +274,23 @@ def test_sbom_missing_or_disagreeing(wheel_factory, newest_row):
     assert "not a CycloneDX document" in report.violations[0]
 
 
+@pytest.mark.parametrize(
+    ("source", "finding"),
+    [
+        ("BUILD_INFO = {[]: 1}\n", "missing or has no BUILD_INFO dict"),
+        ("BUILD_INFO = " + "[" * 5000 + "]" * 5000 + "\n", "missing or has no BUILD_INFO dict"),
+        ("BUILD_INFO = {'archs': ['sm_90', 5]}\n", "archs is ['sm_90', 5]"),
+    ],
+    ids=["unhashable-key", "nested-too-deep", "mixed-archs"],
+)
+def test_an_oddly_shaped_build_info_is_a_finding_not_a_crash(
+    wheel_factory, newest_row, source, finding
+):
+    report = audit.check_wheel(wheel_factory(build_info=source), newest_row)
+    assert "build-info" in rules(report)
+    assert any(finding in v for v in report.violations), report.violations
+
+
 def test_build_info_missing(wheel_factory, newest_row):
     report = audit.check_wheel(wheel_factory(build_info="X = 1\n"), newest_row)
     assert rules(report) == {"build-info"}

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from scripts import reproducible, sbom
+from scripts import audit, reproducible, sbom
 
 TORCH = "2.11.0+cu130"
 CUDA = "13.0"
@@ -181,3 +181,56 @@ def test_project_sbom_keeps_others(wheel_factory, tmp_path):
         raw, out, 1700000000, {sbom.SBOM_PATH: b"{}", "sboms/auditwheel.cdx.json": b"[]"}
     )
     assert sbom.read_sboms(wheel) == {"auditwheel.cdx.json": b"[]", sbom.SBOM_NAME: b"{}"}
+
+
+def odd(**document: object) -> bytes:
+    return json.dumps({"bomFormat": "CycloneDX", **document}).encode()
+
+
+ROOT = {"name": "hotloop", "properties": []}
+
+
+@pytest.mark.parametrize(
+    ("document", "finding"),
+    [
+        (odd(metadata=[]), "metadata is a list, need an object"),
+        (odd(metadata={"component": "hotloop"}), "metadata.component is a str, need an object"),
+        (odd(metadata={"component": {"properties": {}}}), "properties is a dict, need a list"),
+        (
+            odd(metadata={"component": {"properties": [{"value": "2.11.0"}]}}),
+            "metadata.component.properties[0] has no name",
+        ),
+        (
+            odd(metadata={"component": {"properties": [{"name": 5, "value": "x"}]}}),
+            "metadata.component.properties[0].name is a int, need a string",
+        ),
+        (odd(metadata={"component": ROOT}, components=["torch"]), "components[0] is a str"),
+        (odd(metadata={"component": ROOT}, components={"torch": {}}), "components is a dict"),
+        (
+            odd(metadata={"component": ROOT}, components=[{"name": "torch", "version": 2}]),
+            "components[0].version is a int, need a string",
+        ),
+        (b"[]", "not a CycloneDX document (bomFormat 'list')"),
+    ],
+    ids=[
+        "metadata-list", "component-str", "properties-dict", "property-no-name",
+        "property-name-int", "component-entry-str", "components-dict", "version-int",
+        "document-list",
+    ],
+)  # fmt: skip
+def test_an_oddly_shaped_sbom_is_a_finding_not_a_crash(
+    wheel_factory, newest_row, tmp_path, document, finding
+):
+    """The audit reports the SBOM's shape, and the wheel's other rules still get their turn."""
+    wheel = wheel_with_sbom(wheel_factory, tmp_path, document)
+    problems = sbom.check_sbom(wheel)
+    assert any(finding in p for p in problems), problems
+    assert all(p.startswith("sbom: ") for p in problems)
+    raw = wheel_factory(with_sbom=False, requires=("torch",))  # a second, unrelated problem
+    broken = reproducible.finalize_wheel(
+        raw, tmp_path / "both" / raw.name, 1700000000, {sbom.SBOM_PATH: document}
+    )
+    report = audit.check_wheel(broken, newest_row)
+    found = {v.split(":", 1)[0] for v in report.violations}
+    assert {"sbom", "requires-torch"} <= found, report.violations
+    assert any(finding in v for v in report.violations)
