@@ -320,6 +320,9 @@ def sbom_properties(document: Mapping[str, Any]) -> dict[str, str]:
     return {p["name"]: p.get("value", "") for p in component.get("properties", [])}
 
 
+_JSON_KINDS: dict[type, str] = {dict: "an object", list: "a list", str: "a string"}
+
+
 def _kind(value: object) -> str:
     return type(value).__name__
 
@@ -333,8 +336,7 @@ def shape_problems(document: Mapping[str, Any]) -> list[str]:
     def expect(value: object, kind: type, where: str) -> bool:
         if isinstance(value, kind):
             return True
-        need = {dict: "an object", list: "a list", str: "a string"}[kind]
-        problems.append(f"{where} is a {_kind(value)}, need {need}")
+        problems.append(f"{where} is a {_kind(value)}, need {_JSON_KINDS[kind]}")
         return False
 
     def strings(entry: Mapping[str, Any], where: str, required: str, optional: str) -> None:
