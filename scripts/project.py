@@ -19,6 +19,7 @@ from __future__ import annotations
 import argparse
 import ast
 import difflib
+import functools
 import inspect
 import json
 import re
@@ -51,8 +52,9 @@ class AuditSettings:
     """``[tool.torch-wheels.audit]``: what the audit must find in each wheel."""
 
     libraries: tuple[str, ...] = ()
-    """Shared libraries every wheel must hold, as member paths or globs
-    (``mypkg/_C.*.so``). Empty: at least one shared library anywhere under the package."""
+    """The libraries that hold the ops, as member paths or globs (``mypkg/_C.*.so``): every
+    wheel must hold them, and in a stable wheel each must reach torch through the stable-ABI
+    shim. Empty: at least one shared library anywhere in the wheel."""
 
     build_info: str = ""
     """Member path of a module whose ``BUILD_INFO`` dict records what the wheel was built for
@@ -343,6 +345,12 @@ def load_project(path: Path = REPO) -> Project:
     project = Project(**_build(Project, table, where, ""), table_file=table_file)
     _check(project, where)
     return project
+
+
+@functools.cache
+def own_project() -> Project:
+    """This repository's own table (hotloop's): what the pipeline releases by default."""
+    return load_project(REPO)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

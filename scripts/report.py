@@ -24,6 +24,8 @@ class CellReport:
     tag: str | None = None
     audit: str = "not run"
     max_versions: dict[str, str] = field(default_factory=dict)
+    # GPU targets read from the wheel's fat binaries (sm_XX code, compute_XX PTX).
+    archs: list[str] = field(default_factory=list)
     auditwheel_output: str = ""
     tests: list[dict[str, Any]] = field(default_factory=list)
     build_seconds: float | None = None
@@ -64,7 +66,17 @@ def tests_cell(tests: Sequence[dict[str, Any]]) -> str:
 
 def render_table(cells: Sequence[CellReport]) -> str:
     """A Markdown table (readable in a terminal too)."""
-    header = ["cell", "status", "wheel", "size", "tag", "audit", "tests per Python", "build time"]
+    header = [
+        "cell",
+        "status",
+        "wheel",
+        "size",
+        "tag",
+        "audit",
+        "GPU archs compiled",
+        "tests per Python",
+        "build time",
+    ]
     rows = [
         [
             c.variant,
@@ -73,6 +85,7 @@ def render_table(cells: Sequence[CellReport]) -> str:
             human_size(c.size_bytes),
             c.tag or "-",
             c.audit,
+            " ".join(c.archs) or "none",
             tests_cell(c.tests),
             seconds(c.build_seconds),
         ]

@@ -153,11 +153,12 @@ def run_cell(
         parts = audit.wheel_name_parts(repaired.name)
         cell.tag = f"{parts['python']}-{parts['abi']}-{parts['platform']}"
         cell.max_versions = report.max_versions
+        cell.archs = report.archs
         cell.auditwheel_output = report.auditwheel_output
         cell.audit = "ok (" + ", ".join(sorted(report.max_versions.values())) + ")"
         log(
             f"{row.variant}: audit ok: {repaired.name} ({cell.size_bytes} bytes), "
-            f"needs {cell.max_versions}"
+            f"needs {cell.max_versions}, GPU code for {' '.join(cell.archs) or 'no arch'}"
         )
 
         cell.stage = "test"

@@ -8,6 +8,8 @@ import re
 from collections.abc import Iterable
 from dataclasses import dataclass
 
+from scripts.audit import fatbin
+
 # torch's own libraries need no newer glibc/libstdc++ than these: a hotloop library that
 # needs newer ones would not load where torch does.
 MAX_SYMBOL_VERSIONS = {"GLIBC": (2, 28), "GLIBCXX": (3, 4, 22)}
@@ -29,11 +31,13 @@ class ElfFacts:
     version_needs: frozenset[str]
     # ("RPATH" | "RUNPATH", one entry), in the order the dynamic section lists them.
     search_paths: tuple[tuple[str, str], ...]
+    # GPU targets compiled into its .nv_fatbin (``sm_80``, ``compute_90``); empty: no device code.
+    device_code: tuple[str, ...] = ()
 
 
 def read_elf(data: bytes) -> ElfFacts:
-    """The version names an ELF needs (``GLIBC_2.14``, ``GLIBCXX_3.4.21``, ...) and its
-    RPATH/RUNPATH entries, via pyelftools.
+    """The version names an ELF needs (``GLIBC_2.14``, ``GLIBCXX_3.4.21``, ...), its
+    RPATH/RUNPATH entries and the GPU targets of its fat binary, via pyelftools.
 
     ElfReadError for a file pyelftools cannot parse (truncated, corrupt headers).
     """
@@ -43,6 +47,7 @@ def read_elf(data: bytes) -> ElfFacts:
 
     needs: set[str] = set()
     paths: list[tuple[str, str]] = []
+    targets: tuple[str, ...] = ()
     try:
         elf = ELFFile(io.BytesIO(data))
         for section in elf.iter_sections():
@@ -55,11 +60,13 @@ def read_elf(data: bytes) -> ElfFacts:
                         kind = tag.entry.d_tag[3:]
                         text = tag.rpath if kind == "RPATH" else tag.runpath
                         paths.extend((kind, entry) for entry in text.split(":") if entry)
+            elif section.name == fatbin.SECTION:
+                targets = fatbin.device_targets(section.data())
     # A hostile or truncated file can make the parser fail in many ways (ELFError, struct
     # and construct errors, IndexError on bad offsets): each means "not a readable ELF".
     except Exception as exc:
         raise ElfReadError(f"{type(exc).__name__}: {exc}") from None
-    return ElfFacts(frozenset(needs), tuple(paths))
+    return ElfFacts(frozenset(needs), tuple(paths), targets)
 
 
 def elf_version_needs(data: bytes) -> set[str]:

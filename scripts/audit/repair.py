@@ -11,6 +11,7 @@ from scripts.audit.libraries import torch_provided_libs
 from scripts.audit.rules import PLATFORM, AuditReport, check_wheel, raise_on_violations
 from scripts.audit.wheelfile import AuditError
 from scripts.matrix import Row
+from scripts.project import Project
 
 # auditwheel --exclude patterns: torch's and the CUDA runtime's sonames, which torch's
 # installation provides; the libraries a torch site lists are added per run.
@@ -76,9 +77,10 @@ def repair_and_audit(
     row: Row,
     site_packages: Path,
     finalize: Callable[[Path], Path] | None = None,
+    project: Project | None = None,
 ) -> tuple[Path, AuditReport]:
-    """auditwheel repair (torch's libraries excluded), ``finalize``, abi3audit --strict, then
-    every rule, on the wheel that ships.
+    """auditwheel repair (torch's libraries excluded), ``finalize``, abi3audit --strict (for
+    abi3 wheels), then every rule, on the wheel that ships.
 
     ``site_packages`` holds the torch the wheel was built against: what it installs is
     excluded from the repair and forbidden inside the wheel. ``finalize`` turns the repaired
@@ -88,8 +90,9 @@ def repair_and_audit(
     repaired, aw_output = repair_wheel(wheel, out_dir, provided)
     if finalize is not None:
         repaired = finalize(repaired)
-    abi3 = run_abi3audit(repaired)
-    report = check_wheel(repaired, row, provided)
+    limited_api = project is None or project.python_abi == "abi3"
+    abi3 = run_abi3audit(repaired) if limited_api else "not an abi3 wheel (python-abi = per-python)"
+    report = check_wheel(repaired, row, provided, project)
     report.auditwheel_output = aw_output
     report.abi3audit_output = abi3
     raise_on_violations(repaired.name, report)

@@ -1,16 +1,18 @@
-"""hotloop's own rules for a built wheel: one function per rule, each with an id and a test.
+"""The pipeline's own rules for a built wheel: one function per rule, each with an id and a test.
 
-A rule is a function of an ``Inspection`` (one open wheel and the matrix row it was built
-for) that yields one message per problem; ``@rule("id")`` registers it, its docstring's
-first line is its summary (``python -m scripts.audit --help`` lists them). ``check_wheel`` runs
-every rule that applies to the wheel's kind and reports ``<rule>: <message>`` lines; a part
-of the wheel that cannot be read becomes a finding of the rule that needed it.
+A rule is a function of an ``Inspection`` (one open wheel, the matrix row it was built for
+and the project table that describes its package) that yields one message per problem;
+``@rule("id")`` registers it, its docstring's first line is its summary (``python -m
+scripts.audit --help`` lists them). ``check_wheel`` runs every rule that applies to the
+wheel's kind and reports ``<rule>: <message>`` lines; a part of the wheel that cannot be read
+becomes a finding of the rule that needed it.
 """
 
 from __future__ import annotations
 
 import base64
 import csv
+import fnmatch
 import hashlib
 import io
 import re
@@ -25,11 +27,9 @@ from scripts import sbom, variant
 from scripts.audit import elf, libraries, stable_abi
 from scripts.audit.wheelfile import AuditError, Wheel, WheelReadError
 from scripts.matrix import Row, build_row_of, load_rows
+from scripts.project import Project, own_project
 
-PROJECT = "hotloop"
 PLATFORM = "manylinux_2_28_x86_64"
-# The ops library (no Python symbols; ``import hotloop`` loads it with torch.ops.load_library).
-OPS_LIBRARY = re.compile(rf"{PROJECT}/libhotloop_ops\.so")
 # Shown per library when torch-abi-audit finds unstable symbols; the count says the rest.
 SHOWN_SYMBOLS = 5
 
@@ -41,6 +41,13 @@ class AuditReport:
     max_versions: dict[str, str] = field(default_factory=dict)
     auditwheel_output: str = ""
     abi3audit_output: str = ""
+    # The GPU targets each library's fat binary holds: what was compiled, whatever was asked.
+    device_code: dict[str, list[str]] = field(default_factory=dict)
+
+    @property
+    def archs(self) -> list[str]:
+        """Every GPU target compiled into the wheel, sorted (``compute_90``, ``sm_80``, ...)."""
+        return sorted({a for targets in self.device_code.values() for a in targets})
 
     @property
     def ok(self) -> bool:
@@ -50,10 +57,31 @@ class AuditReport:
 class Inspection:
     """One open wheel, the build row it must match, and what the rules share about it."""
 
-    def __init__(self, wheel: Wheel, row: Row, provided_by_torch: Iterable[str] = ()) -> None:
+    def __init__(
+        self,
+        wheel: Wheel,
+        row: Row,
+        provided_by_torch: Iterable[str] = (),
+        project: Project | None = None,
+    ) -> None:
         self.wheel = wheel
         self.row = row
         self.provided_by_torch = frozenset(provided_by_torch)
+        self.project = project or own_project()
+
+    @property
+    def name(self) -> str:
+        """The distribution the project table names."""
+        return self.project.distribution
+
+    @property
+    def expected_version(self) -> str:
+        """The project's own version with the row's label: ``0.1.0+stable.cu13``."""
+        return f"{self.wheel.version.split('+')[0]}+{self.row.variant}"
+
+    def required_library(self, member: str) -> bool:
+        """Whether ``member`` is one of the libraries the table says every wheel holds."""
+        return any(fnmatch.fnmatchcase(member, p) for p in self.project.audit.libraries)
 
     @cached_property
     def _elf_scan(self) -> tuple[dict[str, elf.ElfFacts], dict[str, str]]:
@@ -132,36 +160,44 @@ def rules_for(kind: str) -> list[Rule]:
 
 @rule("project-name")
 def check_project_name(it: Inspection) -> Iterator[str]:
-    """The file name and METADATA name the project hotloop."""
-    if it.wheel.parts["name"] != PROJECT:
-        yield f"file name says {it.wheel.parts['name']!r}, need {PROJECT!r}"
+    """The file name and METADATA name the project table's distribution."""
+    if it.wheel.parts["name"] != it.name:
+        yield f"file name says {it.wheel.parts['name']!r}, need {it.name!r}"
     name = it.wheel.metadata().get("Name")
-    if name != PROJECT:
-        yield f"METADATA Name is {name!r}, need {PROJECT!r}"
+    if name != it.name:
+        yield f"METADATA Name is {name!r}, need {it.name!r}"
 
 
 @rule("wheel-tag")
 def check_wheel_tag(it: Inspection) -> Iterator[str]:
-    """File name and WHEEL tags are cp39-abi3 with manylinux_2_28_x86_64."""
+    """File name and WHEEL tags are cp39-abi3 (or, per Python, cpXY-cpXY of a row's Python)
+    with manylinux_2_28_x86_64."""
     parts = it.wheel.parts
     platforms = parts["platform"].split(".")
-    if parts["python"] != "cp39" or parts["abi"] != "abi3" or PLATFORM not in platforms:
+    if it.project.python_abi == "abi3":
+        python, abi, allowed = "cp39", "abi3", ["cp39"]
+    else:
+        python = abi = parts["python"]
+        allowed = ["cp" + p.replace(".", "") for p in it.row.pythons]
+    need = f"{python}-{abi}"
+    if parts["python"] not in allowed or parts["abi"] != abi or PLATFORM not in platforms:
         yield (
             f"file name says {parts['python']}-{parts['abi']}-{parts['platform']}, "
-            f"need cp39-abi3 and {PLATFORM}"
+            f"need {' or '.join(f'{p}-{abi}' for p in allowed) if abi != 'abi3' else need} "
+            f"and {PLATFORM}"
         )
     tags = it.wheel.wheel_metadata().get_all("Tag") or []
     if (
         not tags
-        or any(not t.startswith("cp39-abi3-") for t in tags)
-        or f"cp39-abi3-{PLATFORM}" not in tags
+        or any(not t.startswith(f"{need}-") for t in tags)
+        or f"{need}-{PLATFORM}" not in tags
     ):
-        yield f"WHEEL lists tags {tags}, need cp39-abi3-{PLATFORM}"
+        yield f"WHEEL lists tags {tags}, need {need}-{PLATFORM}"
 
 
 @rule("version-label")
 def check_version_label(it: Inspection) -> Iterator[str]:
-    """The version is the row's: 0.1.0+stable.cu13 (stable) or 0.1.0+pt29cu128 (pinned)."""
+    """The version carries the row's label: 0.1.0+stable.cu13 (stable), 0.1.0+pt29cu128 (pinned)."""
     found = (
         ("file name", it.wheel.version),
         ("METADATA Version", str(it.wheel.metadata().get("Version"))),
@@ -172,9 +208,9 @@ def check_version_label(it: Inspection) -> Iterator[str]:
         except ValueError as exc:
             yield f"{where} {version!r}: {exc}"
             continue
-        if version != it.row.version:
+        if version != it.expected_version:
             yield (
-                f"{where} is {version}, need {it.row.version} "
+                f"{where} is {version}, need {it.expected_version} "
                 f"(the {it.row.kind} wheel built against torch {it.row.torch})"
             )
 
@@ -193,10 +229,13 @@ def check_requires_torch(it: Inspection) -> Iterator[str]:
 
 @rule("build-info")
 def check_build_info(it: Inspection) -> Iterator[str]:
-    """hotloop/_build_info.py agrees with the build row (version, torch, CUDA, archs)."""
-    info = it.wheel.build_info()
+    """The table's build-info module agrees with the build row (version, torch, CUDA, archs)."""
+    member = it.project.audit.build_info
+    if not member:
+        return  # the project records no build info
+    info = it.wheel.build_info(member)
     if info is None:
-        yield "hotloop/_build_info.py missing or has no BUILD_INFO dict"
+        yield f"{member} missing or has no BUILD_INFO dict"
         return
     row = it.row
     expected = {
@@ -221,8 +260,9 @@ def check_build_info(it: Inspection) -> Iterator[str]:
 # ------------------------------------------------------------------------------ the zip
 
 
-def path_problem(name: str, dist_info: str) -> str | None:
-    """Why a member name must not be in hotloop's wheel, or None if it may."""
+def path_problem(name: str, dist_info: str, package: str) -> str | None:
+    """Why a member name must not be in the wheel of import package ``package``, or None if
+    it may."""
     if name.startswith("/") or re.match(r"[A-Za-z]:", name):
         return "absolute path: an installer would write it outside site-packages"
     if "\\" in name:
@@ -239,10 +279,10 @@ def path_problem(name: str, dist_info: str) -> str | None:
         return "a top-level torch/ overwrites torch's own files on install"
     if top.endswith(".data"):
         return (
-            "a .data folder installs outside hotloop's folders (purelib/platlib at the "
+            "a .data folder installs outside the package's folders (purelib/platlib at the "
             "top of site-packages, scripts on PATH)"
         )
-    roots = (f"{PROJECT}/", f"{PROJECT}.libs/", f"{dist_info}/")
+    roots = (f"{package}/", f"{package}.libs/", f"{dist_info}/")
     if not name.startswith(roots):
         return f"outside {', '.join(roots)}"
     return None
@@ -250,10 +290,10 @@ def path_problem(name: str, dist_info: str) -> str | None:
 
 @rule("member-paths")
 def check_member_paths(it: Inspection) -> Iterator[str]:
-    """Every member is under hotloop/, hotloop.libs/ or hotloop-<version>.dist-info/."""
-    dist_info = f"{PROJECT}-{it.wheel.version}.dist-info"
+    """Every member is under <import>/, <import>.libs/ or <distribution>-<version>.dist-info/."""
+    dist_info = f"{it.name}-{it.wheel.version}.dist-info"
     for info in it.wheel.infos():
-        problem = path_problem(info.filename, dist_info)
+        problem = path_problem(info.filename, dist_info, it.project.import_name)
         if problem:
             yield f"{info.filename!r}: {problem}"
 
@@ -338,6 +378,46 @@ def check_elf_readable(it: Inspection) -> Iterator[str]:
         yield f"{name} is not a readable ELF file ({problem}); build the wheel again"
 
 
+@rule("libraries")
+def check_libraries(it: Inspection) -> Iterator[str]:
+    """The table's ``audit.libraries`` are there (else at least one shared library)."""
+    names = [info.filename for info in it.wheel.files()]
+    for pattern in it.project.audit.libraries:
+        if not any(fnmatch.fnmatchcase(name, pattern) for name in names):
+            yield (
+                f"no member matches {pattern!r} (the project table's audit.libraries): the build "
+                "left that library out"
+            )
+    if not it.project.audit.libraries and not any(name.endswith(".so") for name in names):
+        yield "no shared library at all: the build compiled no extension"
+
+
+def device_label(version: str) -> str | None:
+    """The CUDA a wheel's version label promises (``13``, ``12.8``); None: CPU or no label."""
+    try:
+        cuda: str | None = variant.parse_version(version).cuda
+        return cuda
+    except ValueError:
+        return None  # version-label reports it
+
+
+@rule("device-code")
+def check_device_code(it: Inspection) -> Iterator[str]:
+    """A CUDA-labelled wheel holds device code: a cubin or PTX in some library's .nv_fatbin."""
+    cuda = device_label(it.wheel.version)
+    if cuda is None or not it.project.audit.device_code:
+        return
+    if any(facts.device_code for facts in it.elf_facts.values()):
+        return
+    yield (
+        f"labelled for CUDA {cuda} ({it.wheel.version}) but no library holds device code (no "
+        "cubin or PTX in an .nv_fatbin section): the build compiled no CUDA source. A setup.py "
+        "that picks CUDA with torch.cuda.is_available() builds CPU-only on a builder without "
+        "a GPU; make it build CUDA regardless (FORCE_CUDA=1 or the project's own switch, set "
+        "in the project table's build-env) and give the archs in TORCH_CUDA_ARCH_LIST"
+    )
+
+
 @rule("search-path")
 def check_search_paths(it: Inspection) -> Iterator[str]:
     """No ELF has an RPATH/RUNPATH entry outside the wheel (only $ORIGIN-relative ones)."""
@@ -347,7 +427,7 @@ def check_search_paths(it: Inspection) -> Iterator[str]:
                 yield (
                     f"{name} has {kind} {entry!r}, a folder of the build machine that the loader "
                     "would search on every user's; link without it (torch's libraries are "
-                    "already loaded when hotloop's are) or use a $ORIGIN-relative path"
+                    "already loaded when the package's are) or use a $ORIGIN-relative path"
                 )
 
 
@@ -384,7 +464,7 @@ def check_sbom(it: Inspection) -> Iterator[str]:
         problems = sbom.check_sbom(it.wheel.path)
     except (zipfile.BadZipFile, ValueError, SyntaxError):
         return  # a member that can't be read is the record and build-info rules' finding
-    missing_info = "sbom: the wheel has no hotloop/_build_info.py"
+    missing_info = f"sbom: the wheel has no {it.project.audit.build_info}"
     yield from (p for p in problems if not p.startswith(missing_info))
 
 
@@ -401,10 +481,10 @@ def check_torch_stable_abi(it: Inspection) -> Iterator[str]:
                 "reaches torch only through torch/csrc/stable and the aoti_torch_* shim "
                 "(build with -DTORCH_STABLE_ONLY)"
             )
-        elif OPS_LIBRARY.fullmatch(name) and abi.stable_shim_count == 0:
+        elif it.required_library(name) and abi.stable_shim_count == 0:
             yield (
                 f"{name} references no stable-ABI shim symbol (aoti_torch_*, torch_*), yet a "
-                "stable wheel's ops library registers its ops through that shim: either this is "
+                "stable wheel's libraries reach torch through that shim: either this is "
                 "not a stable build, or nm could not read the file (GNU binutils >= 2.37)"
             )
 
@@ -445,16 +525,19 @@ def _build_row(row: Row) -> Row:
         ) from None
 
 
-def check_wheel(wheel: Path, row: Row, provided_by_torch: Iterable[str] = ()) -> AuditReport:
+def check_wheel(
+    wheel: Path, row: Row, provided_by_torch: Iterable[str] = (), project: Project | None = None
+) -> AuditReport:
     """Run every rule for the wheel's kind; AuditError if the file cannot be opened at all.
 
     ``row`` is the matrix row the wheel serves or is built for; ``provided_by_torch`` are
-    library file names torch's installation provides (``torch_provided_libs``).
+    library file names torch's installation provides (``torch_provided_libs``); ``project``
+    the table of the wheel's package (default: this repository's).
     """
     row = _build_row(row)
     report = AuditReport(wheel.name)
     with Wheel.open(wheel) as opened:
-        inspection = Inspection(opened, row, provided_by_torch)
+        inspection = Inspection(opened, row, provided_by_torch, project)
         for checked in rules_for(row.kind):
             try:
                 for message in checked.check(inspection):
@@ -462,6 +545,11 @@ def check_wheel(wheel: Path, row: Row, provided_by_torch: Iterable[str] = ()) ->
             except AuditError as exc:  # a member it needed is unreadable, or a tool is missing
                 report.violations.append(f"{checked.id}: {exc}")
         report.max_versions = inspection.max_versions()
+        report.device_code = {
+            name: list(facts.device_code)
+            for name, facts in sorted(inspection.elf_facts.items())
+            if facts.device_code
+        }
     return report
 
 

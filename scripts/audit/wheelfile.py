@@ -154,8 +154,9 @@ class Wheel:
         """``<dist-info>/WHEEL`` as an email message."""
         return Parser().parsestr(self.text(f"{self.dist_info}/WHEEL"))
 
-    def build_info(self) -> dict[str, Any] | None:
-        """``BUILD_INFO`` from ``hotloop/_build_info.py``; None if missing or not a literal dict."""
-        if not self.has(BUILD_INFO_MEMBER):
+    def build_info(self, member: str = BUILD_INFO_MEMBER) -> dict[str, Any] | None:
+        """``BUILD_INFO`` from ``member`` (the project table's ``audit.build-info``); None if
+        missing or not a literal dict."""
+        if not self.has(member):
             return None
-        return build_info_of(self.text(BUILD_INFO_MEMBER))
+        return build_info_of(self.text(member))

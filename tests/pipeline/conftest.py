@@ -6,9 +6,10 @@ import base64
 import hashlib
 import json
 import shutil
+import struct
 import subprocess
 import zipfile
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
 import pytest
@@ -50,11 +51,52 @@ def compile_shared(tmp: Path, name: str, source: str, cpp: bool = False) -> byte
     return out.read_bytes()
 
 
+def fatbin_section(entries: Sequence[tuple[int, int]]) -> bytes:
+    """A ``.nv_fatbin`` container with one entry per ``(kind, arch)`` (kind 1: PTX, 2: cubin),
+    laid out as nvcc writes it, with a few payload bytes each."""
+    body = b""
+    for kind, arch in entries:
+        payload = b"\0" * 16
+        header = struct.pack("<HHIQ", kind, 1, 64, len(payload)).ljust(28, b"\0")
+        header = (header + struct.pack("<I", arch)).ljust(64, b"\0")
+        body += header + payload
+    return struct.pack("<IHHQ", 0xBA55ED50, 1, 16, len(body)) + body
+
+
+# What a CUDA build's ops library holds: sm_90 code and compute_90 PTX.
+CUDA_TARGETS = ((2, 90), (1, 90))
+
+
 @pytest.fixture(scope="session")
-def elf_libs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, bytes]:
+def with_fatbin(tmp_path_factory: pytest.TempPathFactory) -> Callable[..., bytes]:
+    """``with_fatbin(library, entries)``: ``library`` with an ``.nv_fatbin`` section holding
+    ``fatbin_section(entries)`` (objcopy)."""
+    if shutil.which("objcopy") is None:
+        pytest.skip("objcopy not installed")
+    tmp = tmp_path_factory.mktemp("fatbin")
+
+    def add(library: bytes, entries: Sequence[tuple[int, int]] = CUDA_TARGETS) -> bytes:
+        (tmp / "plain.so").write_bytes(library)
+        (tmp / "fatbin.bin").write_bytes(fatbin_section(entries))
+        subprocess.run(
+            ["objcopy", "--add-section", ".nv_fatbin=fatbin.bin", "plain.so", "cuda.so"],
+            cwd=tmp,
+            check=True,
+        )
+        return (tmp / "cuda.so").read_bytes()
+
+    return add
+
+
+@pytest.fixture(scope="session")
+def elf_libs(
+    tmp_path_factory: pytest.TempPathFactory, with_fatbin: Callable[..., bytes]
+) -> dict[str, bytes]:
     tmp = tmp_path_factory.mktemp("elf")
+    good = compile_shared(tmp, "good", GOOD_C)
     return {
-        "good": compile_shared(tmp, "good", GOOD_C),
+        "good": good,
+        "cuda": with_fatbin(good),
         "new_glibc": compile_shared(tmp, "new_glibc", NEW_GLIBC_C),
         "new_glibcxx": compile_shared(tmp, "new_glibcxx", NEW_GLIBCXX_CPP, cpp=True),
     }
@@ -154,7 +196,8 @@ def wheel_factory(
     ) -> Path:
         files: dict[str, bytes | str] = {
             "hotloop/__init__.py": "",
-            "hotloop/_C.abi3.so": elf_libs["good"],
+            # device code in _C, so that tests replacing the ops library keep some
+            "hotloop/_C.abi3.so": elf_libs["cuda"],
             "hotloop/libhotloop_ops.so": elf_libs["good"],
             "hotloop/_build_info.py": build_info
             if build_info is not None

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib.metadata
+import re
 import shutil
 import subprocess
 import zipfile
@@ -73,13 +74,14 @@ def compile_cxx(tmp: Path, name: str, source: str, *link_flags: str) -> bytes:
 
 
 @pytest.fixture(scope="session")
-def elf_libs(elf_libs, tmp_path_factory):
-    """conftest's libraries plus torch-facing ones; "good" (every wheel's ops library and _C)
-    uses the shim."""
+def elf_libs(elf_libs, tmp_path_factory, with_fatbin):
+    """conftest's libraries plus torch-facing ones; "good" (every wheel's ops library) uses
+    the shim, "cuda" (every wheel's _C) too, with device code."""
     tmp = tmp_path_factory.mktemp("torch_elf")
     libs = dict(elf_libs)
     libs["no_torch"] = elf_libs["good"]
     libs["good"] = compile_cxx(tmp, "stable_shim", STABLE_SHIM_CPP)
+    libs["cuda"] = with_fatbin(libs["good"])
     libs["unstable"] = compile_cxx(tmp, "unstable", UNSTABLE_CPP)
     libs["newer_shim"] = compile_cxx(tmp, "newer_shim", NEWER_SHIM_CPP)
     libs["unknown_shim"] = compile_cxx(tmp, "unknown_shim", UNKNOWN_SHIM_CPP)
@@ -777,3 +779,45 @@ def test_repair_refuses_a_folder_holding_wheels_it_did_not_write(wheel_factory, 
     with pytest.raises(audit.AuditError, match=r"holds .*hotloop-0\.0\.9.*\.whl.*empty folder"):
         audit.repair_wheel(wheel_factory(), out)
     assert theirs.read_bytes() == b"an older release"
+
+
+# ----------------------------------------------------------------------- device code
+
+
+def test_fatbin_targets_are_read_from_the_section(with_fatbin, elf_libs):
+    library = with_fatbin(elf_libs["no_torch"], [(2, 80), (2, 90), (1, 90)])
+    facts = audit.elf.read_elf(library)
+    assert facts.device_code == ("compute_90", "sm_80", "sm_90")
+    assert audit.elf.read_elf(elf_libs["no_torch"]).device_code == ()
+
+
+def test_cuda_labelled_wheel_without_device_code_is_refused(wheel_factory, newest_row, elf_libs):
+    # extension-cpp's setup.py builds CUDA only if torch.cuda.is_available(): on a builder
+    # without a GPU it makes a CPU-only library that a CUDA label would misdescribe.
+    wheel = wheel_factory(extra={"hotloop/_C.abi3.so": elf_libs["good"]})
+    report = audit.check_wheel(wheel, newest_row)
+    assert rules(report) == {"device-code"}
+    message = report.violations[0]
+    assert f"labelled for CUDA {newest_row._variant.cuda} ({newest_row.version})" in message
+    assert "torch.cuda.is_available()" in message
+    assert "FORCE_CUDA=1" in message
+    assert "TORCH_CUDA_ARCH_LIST" in message
+
+
+def test_cpu_labelled_wheel_needs_no_device_code(wheel_factory, newest_row, elf_libs):
+    cpu_label = re.sub(r"cu[0-9]+$", "cpu", newest_row.variant)
+    wheel = wheel_factory(
+        extra={"hotloop/_C.abi3.so": elf_libs["good"]}, version=f"0.1.0+{cpu_label}"
+    )
+    report = audit.check_wheel(wheel, newest_row)
+    assert "device-code" not in rules(report)
+    assert "version-label" in rules(report)  # a CPU wheel is not the row's CUDA wheel
+
+
+def test_listed_library_missing(wheel_factory, newest_row):
+    def drop_ops(members: dict[str, bytes]) -> None:
+        del members["hotloop/libhotloop_ops.so"]
+
+    report = audit.check_wheel(rewrite_wheel(wheel_factory(), drop_ops), newest_row)
+    assert "libraries" in rules(report)
+    assert "no member matches 'hotloop/libhotloop_ops.so'" in "\n".join(report.violations)

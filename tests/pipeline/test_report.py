@@ -13,6 +13,7 @@ def cells() -> list[report.CellReport]:
         wheel="hotloop-0.1.0+pt214cu130-cp39-abi3-manylinux_2_24_x86_64.manylinux_2_28_x86_64.whl",
         size_bytes=3 * 1024 * 1024, tag="cp39-abi3-manylinux_2_24_x86_64.manylinux_2_28_x86_64",
         audit="ok (GLIBCXX_3.4.21, GLIBC_2.14)", build_seconds=125.0,
+        archs=["compute_120", "sm_80", "sm_90"],
         tests=[{"python": "3.10", "status": "passed"}, {"python": "3.13", "status": "failed"}],
     )  # fmt: skip
     bad = report.CellReport(
@@ -29,6 +30,8 @@ def test_table_has_every_cell_and_column():
     assert "| pt214cu130 | passed " in lines[2]
     assert "3.0 MiB" in lines[2]
     assert "3.10 passed, 3.13 failed" in lines[2]
+    assert "| compute_120 sm_80 sm_90 |" in lines[2]
+    assert "| none " in lines[3]
     assert "2m05s" in lines[2]
     assert "failed (repair/audit)" in lines[3]
     assert len({len(line) for line in lines}) == 1  # aligned
