@@ -199,19 +199,7 @@ def image_exists(name: str) -> bool:
 
 
 def mmdebstrap_command(rootfs: Path, mirror: str, exe: Path | str = "mmdebstrap") -> list[str]:
-    return [
-        str(exe),
-        "--mode=root",
-        "--variant=minbase",
-        "--include=" + ",".join(sorted(PACKAGES)),
-        # No docs or man pages: smaller and nothing a build reads.
-        "--dpkgopt=path-exclude=/usr/share/man/*",
-        "--dpkgopt=path-exclude=/usr/share/doc/*",
-        "--dpkgopt=path-exclude=/usr/share/locale/*",
-        SUITE,
-        str(rootfs),
-        f"deb {mirror} {SUITE} main",
-    ]
+    return mmdebstrap.command(exe, SUITE, rootfs, mirror, PACKAGES)
 
 
 SKIPPED_SITE_PACKAGES = ("pip", "pip-")

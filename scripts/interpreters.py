@@ -1,13 +1,19 @@
-"""Find CPython interpreters for fresh venvs without relying on pyenv's shims.
+"""Find CPython interpreters for fresh venvs without relying on pyenv's shims, and say where
+each comes from: the host, or a container root.
 
-Order per version: an exact ``pythonX.Y`` on PATH that really is X.Y (shims that refuse are
-skipped), then ``$(pyenv root)/versions/X.Y.*/bin/pythonX.Y`` (newest patch release), then
-``uv python find`` (managed or system interpreters; uv never downloads here because
-``UV_PYTHON_DOWNLOADS=never``).
+Order per version on the host: an exact ``pythonX.Y`` on PATH that really is X.Y (shims that
+refuse are skipped), then ``$(pyenv root)/versions/X.Y.*/bin/pythonX.Y`` (newest patch
+release), then ``uv python find`` (managed or system interpreters; uv never downloads here
+because ``UV_PYTHON_DOWNLOADS=never``). With ``container=True``, a version the host lacks comes
+from the Debian root of :mod:`scripts.interpreter_root` (3.14 and 3.15: their Debian builds
+need a newer glibc than the host's), made on first use.
+
+    python -m scripts.interpreters [--no-container]    where each Python comes from
 """
 
 from __future__ import annotations
 
+import argparse
 import os
 import re
 import shutil
@@ -16,12 +22,25 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+HOST = "host"
+CONTAINER = "container"
+KNOWN_PYTHONS = ("3.9", "3.10", "3.11", "3.12", "3.13", "3.14", "3.15")
+
 
 @dataclass(frozen=True)
 class Interpreter:
     version: str  # "3.12"
-    path: Path
-    source: str  # "PATH", "pyenv", "uv"
+    path: Path  # for a container interpreter: its path inside the root
+    source: str  # "PATH", "pyenv", "uv" (the host), or CONTAINER
+    detail: str = ""  # a container interpreter's root, in words ("Debian sid root")
+    root: Path | None = None  # the root filesystem a container interpreter runs in
+
+    @property
+    def origin(self) -> str:
+        """Where it comes from: ``host (pyenv)``, ``container (Debian sid root)``."""
+        if self.root is not None:
+            return f"{CONTAINER} ({self.detail})"
+        return f"{HOST} ({self.source})"
 
 
 def pyenv_root() -> Path | None:
@@ -133,9 +152,33 @@ def find_interpreter(version: str, root: Path | None = None) -> Interpreter | No
     return None
 
 
-def find_interpreters(versions: Iterable[str]) -> dict[str, Interpreter | None]:
+def find_interpreters(
+    versions: Iterable[str], container: bool = False
+) -> dict[str, Interpreter | None]:
+    """Each version's interpreter (None: not found); see :func:`find_with_reasons`."""
+    return find_with_reasons(versions, container)[0]
+
+
+def find_with_reasons(
+    versions: Iterable[str], container: bool = False
+) -> tuple[dict[str, Interpreter | None], dict[str, str]]:
+    """Each version's interpreter: the host's, else (``container``) the Debian root's; and
+    for each one not found, why."""
     root = pyenv_root()
-    return {v: find_interpreter(v, root) for v in versions}
+    found = {v: find_interpreter(v, root) for v in versions}
+    missing = [v for v, i in found.items() if i is None]
+    reasons = {v: f"no Python {v} on this machine" for v in missing}
+    if container and missing:
+        from scripts import interpreter_root  # makes a root: only when asked for
+
+        extra, why = interpreter_root.root_interpreters(missing)
+        found.update(extra)
+        for v in missing:
+            if v in extra:
+                del reasons[v]
+            elif v in interpreter_root.PYTHONS and why:
+                reasons[v] += f", and none from the Debian root: {why}"
+    return found, reasons
 
 
 def pyenv_bin_dirs(versions: Sequence[str]) -> list[str]:
@@ -154,6 +197,20 @@ def put_on_path(versions: Sequence[str]) -> None:
     os.environ.setdefault("UV_PYTHON_DOWNLOADS", "never")
 
 
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m scripts.interpreters", description=__doc__)
+    parser.add_argument("--no-container", action="store_true", help="the host's interpreters only")
+    args = parser.parse_args(argv)
+    found, reasons = find_with_reasons(KNOWN_PYTHONS, container=not args.no_container)
+    for version, interp in found.items():
+        if interp is None:
+            print(f"{version}: not found ({reasons[version]})")
+        elif interp.root is not None:
+            print(f"{version}: {interp.path} in {interp.root}, {interp.origin}")
+        else:
+            print(f"{version}: {interp.path}, {interp.origin}")
+    return 0
+
+
 if __name__ == "__main__":
-    for ver, found in find_interpreters(["3.9", "3.10", "3.11", "3.12", "3.13"]).items():
-        print(f"{ver}: {found.path} ({found.source})" if found else f"{ver}: not found")
+    raise SystemExit(main())

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import os
 import shutil
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from scripts import basics
@@ -60,6 +60,28 @@ def ensure_mmdebstrap() -> Path:
         raise RuntimeError(f"Debian's mmdebstrap package of {suite} has no usr/bin/mmdebstrap")
     stamp(base, key)
     return exe
+
+
+def command(
+    exe: Path | str, suite: str, rootfs: Path, mirror: str, packages: Sequence[str]
+) -> list[str]:
+    """mmdebstrap (as root) of ``suite``'s minimal base plus ``packages`` into ``rootfs``."""
+    return [
+        str(exe),
+        "--mode=root",
+        "--variant=minbase",
+        "--include=" + ",".join(sorted(packages)),
+        # A Release file carries a Valid-Until; a mirror that is a snapshot (or a clock ahead
+        # of it) must still be readable: apt checks the packages by their hashes all the same.
+        '--aptopt=Acquire::Check-Valid-Until "false"',
+        # No docs or man pages: smaller, and nothing a build or a test reads.
+        "--dpkgopt=path-exclude=/usr/share/man/*",
+        "--dpkgopt=path-exclude=/usr/share/doc/*",
+        "--dpkgopt=path-exclude=/usr/share/locale/*",
+        suite,
+        str(rootfs),
+        f"deb {mirror} {suite} main",
+    ]
 
 
 def tool_env(exe: Path, base: Mapping[str, str] | None = None) -> dict[str, str]:

@@ -172,7 +172,8 @@ def run_cell(
                 )
             tests = run_op_tests(torch_version, repaired, chosen, workdir / "tests" / torch_version)
             cell.tests += [{**t.as_dict(), "torch": torch_version} for t in tests]
-            failed += [(torch_version, t) for t in tests if t.status != "passed"]
+            # "skipped": a Python only the Debian root has (nox -s matrix runs those cells).
+            failed += [(torch_version, t) for t in tests if t.status not in ("passed", "skipped")]
         if failed:
             raise RuntimeError(
                 f"{repaired.name}: tests: "

@@ -63,6 +63,10 @@ def last_summary_line(output: str) -> str:
 def run_op_tests_in_venv(
     torch_spec: str, wheel: Path, interp: Interpreter, workdir: Path
 ) -> PythonTestResult:
+    if interp.root is not None:  # a Python of the Debian root: the venv lives in there
+        from scripts import interpreter_root
+
+        return interpreter_root.run_op_tests_in_root(torch_spec, wheel, interp, workdir)
     start = time.monotonic()
     cell = workdir / f"py{interp.version}"
     log_path = workdir / f"py{interp.version}.log"  # not with_suffix: "py3.10"
@@ -116,8 +120,17 @@ def run_op_tests(
     workdir.mkdir(parents=True, exist_ok=True)
     results: dict[str, PythonTestResult] = {}
     todo = []
+    from scripts.interpreter_root import PYTHONS as ROOT_PYTHONS  # it imports this module
+
     for version, interp in interpreters.items():
-        if interp is None:
+        if interp is None and version in ROOT_PYTHONS:
+            results[version] = PythonTestResult(
+                version,
+                "skipped",
+                summary=f"no Python {version} on this host; `nox -s matrix` tests it in the "
+                "Debian root (scripts/interpreter_root.py)",
+            )
+        elif interp is None:
             results[version] = PythonTestResult(
                 version, "missing", summary=f"no Python {version} interpreter found"
             )

@@ -16,7 +16,7 @@ from scripts.matrix.results import NOT_RUN, UNSUPPORTED
 from scripts.matrix.table import Row, build_rows
 
 # The table's Python columns; a row listing a newer Python adds its column.
-ALL_PYTHONS = ("3.9", "3.10", "3.11", "3.12", "3.13")
+ALL_PYTHONS = ("3.9", "3.10", "3.11", "3.12", "3.13", "3.14", "3.15")
 TEST = "test"
 
 

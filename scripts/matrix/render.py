@@ -80,7 +80,12 @@ def merge_previous(
         if entry is None:
             fresh = empty_row(row)
             old = prev_rows.get(row.torch)
-            entry = old if still_applies(old, fresh, ROW_KEYS) else fresh
+            if still_applies(old, fresh, ROW_KEYS):
+                assert old is not None
+                # A Python column added since (3.14) gets this row's planned cell.
+                entry = {**old, "cells": {**fresh["cells"], **old["cells"]}}
+            else:
+                entry = fresh
         out_rows.append(entry)
     out_wheels = []
     for builder in build_rows(rows):
@@ -167,6 +172,45 @@ def not_built_against(report: Mapping[str, Any]) -> list[str]:
     return lines
 
 
+def interpreter_lines(report: Mapping[str, Any]) -> list[str]:
+    """Where each Python column's interpreters came from (host or container), as the cells
+    that ran recorded it."""
+    seen: dict[str, list[str]] = {}
+    for row in report["rows"]:
+        for python, cell in row["cells"].items():
+            where = cell.get("interpreter")
+            if where and where not in seen.setdefault(python, []):
+                seen[python].append(where)
+    if not seen:
+        return []
+    lines = [
+        "",
+        "## Interpreters",
+        "",
+        "Where each Python of the cells that ran came from: the host (`PATH`, pyenv or uv), or "
+        "a container, a Debian sid root filesystem made by `mmdebstrap` and entered with "
+        "`unshare` + `chroot`, for the Pythons whose Debian builds need a newer glibc than the "
+        "host's (`scripts/interpreter_root.py`). The venv, torch and the wheel are installed "
+        "inside it the same way.",
+        "",
+        "| Python | interpreter |",
+        "|---|---|",
+    ]
+    for python in columns_of(report):
+        if python in seen:
+            lines.append(f"| {python} | {md_escape('; '.join(seen[python]))} |")
+    return lines
+
+
+FREE_THREADED = (
+    "**Free-threaded Python (3.14t, 3.15t): no hotloop wheel.** torch publishes `cp314t` and "
+    "`cp315t` wheels, but hotloop's wheels use the limited API (`cp39-abi3`), which a "
+    'free-threaded interpreter cannot load, so pip and uv find no hotloop wheel there ("no '
+    'matching distribution") and no cell tests it. Use the regular build of the same Python '
+    "(`python3.14`, not `python3.14t`)."
+)
+
+
 def run_line(report: Mapping[str, Any]) -> list[str]:
     """When and where the results were made; nothing for a table that no run has filled."""
     if not report.get("generated"):
@@ -225,6 +269,8 @@ def render_markdown(report: Mapping[str, Any]) -> str:
     ]
     for sentence in not_built_against(report):
         lines += ["", sentence]
+    lines += ["", FREE_THREADED]
+    lines += interpreter_lines(report)
     lines += [
         "",
         "## Wheels",

@@ -32,7 +32,7 @@ from typing import Any
 
 from scripts import build, toolchain, wheeltest
 from scripts.basics import REPO
-from scripts.interpreters import Interpreter, find_interpreters
+from scripts.interpreters import Interpreter, find_with_reasons
 from scripts.matrix.digests import source_digest, suite_digest
 from scripts.matrix.model import release
 from scripts.matrix.negatives import (
@@ -86,12 +86,22 @@ def cache_relative(path: str) -> str:
         return Path(path).name
 
 
-def interpreters_for(rows: Sequence[Row]) -> dict[str, Interpreter | None]:
-    versions = {p for r in rows for p in r.pythons} | {NEGATIVE_PYTHON}
-    found = find_interpreters(sorted(versions, key=release))
+def interpreters_for(
+    rows: Sequence[Row], pythons: Sequence[str] | None = None
+) -> tuple[dict[str, Interpreter | None], dict[str, str]]:
+    """The interpreters of the cells to test (the host's, else the Debian root's), and why
+    any is missing. The root is made only when a selected cell needs it."""
+    versions = {p for r in rows for p in r.pythons if not pythons or p in pythons}
+    found, reasons = find_with_reasons(sorted(versions | {NEGATIVE_PYTHON}, key=release), True)
     for v, i in found.items():
-        log(f"Python {v}: " + (f"{i.path} (from {i.source})" if i else "not found"))
-    return found
+        where = f"{i.path} in {i.root}" if i and i.root else str(i.path) if i else ""
+        log(f"Python {v}: " + (f"{where}, {i.origin}" if i else f"not found: {reasons[v]}"))
+    return found, reasons
+
+
+def interpreter_key(interp: Interpreter) -> str:
+    """The interpreter's place in a result key: a root's interpreter by its path in the root."""
+    return f"{interp.root}{interp.path}" if interp.root else str(interp.path)
 
 
 def run_matrix(args: argparse.Namespace) -> dict[str, Any]:
@@ -109,7 +119,7 @@ def run_matrix(args: argparse.Namespace) -> dict[str, Any]:
     results = ResultCache(cache / "results")
     work = cache / "cells"
     tdigest = suite_digest()
-    interps = interpreters_for(selected)
+    interps, missing_why = interpreters_for(selected, args.python)
 
     wheels: dict[str, WheelState] = {}
     cells: dict[str, dict[str, dict[str, Any]]] = {r.torch: {} for r in selected}
@@ -120,7 +130,9 @@ def run_matrix(args: argparse.Namespace) -> dict[str, Any]:
     def test_cell(state: WheelState, row: Row, interp: Interpreter) -> None:
         assert state.wheel is not None
         name = f"{state.row.variant} torch {row.torch} Python {interp.version}"
-        key = result_key(state.wheel_sha256, row.torch, str(interp.path), interp.version, tdigest)
+        key = result_key(
+            state.wheel_sha256, row.torch, interpreter_key(interp), interp.version, tdigest
+        )
         cached = None if args.force else results.get(key)
         if cached and cached.get("status") == PASS:
             with lock:
@@ -155,9 +167,9 @@ def run_matrix(args: argparse.Namespace) -> dict[str, Any]:
             "wheel_sha256": state.wheel_sha256,
             "summary": res.summary,
             "seconds": round(res.seconds, 1),
-            # No machine paths in the committed table: the interpreter by name and source,
-            # the log relative to the cache folder it lies in.
-            "interpreter": f"{Path(interp.path).name} ({interp.source})",
+            # No machine paths in the committed table: the interpreter by name and origin
+            # (host or container), the log relative to the cache folder it lies in.
+            "interpreter": f"{Path(interp.path).name}, {interp.origin}",
             "date": utc_now(),
             "commit": build.git_commit(),
             "log": cache_relative(res.log),
@@ -236,7 +248,7 @@ def run_matrix(args: argparse.Namespace) -> dict[str, Any]:
                 if interp is None:
                     cells[row.torch][c.python] = {
                         "status": NOT_RUN,
-                        "reason": f"no Python {c.python} on this machine",
+                        "reason": missing_why[c.python],
                     }
                     continue
                 queue.submit(cell_priority(c.python, row), test_cell, state, row, interp)

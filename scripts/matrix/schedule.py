@@ -21,8 +21,9 @@ from scripts.matrix.reuse import newest_wheel
 from scripts.matrix.table import Row
 
 NEGATIVE_PRIORITY = (0,)
-# Which Python of each row tests first.
-PYTHON_PRIORITY = ("3.12", "3.10", "3.13", "3.11", "3.9")
+# Which Python of each row tests first: the newest (from the Debian root) lead, since no
+# other test covers them.
+PYTHON_PRIORITY = ("3.14", "3.15", "3.12", "3.10", "3.13", "3.11", "3.9")
 
 
 class Deadline:
@@ -47,8 +48,14 @@ def parse_deadline(
     return at if at > now else at + datetime.timedelta(days=1)
 
 
+def _python_rank(python: str) -> int:
+    return PYTHON_PRIORITY.index(python) if python in PYTHON_PRIORITY else len(PYTHON_PRIORITY)
+
+
 def cell_priority(python: str, row: Row) -> tuple[int, int, tuple[int, ...]]:
-    rank = PYTHON_PRIORITY.index(python) if python in PYTHON_PRIORITY else len(PYTHON_PRIORITY)
+    """Every row's first Python (by PYTHON_PRIORITY, among those it lists) before any row's
+    second, and so on; older torch first within a round."""
+    rank = sorted(row.pythons, key=_python_rank).index(python) if python in row.pythons else 99
     return (1, rank, release(row.torch))
 
 

@@ -28,6 +28,8 @@ def test_plan_row_marks_pythons_the_row_lacks_unsupported() -> None:
         "3.11": plan.TEST,
         "3.12": plan.TEST,
         "3.13": plan.TEST,
+        "3.14": UNSUPPORTED,
+        "3.15": UNSUPPORTED,
     }
 
 
@@ -63,7 +65,7 @@ def test_a_selected_row_gets_its_wheel_built_against_another_torch(rows) -> None
 def test_describe_says_which_torch_the_wheel_was_not_built_against(rows) -> None:
     lines = plan.describe(plan.plan_wheels(matrix.select_rows(rows, ["2.11", "2.15"]), rows), None)
     assert lines[0].startswith("stable.cu13 (stable, torch>=2.10): one wheel, built against")
-    assert lines[1] == "  torch 2.11.0 (CUDA 13.0): Python 3.10 3.11 3.12 3.13"
-    assert (
-        lines[2] == "  torch 2.15.0 (CUDA 13.2) (not built against 2.15.0): Python 3.11 3.12 3.13"
+    assert lines[1] == "  torch 2.11.0 (CUDA 13.0): Python 3.10 3.11 3.12 3.13 3.14"
+    assert lines[2] == (
+        "  torch 2.15.0 (CUDA 13.2) (not built against 2.15.0): Python 3.11 3.12 3.13 3.14 3.15"
     )

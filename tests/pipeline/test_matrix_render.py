@@ -303,6 +303,8 @@ def test_render_markdown_shows_both_kinds_the_sha256_and_every_cell_kind() -> No
         "**fail**: 1 failed, 9 passed",
         "pass",
         "not run (time)",
+        "unsupported",  # 3.14, 3.15: columns of the matrix this row's entry does not list
+        "unsupported",
     ]
     assert "| 2.8.0 | 12.8 | pt28cu128 (pinned) | - | 2.8.0 | not built here |" in md
     wheel_line = next(ln for ln in md.splitlines() if ln.startswith("| stable.cu13 | stable |"))
@@ -314,3 +316,19 @@ def test_render_markdown_shows_both_kinds_the_sha256_and_every_cell_kind() -> No
     negative = next(ln for ln in md.splitlines() if ln.startswith("| stable.cu13 | 2.10.0 |"))
     assert f"| `{SHA[:12]}` |" in negative
     assert "Run: 2026-11-23T05:00:00Z, commit `abc`, on h, 1m01s." in md
+
+
+def test_a_kept_row_gets_the_python_columns_added_since() -> None:
+    """The 2.8.0 row (no cp314 wheel) keeps its results when 3.14 and 3.15 join the table's
+    columns: its entry gains those cells as unsupported instead of lacking them."""
+    rows = matrix.load_rows()
+    old = entry("2.8.0", "12.8", list(rows[0].pythons))
+    old["cells"] = {p: c for p, c in old["cells"].items() if p not in ("3.14", "3.15")}
+    previous = {"format": render.FORMAT, "rows": [old], "wheels": [], "negatives": []}
+    cells = render.merge_previous(nothing(), previous, rows)["rows"][0]["cells"]
+    assert cells["3.12"]["status"] == PASS
+    assert cells["3.14"] == {
+        "status": UNSUPPORTED,
+        "reason": "torch 2.8.0 has no wheel for Python 3.14",
+    }
+    assert set(cells) == set(plan.ALL_PYTHONS)

@@ -20,16 +20,35 @@ STABLE_CU13 = ["2.11.0", "2.12.1", "2.13.0", "2.14.1", "2.15.0"]
 def fake_run(monkeypatch, tmp_path, wheel_factory, build_info_for):
     """run_matrix with builds, test cells and negatives replaced; records what it ran."""
     monkeypatch.setenv("HOTLOOP_CACHE_DIR", str(tmp_path / "cache"))
-    calls: dict[str, list] = {"build": [], "test": [], "negative": [], "missing": []}
+    calls: dict[str, list] = {
+        "build": [],
+        "test": [],
+        "negative": [],
+        "missing": [],
+        "no root": [],
+    }
     lock = threading.Lock()
 
-    def find(versions):
-        return {
-            v: None
-            if v in calls["missing"]
-            else Interpreter(v, Path(f"/usr/bin/python{v}"), "PATH")
-            for v in versions
-        }
+    def find(versions, container=False):
+        """3.14 and 3.15 come from the Debian root (calls["no root"]: the reason it can't)."""
+        assert container  # the matrix asks for the root's Pythons too
+        found: dict = {}
+        reasons = {}
+        for v in versions:
+            if v in calls["missing"]:
+                found[v] = None
+                reasons[v] = f"no Python {v} on this machine"
+            elif v in ("3.14", "3.15") and calls["no root"]:
+                found[v] = None
+                reasons[v] = f"no Python {v} on this machine, and none from the Debian root: "
+                reasons[v] += calls["no root"][0]
+            elif v in ("3.14", "3.15"):
+                found[v] = Interpreter(
+                    v, Path(f"/usr/bin/python{v}"), "container", "Debian sid root", Path("/r")
+                )
+            else:
+                found[v] = Interpreter(v, Path(f"/usr/bin/python{v}"), "PATH")
+        return found, reasons
 
     def fake_obtain(state, store, extra_dirs, force, may_build=True, reuse_any=False):
         r = state.row
@@ -72,7 +91,7 @@ def fake_run(monkeypatch, tmp_path, wheel_factory, build_info_for):
             }
         ]
 
-    monkeypatch.setattr(run, "find_interpreters", find)
+    monkeypatch.setattr(run, "find_with_reasons", find)
     monkeypatch.setattr(run, "obtain_wheel", fake_obtain)
     monkeypatch.setattr(wheeltest, "run_op_tests_in_venv", fake_tests)
     monkeypatch.setattr(run, "run_negative", fake_negative)
@@ -219,3 +238,36 @@ def test_a_cell_the_machine_cannot_run_does_not_lose_the_run(fake_run, monkeypat
     again = run.run_matrix(run.parse_args(["--torch", "2.13"]))
     assert again["rows"]["2.13.0"]["cells"]["3.11"]["status"] == PASS
     assert [(spec, py) for spec, _, py in fake_run["test"]] == [("torch==2.13.0", "3.11")]
+
+
+def test_the_newest_pythons_are_tested_in_the_root_and_say_so(fake_run) -> None:
+    report = run.run_matrix(run.parse_args(["--torch", "2.15", "--no-negatives"]))
+    cells = report["rows"]["2.15.0"]["cells"]
+    assert cells["3.14"]["status"] == PASS
+    assert cells["3.15"]["status"] == PASS
+    assert cells["3.14"]["interpreter"] == "python3.14, container (Debian sid root)"
+    assert cells["3.12"]["interpreter"] == "python3.12, host (PATH)"
+    assert ("torch==2.15.0", "3.15") in [(t, p) for t, _, p in fake_run["test"]]
+    md = render.render_markdown(render.merge_previous(report, None, matrix.load_rows()))
+    assert "| 3.14 | python3.14, container (Debian sid root) |" in md
+
+
+def test_a_root_that_cannot_run_leaves_its_cells_not_run_with_the_reason(fake_run) -> None:
+    fake_run["no root"].append("entering the Debian root needs root on this machine")
+    report = run.run_matrix(run.parse_args(["--torch", "2.15", "--no-negatives"]))
+    cell = report["rows"]["2.15.0"]["cells"]["3.14"]
+    assert cell == {
+        "status": NOT_RUN,
+        "reason": "no Python 3.14 on this machine, and none from the Debian root: "
+        "entering the Debian root needs root on this machine",
+    }
+    assert report["rows"]["2.15.0"]["cells"]["3.12"]["status"] == PASS
+    md = render.render_markdown(render.merge_previous(report, None, matrix.load_rows()))
+    assert "not run (no Python 3.14 on this machine, and none from the Debian root" in md
+
+
+def test_the_table_says_free_threaded_pythons_get_no_wheel(fake_run) -> None:
+    report = run.run_matrix(run.parse_args(["--torch", "2.15", "--no-negatives"]))
+    md = render.render_markdown(render.merge_previous(report, None, matrix.load_rows()))
+    assert "Free-threaded Python (3.14t, 3.15t): no hotloop wheel." in md
+    assert "`cp39-abi3`" in md

@@ -32,5 +32,11 @@ def test_job_queue_runs_the_best_waiting_job_first() -> None:
 
 def test_every_row_gets_one_python_before_any_row_gets_a_second() -> None:
     rows = matrix.load_rows()
-    keys = sorted((schedule.cell_priority(p, r), r.torch, p) for r in rows[-2:] for p in r.pythons)
-    assert [(t, p) for _, t, p in keys[:2]] == [(rows[-2].torch, "3.12"), (rows[-1].torch, "3.12")]
+    keys = sorted((schedule.cell_priority(p, r), r.torch, p) for r in rows for p in r.pythons)
+    firsts = [(t, p) for _, t, p in keys[: len(rows)]]
+    # The newest Python each row has leads: 3.14, else (torch 2.8) 3.12.
+    assert firsts == [("2.8.0", "3.12")] + [(r.torch, "3.14") for r in rows[1:]]
+    assert [(t, p) for _, t, p in keys[len(rows) : len(rows) + 2]] == [
+        ("2.8.0", "3.10"),
+        ("2.9.1", "3.12"),
+    ]
