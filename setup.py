@@ -12,7 +12,8 @@ HOTLOOP_CUDA          auto (default) | 1 | 0: build the CUDA kernels. auto build
                       torch is a CUDA build and a toolkit is found (CUDA_HOME); 1 fails
                       without one; 0 builds the CPU kernels only.
 CUDA_HOME             toolkit root (bin/nvcc, include/).
-TORCH_CUDA_ARCH_LIST  GPU architectures, torch's syntax ("8.0;9.0+PTX").
+TORCH_CUDA_ARCH_LIST  GPU architectures, torch's syntax ("8.0;9.0+PTX"; "9.0a" for an
+                      arch-specific target, recorded as sm_90a).
 HOTLOOP_SYSROOT       glibc sysroot to compile and link against (docs/toolchain.md: it keeps
                       the extension's symbol versions within manylinux_2_28).
 NVCC_THREADS          nvcc --threads (default 2).
@@ -28,6 +29,7 @@ from __future__ import annotations
 import datetime
 import importlib.util
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -99,15 +101,32 @@ def want_cuda() -> bool:
     return mode == "auto" and torch.version.cuda is not None and toolkit_found
 
 
+# A target in nvcc's -gencode code= form: sm_90, compute_120, and the arch- and
+# family-specific sm_90a, sm_100a, sm_100f that TORCH_CUDA_ARCH_LIST's 9.0a, 10.0f ask for.
+ARCH_TARGET = re.compile(r"(?:sm|compute)_(?P<number>[0-9]+)(?P<suffix>[a-z]*)")
+
+
 def compiled_archs() -> list[str]:
-    """The archs nvcc is asked for, in build-info form (sm_90, compute_120 for PTX)."""
+    """The archs nvcc is asked for, in build-info form (sm_90, sm_90a, compute_120 for PTX),
+    ordered by compute capability."""
     flags = cpp_extension._get_cuda_arch_flags()
     archs = []
     for flag in flags:
         # flags look like -gencode=arch=compute_90,code=sm_90 (or code=compute_120 for PTX)
         code = flag.rpartition("code=")[2].strip("[]")
         archs.extend(c for c in code.split(",") if c)
-    return sorted(set(archs), key=lambda a: (int(a.split("_")[1]), a))
+    unknown = [a for a in archs if not ARCH_TARGET.fullmatch(a)]
+    if unknown:
+        raise SystemExit(
+            f"TORCH_CUDA_ARCH_LIST={os.environ.get('TORCH_CUDA_ARCH_LIST')!r} gave nvcc targets "
+            f"{', '.join(unknown)}, expected sm_XY[a|f] or compute_XY[a|f]"
+        )
+
+    def order(arch: str) -> tuple[int, str, str]:
+        match = ARCH_TARGET.fullmatch(arch)
+        return int(match["number"]), match["suffix"], arch
+
+    return sorted(set(archs), key=order)
 
 
 def git_commit() -> str:
@@ -143,6 +162,9 @@ def build_time() -> str:
 def write_build_info(variant, with_cuda: bool, archs: list[str]) -> None:
     info = {
         "version": variant.version,
+        # What the build is, whatever version a copy of the wheel is published under (PyPI's
+        # has no label): the import guard reads this.
+        "variant": variant.label,
         "abi": variant.kind,
         "requires_torch": variant.requires_torch,
         "torch_version": torch.__version__,

@@ -11,11 +11,14 @@ CUDA 13 build from 2.11 on (2.11.0 is ``+cu130``, 2.15.0 CUDA 13.2): ``pip insta
 next to PyPI's torch gets the wheel that loads into it. The CUDA 12 stable wheel and the pinned
 wheels (torch 2.8, 2.9) stay on hotloop's own index, where their labels tell them apart.
 
-Only what the version is written in changes: the ``.dist-info`` folder's name, the ``Version:``
-line of METADATA and the RECORD lines of those two files. Every other member keeps its bytes,
-its date and its permissions. The input's RECORD is checked first (a wheel whose files do not
-match it is refused), nothing is overwritten, and the result is checked like the index checks
-a wheel.
+Only what the version is written in changes, so that the file describes itself: the
+``.dist-info`` folder's name, the ``Version:`` line of METADATA, the ``'version'`` entry of
+``hotloop/_build_info.py`` (``hotloop.__version__``; its ``'variant'`` still says
+``stable.cu13``), the SBOM's root component (version, purl, description) and serial number,
+and the RECORD lines of those files. Every other member (the code) keeps its bytes, its date
+and its permissions, and the result passes ``python -m scripts.audit`` as it is. The input's
+RECORD is checked first (a wheel whose files do not match it is refused), nothing is
+overwritten, and the result is checked like the index checks a wheel.
 """
 
 from __future__ import annotations
@@ -33,11 +36,17 @@ import zlib
 from collections.abc import Sequence
 from pathlib import Path
 
-from scripts.variant import STABLE, Variant
-from scripts.wheelfile import WheelError, describe_wheel, find_wheels, parse_wheel_name
+from scripts import sbom
+from scripts.variant import PYPI_VARIANT
+from scripts.wheelfile import (
+    BUILD_INFO_MEMBER,
+    WheelError,
+    build_info_of,
+    describe_wheel,
+    find_wheels,
+    parse_wheel_name,
+)
 
-# The variant PyPI serves: the stable-ABI wheel for CUDA 13.
-PYPI_VARIANT = Variant(STABLE, "13")
 _CHUNK = 1 << 20
 # What zipfile raises for a member whose data is corrupt or cut short.
 _MEMBER_ERRORS = (zipfile.BadZipFile, zlib.error, EOFError)
@@ -116,6 +125,27 @@ def public_metadata(metadata: bytes, version: str, public: str) -> bytes:
     return new_headers + body
 
 
+def public_build_info(source: bytes, version: str, public: str) -> bytes:
+    """``hotloop/_build_info.py`` with its ``'version'`` entry set to ``public``; every other
+    byte unchanged (``variant`` still names the build: the import guard reads that)."""
+    try:
+        text = source.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise ReleaseError(f"{BUILD_INFO_MEMBER} is not UTF-8 ({exc})") from None
+    info = build_info_of(text)
+    if info is None or info.get("version") != version or "variant" not in info:
+        raise ReleaseError(
+            f"{BUILD_INFO_MEMBER} names version {info and info.get('version')!r} and variant "
+            f"{info and info.get('variant')!r}, expected {version!r} and a variant: rebuild the "
+            "wheel with this checkout's setup.py"
+        )
+    entry = re.compile(r"(['\"]version['\"]\s*:\s*)(['\"])" + re.escape(version) + r"\2")
+    new_text, count = entry.subn(lambda m: f"{m[1]}{m[2]}{public}{m[2]}", text)
+    if count != 1 or build_info_of(new_text) != {**info, "version": public}:
+        raise ReleaseError(f"{BUILD_INFO_MEMBER}: found {count} 'version' entries, expected one")
+    return new_text.encode("utf-8")
+
+
 def public_wheel(source: Path, out_dir: Path) -> Path:
     """Write the public-version copy of ``source`` into ``out_dir``; refuse to overwrite."""
     described = describe_wheel(source)
@@ -129,6 +159,7 @@ def public_wheel(source: Path, out_dir: Path) -> Path:
     new_dist_info = f"{parts.name}-{public}.dist-info/"
     record_name = old_dist_info + "RECORD"
     metadata_name = old_dist_info + "METADATA"
+    sbom_name = old_dist_info + sbom.SBOM_PATH
 
     def renamed(name: str) -> str:
         return (
@@ -136,15 +167,25 @@ def public_wheel(source: Path, out_dir: Path) -> Path:
         )
 
     with zipfile.ZipFile(source) as zf:
-        if record_name not in zf.namelist() or metadata_name not in zf.namelist():
-            raise ReleaseError(f"no {record_name} and {metadata_name}")
+        needed = (record_name, metadata_name, sbom_name, BUILD_INFO_MEMBER)
+        missing = [name for name in needed if name not in zf.namelist()]
+        if missing:
+            raise ReleaseError(f"no {', '.join(missing)}: not a release wheel of this pipeline")
         rows = check_record(zf, record_name)
-        metadata = public_metadata(zf.read(metadata_name), parts.version, public)
+        # What says which version this is: everything else keeps its bytes.
+        described_anew = {
+            metadata_name: public_metadata(zf.read(metadata_name), parts.version, public),
+            BUILD_INFO_MEMBER: public_build_info(zf.read(BUILD_INFO_MEMBER), parts.version, public),
+        }
+        try:
+            described_anew[sbom_name] = sbom.describe_copy(zf.read(sbom_name), public, target.name)
+        except ValueError as exc:
+            raise ReleaseError(str(exc)) from None
         record = io.StringIO()
         writer = csv.writer(record, lineterminator="\n")
         for path, *rest in rows:
-            if path == metadata_name:
-                rest = [_record_hash(metadata), str(len(metadata))]
+            if path in described_anew:
+                rest = [_record_hash(described_anew[path]), str(len(described_anew[path]))]
             writer.writerow([renamed(path), *rest])
         out_dir.mkdir(parents=True, exist_ok=True)
         try:
@@ -161,8 +202,8 @@ def public_wheel(source: Path, out_dir: Path) -> Path:
                     new_info.compress_type = info.compress_type
                     new_info.external_attr = info.external_attr
                     new_info.create_system = info.create_system
-                    if info.filename == metadata_name:
-                        new.writestr(new_info, metadata)
+                    if info.filename in described_anew:
+                        new.writestr(new_info, described_anew[info.filename])
                     elif info.filename == record_name:
                         new.writestr(new_info, record.getvalue().encode())
                     else:

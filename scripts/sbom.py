@@ -9,7 +9,9 @@ from the wheel and ``SOURCE_DATE_EPOCH`` so that the SBOM is as reproducible as 
 * :func:`collect_inputs` / :func:`build_sbom`: make the document for a repaired wheel
   (``scripts.reproducible.finalize_wheel`` adds it).
 * :func:`check_sbom`: the audit rule ``sbom`` (stdlib only): present, parses as CycloneDX,
-  names the torch and CUDA versions that ``hotloop/_build_info.py`` names.
+  names the torch and CUDA versions that ``hotloop/_build_info.py`` names, and describes the
+  hotloop version the build info names (version and purl).
+* :func:`describe_copy`: the SBOM of a wheel's copy under another version (the PyPI upload).
 * :func:`read_sboms` / :func:`project_sbom`: the SBOM bytes of a wheel, for the index.
 """
 
@@ -213,6 +215,35 @@ def _component(pkg: Package, description: str) -> Component:
     )
 
 
+def serial_number(wheel_name: str, epoch: int) -> uuid.UUID:
+    """The document's serial number: the same wheel and build time give the same one."""
+    return uuid.uuid5(NAMESPACE, f"{wheel_name}@{epoch}")
+
+
+def package_url(version: str) -> str:
+    """The root component's purl, ``pkg:pypi/hotloop@0.1.0%2Bstable.cu13`` (as packageurl
+    writes it; standard library only, for the audit)."""
+    return f"pkg:pypi/hotloop@{urllib.parse.quote(version, safe='')}"
+
+
+def _render(document: Mapping[str, Any]) -> bytes:
+    return (json.dumps(document, indent=2, sort_keys=True) + "\n").encode()
+
+
+def describe_copy(data: bytes, version: str, wheel_name: str) -> bytes:
+    """The SBOM ``data`` of a wheel, for a copy of it named ``wheel_name`` under ``version``
+    (``scripts.pypi_release``): the root component's version, purl and description and the
+    serial number change; what went into the binary is the same."""
+    document = json.loads(data)
+    if not isinstance(document, dict) or shape_problems(document):
+        raise ValueError(f"{SBOM_PATH} is not a CycloneDX document this pipeline wrote")
+    root = document["metadata"]["component"]
+    stamp = datetime.datetime.fromisoformat(document["metadata"]["timestamp"])
+    root.update(version=version, purl=package_url(version), description=f"the wheel {wheel_name}")
+    document["serialNumber"] = serial_number(wheel_name, int(stamp.timestamp())).urn
+    return _render(document)
+
+
 def build_sbom(inputs: SbomInputs) -> bytes:
     """The CycloneDX 1.6 JSON document for ``inputs`` (same inputs, same bytes)."""
     from cyclonedx.model import Property
@@ -279,7 +310,7 @@ def build_sbom(inputs: SbomInputs) -> bytes:
         )
     stamp = datetime.datetime.fromtimestamp(inputs.epoch, tz=datetime.timezone.utc)
     bom = Bom(
-        serial_number=uuid.uuid5(NAMESPACE, f"{inputs.wheel_name}@{inputs.epoch}"),
+        serial_number=serial_number(inputs.wheel_name, inputs.epoch),
         metadata=BomMetaData(component=root, timestamp=stamp),
         components=components,
     )
@@ -287,7 +318,7 @@ def build_sbom(inputs: SbomInputs) -> bytes:
     bom.register_dependency(root, components)
     text = JsonV1Dot6(bom).output_as_string(indent=2)
     # The library records itself as the tool; keep its output as it is, sorted for stability.
-    return (json.dumps(json.loads(text), indent=2, sort_keys=True) + "\n").encode()
+    return _render(json.loads(text))
 
 
 # --------------------------------------------------------------------------- reading, checking
@@ -350,6 +381,9 @@ def shape_problems(document: Mapping[str, Any]) -> list[str]:
     if expect(metadata, dict, "metadata"):
         component = metadata.get("component", {})
         if expect(component, dict, "metadata.component"):
+            for key in ("version", "purl"):
+                if key in component:
+                    expect(component[key], str, f"metadata.component.{key}")
             properties = component.get("properties", [])
             if expect(properties, list, "metadata.component.properties"):
                 for i, prop in enumerate(properties):
@@ -402,4 +436,11 @@ def check_sbom(wheel: Path) -> list[str]:
     want_cuda = info.get("cuda_version")
     if props.get(PROP_CUDA) != want_cuda:
         bad.append(f"sbom: names CUDA {props.get(PROP_CUDA)!r}, the build info says {want_cuda!r}")
+    root = document.get("metadata", {}).get("component", {})
+    want_version = str(info.get("version"))
+    if (root.get("version"), root.get("purl")) != (want_version, package_url(want_version)):
+        bad.append(
+            f"sbom: describes hotloop {root.get('version')!r} (purl {root.get('purl')!r}), the "
+            f"build info says {want_version!r} ({package_url(want_version)})"
+        )
     return bad

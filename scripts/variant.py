@@ -40,3 +40,13 @@ torch_minor = _rule.torch_minor
 minor_text = _rule.minor_text
 cuda_major = _rule.cuda_major
 kind_for = _rule.kind_for
+
+# The variant PyPI serves under the public version (PyPI refuses local labels, and one version
+# holds one file per tag): the stable-ABI wheel for CUDA 13, since PyPI's own torch is a CUDA 13
+# build from 2.11 on. scripts.pypi_release writes it; the audit accepts that form of it only.
+PYPI_VARIANT = Variant(STABLE, "13")
+
+
+def public_version(version: str) -> str:
+    """``0.1.0+stable.cu13`` -> ``0.1.0``: the version without its local label."""
+    return version.partition("+")[0]

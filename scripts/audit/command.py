@@ -20,7 +20,8 @@ USAGE = """Audit built hotloop wheels: abi3audit --strict and hotloop's rules.
 
 A wheel built or downloaded elsewhere (a CI artifact, an index) is checked against the
 matrix row its local version label names (+stable.cu13: the stable wheel's build row;
-+pt29cu128: that pinned row). Every wheel gets a verdict; the exit status is 1 if any
++pt29cu128: that pinned row; a public version such as 0.1.0: the variant PyPI serves,
+stable.cu13). Every wheel gets a verdict; the exit status is 1 if any
 failed. --torch-site (the site-packages of the row's torch) adds the libraries that torch
 and its requirements install to those the wheel must not bundle.
 """
@@ -29,11 +30,15 @@ and its requirements install to those the wheel must not bundle.
 def row_for_wheel(wheel: Path, rows: Sequence[Row]) -> Row:
     """The build row of the wheel's variant: the row its wheel is compiled against."""
     version = wheel_name_parts(wheel.name)["version"]
-    try:
-        variant.parse_version(version)
-    except ValueError as exc:
-        raise AuditError(f"{wheel.name}: version-label: {exc}") from None
-    label = version.partition("+")[2]
+    # A public version is PyPI's copy of one variant's wheel (scripts.pypi_release).
+    pypi = variant.PYPI_VARIANT
+    label = pypi.label if version == variant.public_version(pypi.version) else ""
+    if not label:
+        try:
+            variant.parse_version(version)
+        except ValueError as exc:
+            raise AuditError(f"{wheel.name}: version-label: {exc}") from None
+        label = version.partition("+")[2]
     for row in build_rows(rows):
         if row.variant == label:
             return row

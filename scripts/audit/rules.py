@@ -116,6 +116,19 @@ class Inspection:
         """torch-abi-audit's findings per readable ELF member (ToolUnavailable if it can't run)."""
         return stable_abi.torch_abi({name: self.wheel.read(name) for name in self.elf_needs})
 
+    @property
+    def versions(self) -> tuple[str, ...]:
+        """The versions the wheel may carry: the row's, and for the variant PyPI serves also
+        the public one (``scripts.pypi_release``'s copy)."""
+        if self.row.variant == variant.PYPI_VARIANT.label:
+            return (self.expected_version, variant.public_version(self.expected_version))
+        return (self.expected_version,)
+
+    @property
+    def version(self) -> str:
+        """The version the wheel's insides must name: its own, when it is one it may carry."""
+        return self.wheel.version if self.wheel.version in self.versions else self.expected_version
+
     def max_versions(self) -> dict[str, str]:
         """The newest glibc/libstdc++ versions any ELF needs: ``{"GLIBC": "GLIBC_2.17"}``."""
         every: set[str] = set().union(*self.elf_needs.values())
@@ -197,22 +210,26 @@ def check_wheel_tag(it: Inspection) -> Iterator[str]:
 
 @rule("version-label")
 def check_version_label(it: Inspection) -> Iterator[str]:
-    """The version carries the row's label: 0.1.0+stable.cu13 (stable), 0.1.0+pt29cu128 (pinned)."""
+    """The version is the row's: 0.1.0+stable.cu13 (stable) or 0.1.0+pt29cu128 (pinned);
+    PyPI's copy of the stable CUDA 13 wheel carries the public 0.1.0."""
     found = (
         ("file name", it.wheel.version),
         ("METADATA Version", str(it.wheel.metadata().get("Version"))),
     )
     for where, version in found:
+        if version in it.versions:
+            continue
         try:
             variant.parse_version(version)
         except ValueError as exc:
             yield f"{where} {version!r}: {exc}"
             continue
-        if version != it.expected_version:
-            yield (
-                f"{where} is {version}, need {it.expected_version} "
-                f"(the {it.row.kind} wheel built against torch {it.row.torch})"
-            )
+        yield (
+            f"{where} is {version}, need {' or '.join(it.versions)} "
+            f"(the {it.row.kind} wheel built against torch {it.row.torch})"
+        )
+    if found[0][1] != found[1][1]:
+        yield f"the file name says {found[0][1]}, METADATA Version {found[1][1]}"
 
 
 @rule("requires-torch")
@@ -229,7 +246,8 @@ def check_requires_torch(it: Inspection) -> Iterator[str]:
 
 @rule("build-info")
 def check_build_info(it: Inspection) -> Iterator[str]:
-    """The table's build-info module agrees with the build row (version, torch, CUDA, archs)."""
+    """The table's build-info module agrees with the wheel and its build row (version,
+    variant, torch, CUDA, archs)."""
     member = it.project.audit.build_info
     if not member:
         return  # the project records no build info
@@ -239,7 +257,8 @@ def check_build_info(it: Inspection) -> Iterator[str]:
         return
     row = it.row
     expected = {
-        "version": row.version,
+        "version": it.version,
+        "variant": row.variant,
         "torch_minor": row.torch_minor,
         "cuda_version": row.cuda,
         "archs": row.archs,

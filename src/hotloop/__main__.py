@@ -2,24 +2,64 @@
 
 from __future__ import annotations
 
+import re
 import sys
 from typing import Any
 
+# A compiled target as nvcc names it: sm_90 (a cubin) or compute_90 (PTX), with the suffix of
+# an arch-specific target (90a: wgmma on Hopper) or a family-specific one (100f, CUDA 12.9+).
+_ARCH = re.compile(r"(?P<kind>sm|compute)_(?P<major>[0-9]+)(?P<minor>[0-9])(?P<suffix>[af]?)")
+
+
+def parse_arch(arch: str) -> tuple[str, tuple[int, int], str] | None:
+    """``"sm_90a"`` -> ``("sm", (9, 0), "a")``; None for a name that is no nvcc target."""
+    match = _ARCH.fullmatch(arch)
+    if match is None:
+        return None
+    return match["kind"], (int(match["major"]), int(match["minor"])), match["suffix"]
+
+
+def runs_on(arch: str, capability: tuple[int, int]) -> bool:
+    """Whether a GPU of this compute capability runs this compiled target.
+
+    A cubin (sm_XY) runs on the same major with an equal or higher minor; PTX (compute_XY)
+    is JIT-compiled by the driver for any equal or newer GPU. Arch-specific targets (sm_90a,
+    compute_90a) run on exactly that compute capability; family-specific ones (sm_100f,
+    compute_100f) on its major, from that minor on, PTX included.
+    """
+    parsed = parse_arch(arch)
+    if parsed is None:
+        return False
+    kind, target, suffix = parsed
+    if suffix == "a":
+        return capability == target
+    if kind == "sm" or suffix == "f":
+        return capability[0] == target[0] and capability[1] >= target[1]
+    return capability >= target
+
 
 def kernel_for_capability(archs: list[str], capability: tuple[int, int]) -> str | None:
-    """The compiled arch that runs on a GPU of this compute capability, or None.
+    """The compiled arch that runs on a GPU of this compute capability, or None: the newest
+    cubin that runs there (an arch-specific one before a generic one of the same number),
+    else the newest PTX to JIT-compile from."""
 
-    A cubin (sm_XY) runs on the same major with an equal or higher minor; PTX
-    (compute_XY) is JIT-compiled by the driver for any equal or newer GPU.
-    """
-    major, minor = capability
-    cubins = [a for a in archs if a.startswith("sm_")]
-    for arch in sorted(cubins, key=lambda a: int(a[3:]), reverse=True):
-        number = int(arch[3:])
-        if number // 10 == major and number % 10 <= minor:
-            return arch
-    ptx = [a for a in archs if a.startswith("compute_") and int(a[8:]) <= major * 10 + minor]
-    return max(ptx, key=lambda a: int(a[8:]), default=None)
+    def preference(arch: str) -> tuple[bool, tuple[int, int], str]:
+        kind, target, suffix = parse_arch(arch) or ("", (0, 0), "")
+        return kind == "sm", target, suffix
+
+    fitting = [a for a in archs if runs_on(a, capability)]
+    return max(fitting, key=preference, default=None)
+
+
+def describe_arch(arch: str) -> str:
+    """An arch as the report lists it: what an arch- or family-specific target is limited to."""
+    parsed = parse_arch(arch)
+    if parsed is None or not parsed[2]:
+        return arch
+    _, (major, minor), suffix = parsed
+    if suffix == "a":
+        return f"{arch} (arch-specific: compute capability {major}.{minor} only)"
+    return f"{arch} (family-specific: compute capability {major}.{minor} to {major}.x)"
 
 
 def ops_for_capability(capability: tuple[int, int]) -> tuple[list[str], list[str]]:
@@ -86,7 +126,8 @@ def report() -> int:
     print(f"hotloop      {info['version']} from {hotloop.__file__}")
     print(f"kind         {describe_kind(info)}")
     print(f"built with   torch {info['torch_version']}, CUDA {info['cuda_version'] or 'none'}")
-    print(f"archs        {' '.join(info['archs']) or 'none (CPU kernels only)'}")
+    archs = ", ".join(describe_arch(a) for a in info["archs"])
+    print(f"archs        {archs or 'none (CPU kernels only)'}")
     print(f"C++11 ABI    {info['cxx11_abi']}")
     print(f"commit       {info['git_commit'][:12]}, built {info['build_time']}")
 

@@ -38,7 +38,8 @@ def torch_build(torch_cuda: str | None, torch_hip: str | None) -> str:
 
 
 def built_variant(build_info: dict[str, Any]) -> _variant.Variant:
-    return _variant.parse_version(build_info["version"])
+    # The label, not the version: PyPI's copy of the wheel has the public version only.
+    return _variant.parse_label(build_info["variant"])
 
 
 def find_mismatch(

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import importlib.util
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -15,6 +17,7 @@ from hotloop.__main__ import kernel_for_capability
 RELEASED = ["pt28cu128", "pt29cu128", "stable.cu12", "stable.cu13"]
 STABLE = {
     "version": "0.1.0+stable.cu13",
+    "variant": "stable.cu13",
     "abi": "stable",
     "requires_torch": "torch>=2.10",
     "torch_version": "2.11.0+cu130",
@@ -25,6 +28,7 @@ STABLE = {
 PINNED = {
     **STABLE,
     "version": "0.1.0+pt29cu128",
+    "variant": "pt29cu128",
     "abi": "pinned",
     "requires_torch": "torch==2.9.*",
     "torch_version": "2.9.1+cu128",
@@ -60,7 +64,8 @@ def test_find_mismatch(build, torch_version, torch_cuda, torch_hip, expected) ->
 
 
 def test_a_cpu_build_loads_into_a_cuda_torch() -> None:
-    cpu_build = {**STABLE, "version": "0.1.0+stable.cpu", "cuda_version": None}
+    cpu_build = {**STABLE, "version": "0.1.0+stable.cpu", "variant": "stable.cpu"}
+    cpu_build["cuda_version"] = None
     assert _guard.find_mismatch(cpu_build, "2.14.1", "13.0") is None
 
 
@@ -138,7 +143,7 @@ def unserved_torch_version(build_info: dict, torch_cuda: str | None) -> str:
     [
         (STABLE, "13.0", "2.9.1"),
         (PINNED, "12.8", "2.8.0"),
-        ({**PINNED, "version": "0.1.0+pt28cu128"}, "12.8", "2.9.1"),
+        ({**PINNED, "version": "0.1.0+pt28cu128", "variant": "pt28cu128"}, "12.8", "2.9.1"),
     ],
 )
 def test_unserved_torch_version_is_one_the_build_refuses(build, torch_cuda, expected) -> None:
@@ -189,6 +194,67 @@ def test_cuda_build_with_cpu_torch_raises_import_error() -> None:
 def test_kernel_for_capability(capability: tuple[int, int], expected: str | None) -> None:
     archs = ["sm_80", "sm_86", "sm_89", "sm_90", "sm_100", "sm_120", "compute_120"]
     assert kernel_for_capability(archs, capability) == expected
+
+
+@pytest.mark.parametrize(
+    ("archs", "capability", "expected"),
+    [
+        (["sm_80", "sm_90", "sm_90a"], (9, 0), "sm_90a"),  # Hopper: the wgmma kernels
+        (["sm_80", "sm_90a"], (8, 6), "sm_80"),
+        (["sm_90a", "compute_90a"], (10, 0), None),  # arch-specific: 9.0 only, PTX too
+        (["sm_90a", "compute_90"], (10, 0), "compute_90"),
+        (["sm_100a"], (10, 3), None),
+        (["sm_100f"], (10, 3), "sm_100f"),  # family-specific: 10.x from 10.0 on
+        (["compute_100f"], (10, 3), "compute_100f"),
+        (["compute_100f"], (12, 0), None),
+        (["sm_100a", "compute_100a"], (10, 0), "sm_100a"),
+    ],
+)
+def test_kernel_for_capability_with_arch_specific_targets(
+    archs: list[str], capability: tuple[int, int], expected: str | None
+) -> None:
+    assert kernel_for_capability(archs, capability) == expected
+
+
+def load_setup_py():
+    """The repository's setup.py as a module (its main() only runs as a script)."""
+    pytest.importorskip("setuptools")
+    path = Path(__file__).resolve().parents[2] / "setup.py"
+    if not path.is_file():
+        pytest.skip("no setup.py beside these tests (an installed-wheel run)")
+    spec = importlib.util.spec_from_file_location("hotloop_setup_under_test", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.mark.parametrize(
+    ("arch_list", "expected"),
+    [
+        ("9.0;9.0a", ["sm_90", "sm_90a"]),
+        ("10.0a", ["sm_100a"]),
+        ("8.0;9.0a+PTX;12.0", ["sm_80", "compute_90a", "sm_90a", "sm_120"]),
+    ],
+)
+def test_setup_py_records_arch_specific_targets(monkeypatch, arch_list, expected) -> None:
+    """torch takes these (Hopper's wgmma needs sm_90a); the build info must list them."""
+    monkeypatch.setenv("TORCH_CUDA_ARCH_LIST", arch_list)
+    assert load_setup_py().compiled_archs() == expected
+
+
+def test_python_m_hotloop_shows_arch_specific_targets() -> None:
+    code = (
+        "import runpy, sys, hotloop\n"
+        "hotloop.BUILD_INFO['archs'] = ['sm_80', 'sm_90', 'sm_90a', 'sm_100f', 'compute_100f']\n"
+        "sys.argv = ['-m', 'hotloop']\n"
+        "runpy.run_module('hotloop', run_name='__main__', alter_sys=True)\n"
+    )
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert "Traceback" not in result.stderr, result.stderr
+    assert (
+        "archs        sm_80, sm_90, sm_90a (arch-specific: compute capability 9.0 only), "
+        "sm_100f (family-specific: compute capability 10.0 to 10.x), compute_100f"
+    ) in result.stdout
 
 
 def test_python_m_hotloop_reports_ok() -> None:

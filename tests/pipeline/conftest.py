@@ -11,6 +11,7 @@ import subprocess
 import zipfile
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
+from urllib.parse import quote
 
 import pytest
 
@@ -105,6 +106,7 @@ def elf_libs(
 def build_info_source(row: Row, **overrides: object) -> str:
     info = {
         "version": row.version,
+        "variant": row.variant,
         "torch_version": f"{row.torch}+cu{row.cuda.replace('.', '')}",
         "torch_minor": row.torch_minor,
         "cuda_version": row.cuda,
@@ -130,12 +132,15 @@ def _record_line(name: str, data: bytes) -> str:
 def sbom_source(row: Row) -> str:
     """A minimal CycloneDX SBOM that agrees with ``build_info_source(row)``'s defaults."""
     torch_version = f"{row.torch}+cu{row.cuda.replace('.', '')}"
+    version = row.version
     document = {
         "bomFormat": "CycloneDX",
         "specVersion": "1.6",
         "metadata": {
             "component": {
                 "name": "hotloop",
+                "version": version,
+                "purl": f"pkg:pypi/hotloop@{quote(version, safe='')}",
                 "properties": [
                     {"name": sbom.PROP_TORCH, "value": torch_version},
                     {"name": sbom.PROP_CUDA, "value": row.cuda},

@@ -34,7 +34,7 @@ from urllib.parse import quote
 from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
 
-from scripts import publish
+from scripts import publish, sbom
 from scripts.variant import parse_label
 
 REPO = Path(__file__).resolve().parents[2]
@@ -116,6 +116,25 @@ def make_tiny_wheel(
         ),
     }
     return write_wheel(directory / f"{dist_name}-{full_version}-{tag}.whl", contents, dist_info)
+
+
+def release_members(variant: str, version: str = PACKAGE_VERSION) -> dict[str, str | bytes]:
+    """What a release build adds to a wheel of ``variant``: ``hotloop/_build_info.py`` as
+    setup.py writes it and the SBOM ``scripts.reproducible`` adds (``make_tiny_wheel``'s
+    ``extra_files``)."""
+    full_version = f"{version}+{variant}"
+    info = {"version": full_version, "variant": variant, "torch_version": "2.11.0+cu130"}
+    lines = ["BUILD_INFO = {", *(f"    {k!r}: {v!r}," for k, v in info.items()), "}", ""]
+    document = sbom.build_sbom(
+        sbom.SbomInputs(
+            f"hotloop-{full_version}-cp39-abi3-manylinux_2_28_x86_64.whl", full_version,
+            info["torch_version"], "13.0", None, (), (), (), (), 1700000000,
+        )
+    )  # fmt: skip
+    return {
+        "hotloop/_build_info.py": "\n".join(lines),
+        f"hotloop-{full_version}.dist-info/{sbom.SBOM_PATH}": document,
+    }
 
 
 def make_variant_wheels(directory: Path, variants: Sequence[str] = VARIANTS) -> list[Path]:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib.metadata
+import json
 import re
 import shutil
 import subprocess
@@ -12,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from scripts import audit, matrix
+from scripts import audit, matrix, pypi_release, reproducible, sbom
 from scripts.audit import libraries, stable_abi
 
 ROWS = matrix.load_rows()
@@ -255,8 +256,8 @@ def test_other_requirements_are_fine(wheel_factory, newest_row):
 def test_build_info_mismatch(wheel_factory, newest_row, build_info_for, change):
     wheel = wheel_factory(build_info=build_info_for(newest_row, **change))
     report = audit.check_wheel(wheel, newest_row)
-    # The SBOM names the torch and CUDA the wheel was built with: it disagrees too.
-    sbom_too = {"sbom"} if {"torch_version", "cuda_version"} & set(change) else set()
+    # The SBOM names the version, torch and CUDA the wheel was built with: it disagrees too.
+    sbom_too = {"sbom"} if {"version", "torch_version", "cuda_version"} & set(change) else set()
     assert rules(report) == {"build-info"} | sbom_too
     assert next(iter(change)) in report.violations[0]
 
@@ -821,3 +822,74 @@ def test_listed_library_missing(wheel_factory, newest_row):
     report = audit.check_wheel(rewrite_wheel(wheel_factory(), drop_ops), newest_row)
     assert "libraries" in rules(report)
     assert "no member matches 'hotloop/libhotloop_ops.so'" in "\n".join(report.violations)
+
+
+# ------------------------------------------------------------------- the PyPI upload's wheel
+
+
+def release_wheel(wheel_factory, row, tmp_path: Path) -> Path:
+    """A wheel as finalize_release writes it: the SBOM scripts.sbom makes for its build info."""
+    raw = wheel_factory(with_sbom=False)
+    with zipfile.ZipFile(raw) as zf:
+        info = sbom.wheel_build_info(zf)
+    inputs = sbom.SbomInputs(
+        raw.name, row.version, info["torch_version"], info["cuda_version"], row.arch_list,
+        tuple(info["archs"]), (("g++", "g++ (Debian 12.2.0-14+deb12u1) 12.2.0"),), (), (),
+        1700000000,
+    )  # fmt: skip
+    document = sbom.build_sbom(inputs)
+    return reproducible.finalize_wheel(
+        raw, tmp_path / "final" / raw.name, 1700000000, {sbom.SBOM_PATH: document}
+    )
+
+
+@STABLE_ONLY
+def test_the_pypi_upload_describes_itself_and_passes_the_audit(wheel_factory, newest_row, tmp_path):
+    source = release_wheel(wheel_factory, newest_row, tmp_path)
+    assert audit.check_wheel(source, newest_row).violations == []
+    public = pypi_release.public_wheel(source, tmp_path / "pypi")
+    assert public.name == "hotloop-0.1.0-cp39-abi3-manylinux_2_28_x86_64.whl"
+    # What gets uploaded passes the audit, from the command line too (no label to go by).
+    assert audit.check_wheel(public, newest_row).violations == []
+    assert audit.audit_file(public, matrix.load_rows(), [], abi3=False).problems == []
+    with zipfile.ZipFile(source) as a, zipfile.ZipFile(public) as b:
+        info = sbom.wheel_build_info(b)
+        assert info is not None
+        assert (info["version"], info["variant"]) == ("0.1.0", "stable.cu13")
+        assert info == {**sbom.wheel_build_info(a), "version": "0.1.0"}
+        root = json.loads(b.read(f"hotloop-0.1.0.dist-info/{sbom.SBOM_PATH}"))["metadata"]
+        assert root["component"]["version"] == "0.1.0"
+        assert root["component"]["purl"] == "pkg:pypi/hotloop@0.1.0"
+        assert public.name in root["component"]["description"]
+        # The code is the stable wheel's, byte for byte.
+        code = [n for n in a.namelist() if not n.startswith("hotloop-")]
+        assert code == [n for n in b.namelist() if not n.startswith("hotloop-")]
+        for name in code:
+            if name != "hotloop/_build_info.py":
+                assert a.read(name) == b.read(name), name
+        old, new = a.read("hotloop/_build_info.py"), b.read("hotloop/_build_info.py")
+        assert new == old.replace(b"'0.1.0+stable.cu13'", b"'0.1.0'", 1)
+
+
+@STABLE_ONLY
+@pytest.mark.parametrize(
+    ("change", "finding"),
+    [
+        ({"version": "0.1.0+stable.cu13"}, "build-info: version is '0.1.0+stable.cu13'"),
+        ({"version": "0.1.0", "variant": "stable.cu12"}, "build-info: variant is 'stable.cu12'"),
+    ],
+    ids=["labelled-build-info", "other-variant"],
+)
+def test_a_public_version_wheel_must_say_so_inside(
+    wheel_factory, newest_row, build_info_for, change, finding
+):
+    wheel = wheel_factory(version="0.1.0", build_info=build_info_for(newest_row, **change))
+    violations = audit.check_wheel(wheel, newest_row).violations
+    assert any(v.startswith(finding) for v in violations), violations
+
+
+@PINNED_ONLY
+def test_only_the_pypi_variant_may_carry_the_public_version(wheel_factory, newest_row):
+    wheel = wheel_factory(version="0.1.0")
+    violations = audit.check_wheel(wheel, newest_row).violations
+    assert any(v.startswith("version-label: file name '0.1.0'") for v in violations), violations

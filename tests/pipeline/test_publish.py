@@ -34,13 +34,14 @@ from index_helpers import (
     make_variant_wheels,
     pip_install,
     pypiserver,
+    release_members,
     run,
     silent_server,
     uv_pip_install,
     write_htpasswd,
 )
 
-from scripts import publish, pypi_release
+from scripts import publish, pypi_release, sbom
 
 WHEEL_TAG = "cp39-abi3-manylinux_2_28_x86_64"
 
@@ -374,7 +375,10 @@ def pypi_upload(tmp_path_factory: pytest.TempPathFactory, wheel_dir: Path) -> Pa
     make_tiny_wheel(
         wheels,
         "stable.cu13",
-        extra_files={"hotloop/_C.abi3.so": bytes(range(256)) * 512},
+        extra_files={
+            "hotloop/_C.abi3.so": bytes(range(256)) * 512,
+            **release_members("stable.cu13"),
+        },
         # A README body, as the real METADATA has: twine check --strict wants one, and a
         # "Version: 0.1.0+stable.cu13" line in it is text, not the header.
         extra_metadata="Description-Content-Type: text/markdown\n\n# hotloop\n\n"
@@ -400,7 +404,8 @@ def test_pypi_upload_is_the_stable_cuda13_wheel_under_the_public_version(
         for info in a.infolist():
             mine = b.getinfo(info.filename.replace(old, new))
             assert (mine.date_time, mine.external_attr) == (info.date_time, info.external_attr)
-            if info.filename in (old + "METADATA", old + "RECORD"):
+            described = ("METADATA", "RECORD", sbom.SBOM_PATH)  # test_audit checks the rest
+            if info.filename in [old + name for name in described] + ["hotloop/_build_info.py"]:
                 continue
             assert b.read(mine) == a.read(info), info.filename  # byte-identical
         metadata = b.read(new + "METADATA")
@@ -464,7 +469,9 @@ def test_pypi_upload_needs_the_stable_cuda13_wheel(
 def test_pypi_upload_refuses_a_wheel_whose_record_is_wrong(
     tmp_path: Path, capsys: pytest.CaptureFixture
 ) -> None:
-    wheel = make_tiny_wheel(tmp_path / "w", "stable.cu13")
+    wheel = make_tiny_wheel(
+        tmp_path / "w", "stable.cu13", extra_files=release_members("stable.cu13")
+    )
     with zipfile.ZipFile(wheel, "a") as zf:  # a file RECORD does not list
         zf.writestr("hotloop/added_later.py", "")
     args = ["--wheels", str(wheel.parent), "--out", str(tmp_path / "out")]
@@ -506,7 +513,9 @@ def test_pypi_upload_names_the_file_and_the_problem_of_a_damaged_wheel(
 ) -> None:
     payload = bytes(range(256)) * 8
     wheel = make_tiny_wheel(
-        tmp_path / "w", "stable.cu13", extra_files={"hotloop/_C.abi3.so": payload}
+        tmp_path / "w",
+        "stable.cu13",
+        extra_files={"hotloop/_C.abi3.so": payload, **release_members("stable.cu13")},
     )
     if damage == "crc":
         stored_copy(wheel)
