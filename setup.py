@@ -64,9 +64,13 @@ def abi_kind() -> str:
     mode = os.environ.get("HOTLOOP_ABI", "auto").lower()
     if mode not in {"auto", variant_rule.STABLE, variant_rule.PINNED}:
         raise SystemExit(f"HOTLOOP_ABI must be auto, stable or pinned, got {mode!r}")
+    try:
+        installed = variant_rule.kind_for(torch.__version__)
+    except ValueError as err:
+        raise SystemExit(f"the build environment's {err}") from None
     if mode == "auto":
-        return variant_rule.kind_for(torch.__version__)
-    if mode == variant_rule.STABLE and variant_rule.kind_for(torch.__version__) != mode:
+        return installed
+    if mode == variant_rule.STABLE and installed != mode:
         floor = variant_rule.minor_text(variant_rule.STABLE_ABI_FLOOR)
         raise SystemExit(
             f"HOTLOOP_ABI=stable needs torch >= {floor} in the build environment, found "

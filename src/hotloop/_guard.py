@@ -18,6 +18,9 @@ from hotloop import _variant
 OPS_LIBRARY = "libhotloop_ops.so"
 # The per-CUDA-major pages of hotloop's index, as `python -m scripts.index` lays them out.
 INDEX_PAGE = "<hotloop index>/{cuda}/simple/"
+# Building from a checkout: against the torch installed (no build isolation, which would bring
+# another torch), replacing whatever hotloop is installed, and never touching torch itself.
+SOURCE_BUILD = "pip install --no-build-isolation --no-deps --force-reinstall ."
 
 
 def library_path() -> Path:
@@ -52,7 +55,10 @@ def find_mismatch(
     variant = built_variant(build_info)
     built = f"hotloop {build_info['version']} was built for {_serves(variant)}"
     running = f"this environment has torch {torch_version} ({torch_build(torch_cuda, torch_hip)})"
-    minor = _variant.torch_minor(torch_version)
+    try:
+        minor = _variant.torch_minor(torch_version)
+    except ValueError as err:
+        return f"{built}, but {err}."
     if variant.kind == _variant.STABLE and minor < _variant.STABLE_ABI_FLOOR:
         return (
             f"{built}, but {running}: the stable ABI it uses exists from torch "
@@ -89,28 +95,53 @@ def install_hint(
     build info, written by the release build); a development build knows none.
     """
     released = [_variant.parse_label(label) for label in build_info.get("released_variants", [])]
-    release = torch_version.split("+")[0]
-    fits = [v for v in released if torch_cuda and v.serves(torch_version, torch_cuda)]
+    release = torch_version.split("+")[0].strip()
+    try:
+        _variant.torch_minor(torch_version)
+        readable = True
+    except ValueError:
+        readable = False
+    fits = [v for v in released if readable and torch_cuda and v.serves(torch_version, torch_cuda)]
     if fits:
         best = max(fits, key=lambda v: v.kind == _variant.STABLE)
         page = INDEX_PAGE.format(cuda=f"cu{best.cuda_major}")
+        # Only hotloop's page: next to PyPI, pip would take a newer public hotloop (a CUDA 13
+        # build) over this one. The installed torch satisfies the pin without an index.
         return (
             f"install the hotloop wheel built for your torch, keeping torch as it is: pip install "
-            f'"hotloop=={best.version}" "torch=={release}" --extra-index-url {page}'
+            f'"hotloop=={best.version}" "torch=={release}" --index-url {page}'
         )
     built_for = built_variant(build_info)
     keep_wheel = f'or install a torch this wheel fits: pip install "{built_for.requires_torch}"'
-    if torch_hip:
+    if not readable:
+        reason = f"hotloop cannot tell which torch release {torch_version!r} is"
+    elif torch_hip:
         reason = "hotloop has no ROCm wheels"
     elif not released:
         reason = "this is a development build that lists no released wheels"
     else:
         listed = ", ".join(f"{v.label} ({_serves(v)})" for v in released)
         reason = f"no released hotloop wheel fits torch {torch_version}; released: {listed}"
+    # No sdist is published, and pip keeps an installed wheel of the same version: the
+    # advice builds a checkout against the torch that is there and replaces the wheel.
     return (
-        f"{reason}. Build hotloop from source against your torch "
-        f"(pip install --no-binary hotloop hotloop), {keep_wheel}"
+        f"{reason}. Build hotloop from source against your torch: in a clone of hotloop's "
+        f"repository run {SOURCE_BUILD} (it needs setuptools>=77, ninja and g++ >= 11, and "
+        "for the GPU kernels a CUDA toolkit of your torch's CUDA major in CUDA_HOME; "
+        f"CONTRIBUTING.md says more), {keep_wheel}"
     )
+
+
+def reinstall_command(build_info: dict[str, Any]) -> str:
+    """How to reinstall the same wheel without touching torch; a labelled version comes
+    from hotloop's index only, the public one (PyPI's copy) from PyPI."""
+    version = build_info["version"]
+    command = f'pip install --force-reinstall --no-deps "hotloop=={version}"'
+    variant = built_variant(build_info)
+    if "+" not in version:
+        return command
+    device = f"cu{variant.cuda_major}" if variant.cuda_major else "cpu"
+    return f"{command} --index-url {INDEX_PAGE.format(cuda=device)}"
 
 
 def read_build_info() -> dict[str, Any]:
@@ -145,6 +176,6 @@ def load_extension() -> None:
         raise ImportError(
             f"hotloop {build_info['version']} (built for torch {build_info['torch_version']}) "
             f"failed to load {path} into torch {torch.__version__}: {err}. The wheel may "
-            "be damaged or built by a different toolchain; reinstall it with "
-            f'pip install --force-reinstall "hotloop=={build_info["version"]}"'
+            f"be damaged or built by a different toolchain; reinstall it with "
+            f"{reinstall_command(build_info)}"
         ) from err

@@ -34,10 +34,33 @@ _PINNED_LABEL = re.compile(r"pt(?P<major>[1-9])(?P<minor>[0-9]{1,2})(?P<device>c
 _STABLE_LABEL = re.compile(r"stable\.(?P<device>cpu|cu[1-9][0-9])")
 
 
+# PEP 440's version syntax (packaging's VERSION_PATTERN; hotloop cannot require packaging,
+# which torch does not install): what pip accepts as a version, torch's nightlies included.
+_PEP_440 = re.compile(
+    r"""
+    v?
+    (?:(?P<epoch>[0-9]+)!)?
+    (?P<release>[0-9]+(?:\.[0-9]+)*)
+    (?:[-_.]?(?:alpha|a|beta|b|preview|pre|c|rc)[-_.]?[0-9]*)?
+    (?:-[0-9]+|[-_.]?(?:post|rev|r)[-_.]?[0-9]*)?
+    (?:[-_.]?dev[-_.]?[0-9]*)?
+    (?:\+[a-z0-9]+(?:[-_.][a-z0-9]+)*)?
+    """,
+    re.VERBOSE | re.IGNORECASE,
+)
+
+
 def torch_minor(version: str) -> tuple[int, int]:
-    """``"2.11.0+cu130"`` -> ``(2, 11)``."""
-    major, minor = version.split("+")[0].split(".")[:2]
-    return int(major), int(minor)
+    """``"2.11.0+cu130"`` -> ``(2, 11)``, by PEP 440's rules (``v2.11.0``, ``2.12.0.dev2026``
+    too); ValueError naming the version for anything that is no torch release."""
+    match = _PEP_440.fullmatch(version.strip())
+    release = match["release"].split(".") if match else []
+    if not match or len(release) < 2 or int(match["epoch"] or 0) != 0:
+        raise ValueError(
+            f"torch {version!r} is not a version hotloop can read (PEP 440, MAJOR.MINOR at least, "
+            "no epoch): expected a release such as 2.11.0 or 2.11.0+cu130"
+        )
+    return int(release[0]), int(release[1])
 
 
 def minor_text(minor: tuple[int, int]) -> str:

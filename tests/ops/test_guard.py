@@ -11,7 +11,7 @@ import pytest
 import torch
 
 import hotloop
-from hotloop import _guard
+from hotloop import _guard, _variant
 from hotloop.__main__ import kernel_for_capability
 
 RELEASED = ["pt28cu128", "pt29cu128", "stable.cu12", "stable.cu13"]
@@ -104,6 +104,70 @@ def test_install_hint_never_names_a_wheel_that_is_not_built(
     assert says in hint
     assert "hotloop==" not in hint
     assert 'pip install "torch>=2.10"' in hint
+
+
+@pytest.mark.parametrize("torch_version", ["", "v", "2", "2.x.0", "2!2.10.0", "latest"])
+def test_a_torch_version_the_guard_cannot_read_is_its_import_error(torch_version: str) -> None:
+    """Never a ValueError at import: the guard says what it found and what it expected."""
+    mismatch = _guard.find_mismatch(STABLE, torch_version, "13.0")
+    assert mismatch is not None
+    assert f"torch {torch_version!r}" in mismatch
+    assert "expected a release such as 2.11.0 or 2.11.0+cu130" in mismatch
+    hint = _guard.install_hint(STABLE, torch_version, "13.0")
+    assert "hotloop==" not in hint
+    assert 'pip install "torch>=2.10"' in hint
+
+
+@pytest.mark.parametrize(
+    ("torch_version", "minor"),
+    [("v2.10.0", (2, 10)), ("2.11.0a0+git1234", (2, 11)), ("2.12.0.dev20260101+cu130", (2, 12)),
+     (" 2.10.0 ", (2, 10)), ("0!2.15.0.post1", (2, 15)), ("2.10rc1", (2, 10))],
+)  # fmt: skip
+def test_torch_versions_are_read_by_pep_440s_rules(torch_version: str, minor) -> None:
+    assert _variant.torch_minor(torch_version) == minor
+    assert _guard.find_mismatch(STABLE, torch_version, "13.0") is None
+
+
+def test_the_import_of_an_unreadable_torch_version_is_the_guards_import_error() -> None:
+    result = run_with_torch_version("2!2.10.0", torch.version.cuda)
+    assert result.returncode != 0
+    assert "ImportError: " in result.stderr
+    assert "ValueError" not in result.stderr
+    assert "torch '2!2.10.0'" in result.stderr
+
+
+def test_the_source_build_advice_replaces_the_installed_wheel_and_keeps_torch() -> None:
+    """No sdist is published, and `--no-binary hotloop` does nothing next to an installed
+    wheel: the advice builds the source tree against the torch that is there."""
+    hint = _guard.install_hint(STABLE, "2.7.1", "12.6")
+    assert "--no-binary" not in hint
+    assert _guard.SOURCE_BUILD in hint
+    for flag in ("--no-build-isolation", "--no-deps", "--force-reinstall"):
+        assert flag in _guard.SOURCE_BUILD
+    assert "CUDA_HOME" in hint
+
+
+@pytest.mark.parametrize(
+    ("build", "index"),
+    [
+        (STABLE, " --index-url <hotloop index>/cu13/simple/"),
+        (PINNED, " --index-url <hotloop index>/cu12/simple/"),
+        ({**STABLE, "version": "0.1.0"}, ""),  # PyPI's copy: PyPI serves it
+    ],
+)
+def test_the_reinstall_advice_keeps_torch_and_names_where_the_wheel_is(build, index) -> None:
+    command = _guard.reinstall_command(build)
+    assert command == (
+        f'pip install --force-reinstall --no-deps "hotloop=={build["version"]}"{index}'
+    )
+
+
+def test_setup_py_refuses_a_torch_version_it_cannot_read(monkeypatch) -> None:
+    setup = load_setup_py()
+    monkeypatch.setattr(torch, "__version__", "2!2.10.0")
+    monkeypatch.delenv("HOTLOOP_ABI", raising=False)
+    with pytest.raises(SystemExit, match=r"build environment's torch '2!2\.10\.0' is not a"):
+        setup.abi_kind()
 
 
 def test_a_development_build_says_it_knows_no_released_wheels() -> None:
