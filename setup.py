@@ -21,7 +21,8 @@ SOURCE_DATE_EPOCH     build time recorded in hotloop/_build_info.py.
 HOTLOOP_GIT_COMMIT    commit recorded in the build info when git can't tell (an sdist).
 HOTLOOP_RELEASED_VARIANTS  comma-separated labels of the wheels the release builds (set by
                       `nox -s wheels`): the import guard suggests only those.
-MAX_JOBS, CC, CXX, PYTORCH_NVCC are read by torch's build as usual.
+MAX_JOBS, CC, CXX, PYTORCH_NVCC are read by torch's build as usual; the build info records the
+                      version of the CXX and PYTORCH_NVCC it ran (a command line: "ccache g++").
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ import datetime
 import importlib.util
 import os
 import re
+import shlex
 import subprocess
 import sys
 from pathlib import Path
@@ -163,6 +165,37 @@ def build_time() -> str:
     return stamp.strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
+def compiler_version(command: str, banner_last: bool = False) -> list[str]:
+    """``[name, version line]`` of a compiler as the build runs it: ``command`` is a command
+    line (``ccache g++`` as much as ``/usr/bin/g++``), asked for ``--version`` the same way."""
+    argv = shlex.split(command)
+    try:
+        out = subprocess.run(
+            [*argv, "--version"], capture_output=True, text=True, check=True
+        ).stdout
+    except (OSError, subprocess.CalledProcessError, IndexError) as err:
+        raise SystemExit(
+            f"the build's compiler {command!r} does not run ({err}); set CXX (or PYTORCH_NVCC) "
+            "to a compiler command"
+        ) from None
+    lines = [line for line in out.splitlines() if line.strip()]
+    if not lines:
+        raise SystemExit(f"the build's compiler {command!r} printed no version for --version")
+    # nvcc prints a banner; its last line names the release and build.
+    return [Path(argv[-1]).name, lines[-1] if banner_last else lines[0]]
+
+
+def build_compilers(with_cuda: bool) -> list[list[str]]:
+    """The compilers torch's build runs here, as torch.utils.cpp_extension picks them: $CXX
+    (else c++) for C++, $PYTORCH_NVCC (else CUDA_HOME/bin/nvcc) for CUDA. The SBOM names these,
+    not whatever $CXX the process that writes it happens to have."""
+    compilers = [compiler_version(os.environ.get("CXX") or "c++")]
+    if with_cuda:
+        nvcc = os.environ.get("PYTORCH_NVCC") or str(Path(cpp_extension.CUDA_HOME, "bin", "nvcc"))
+        compilers.append(compiler_version(nvcc, banner_last=True))
+    return compilers
+
+
 def write_build_info(variant, with_cuda: bool, archs: list[str]) -> None:
     info = {
         "version": variant.version,
@@ -176,6 +209,7 @@ def write_build_info(variant, with_cuda: bool, archs: list[str]) -> None:
         "cuda_version": torch.version.cuda if with_cuda else None,
         "archs": archs,
         "cxx11_abi": bool(torch.compiled_with_cxx11_abi()),
+        "compilers": build_compilers(with_cuda),
         "git_commit": git_commit(),
         "released_variants": released_variants(),
         "build_time": build_time(),

@@ -9,7 +9,8 @@ from the wheel and ``SOURCE_DATE_EPOCH`` so that the SBOM is as reproducible as 
 * :func:`collect_inputs` / :func:`build_sbom`: make the document for a repaired wheel
   (``scripts.reproducible.finalize_wheel`` adds it).
 * :func:`check_sbom`: the audit rule ``sbom`` (stdlib only): present, parses as CycloneDX,
-  names the torch and CUDA versions that ``hotloop/_build_info.py`` names, and describes the
+  names the torch and CUDA versions and the compilers that ``hotloop/_build_info.py`` names
+  (setup.py records the compilers the build ran), and describes the
   hotloop version the build info names (version and purl).
 * :func:`describe_copy`: the SBOM of a wheel's copy under another version (the PyPI upload).
 * :func:`read_sboms` / :func:`project_sbom`: the SBOM bytes of a wheel, for the index.
@@ -20,10 +21,7 @@ from __future__ import annotations
 import datetime
 import hashlib
 import json
-import os
 import re
-import shutil
-import subprocess
 import urllib.parse
 import uuid
 import zipfile
@@ -137,13 +135,16 @@ def deb_packages(debs: Sequence[Path], distro: str) -> list[Package]:
     return out
 
 
-def compiler_version(exe: str) -> str:
-    """First line of ``exe --version`` (``g++ (Debian 12.2.0-14+deb12u1) 12.2.0``)."""
-    path = shutil.which(exe) or exe
-    out = subprocess.run([path, "--version"], capture_output=True, text=True, check=True).stdout
-    lines = [line for line in out.splitlines() if line.strip()]
-    # nvcc prints a banner; its last line names the release and build.
-    return lines[-1] if "nvcc" in Path(exe).name else lines[0]
+def recorded_compilers(info: Mapping[str, Any]) -> list[tuple[str, str]]:
+    """``(name, version line)`` of each compiler the build ran (build info ``compilers``);
+    empty when the build info has none in that shape."""
+    found = info.get("compilers")
+    if not isinstance(found, list):
+        return []
+    pairs = [tuple(c) for c in found if isinstance(c, (list, tuple)) and len(c) == 2]
+    if len(pairs) != len(found) or not all(isinstance(x, str) for p in pairs for x in p):
+        return []
+    return [(str(name), str(line)) for name, line in pairs]
 
 
 def collect_inputs(
@@ -165,10 +166,16 @@ def collect_inputs(
         ]
     if info is None:
         raise ValueError(f"{wheel.name}: no hotloop/_build_info.py to describe")
-    compilers = [("g++", compiler_version(os.environ.get("CXX") or "g++"))]
+    # The compilers the build ran, as setup.py recorded them: this process's $CXX is not
+    # necessarily the build's (the build gets the toolchain's), and may be any command line.
+    compilers = recorded_compilers(info)
+    if not compilers:
+        raise ValueError(
+            f"{wheel.name}: its build info records no compilers (setup.py writes them); "
+            "rebuild it with this setup.py"
+        )
     toolkit: list[Package] = []
     if cuda_home is not None:
-        compilers.append(("nvcc", compiler_version(str(cuda_home / "bin" / "nvcc"))))
         tk_site = cuda_home.resolve().parent / "site-packages"
         toolkit = installed_distributions(tk_site) if tk_site.is_dir() else []
     debs = sorted((sysroot.parent / "debs").glob("*.deb")) if sysroot is not None else []
@@ -432,6 +439,17 @@ def check_sbom(wheel: Path) -> list[str]:
         bad.append(
             f"sbom: names torch {props.get(PROP_TORCH)!r} (component {sorted(torch_versions)}), "
             f"the build info says {want_torch!r}"
+        )
+    want_compilers = recorded_compilers(info)
+    listed = sorted(
+        (str(c.get("name")), str(c.get("description")))
+        for c in document.get("components", [])
+        if str(c.get("bom-ref", "")).startswith("compiler:")
+    )
+    if want_compilers and listed != sorted(want_compilers):
+        bad.append(
+            f"sbom: names compilers {listed}, the build info says the build ran "
+            f"{sorted(want_compilers)}"
         )
     want_cuda = info.get("cuda_version")
     if props.get(PROP_CUDA) != want_cuda:

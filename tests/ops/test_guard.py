@@ -2,10 +2,8 @@
 
 from __future__ import annotations
 
-import importlib.util
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 import torch
@@ -162,14 +160,6 @@ def test_the_reinstall_advice_keeps_torch_and_names_where_the_wheel_is(build, in
     )
 
 
-def test_setup_py_refuses_a_torch_version_it_cannot_read(monkeypatch) -> None:
-    setup = load_setup_py()
-    monkeypatch.setattr(torch, "__version__", "2!2.10.0")
-    monkeypatch.delenv("HOTLOOP_ABI", raising=False)
-    with pytest.raises(SystemExit, match=r"build environment's torch '2!2\.10\.0' is not a"):
-        setup.abi_kind()
-
-
 def test_a_development_build_says_it_knows_no_released_wheels() -> None:
     hint = _guard.install_hint({**STABLE, "released_variants": []}, "2.9.1", "12.8")
     assert "development build" in hint
@@ -278,32 +268,6 @@ def test_kernel_for_capability_with_arch_specific_targets(
     archs: list[str], capability: tuple[int, int], expected: str | None
 ) -> None:
     assert kernel_for_capability(archs, capability) == expected
-
-
-def load_setup_py():
-    """The repository's setup.py as a module (its main() only runs as a script)."""
-    pytest.importorskip("setuptools")
-    path = Path(__file__).resolve().parents[2] / "setup.py"
-    if not path.is_file():
-        pytest.skip("no setup.py beside these tests (an installed-wheel run)")
-    spec = importlib.util.spec_from_file_location("hotloop_setup_under_test", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-@pytest.mark.parametrize(
-    ("arch_list", "expected"),
-    [
-        ("9.0;9.0a", ["sm_90", "sm_90a"]),
-        ("10.0a", ["sm_100a"]),
-        ("8.0;9.0a+PTX;12.0", ["sm_80", "compute_90a", "sm_90a", "sm_120"]),
-    ],
-)
-def test_setup_py_records_arch_specific_targets(monkeypatch, arch_list, expected) -> None:
-    """torch takes these (Hopper's wgmma needs sm_90a); the build info must list them."""
-    monkeypatch.setenv("TORCH_CUDA_ARCH_LIST", arch_list)
-    assert load_setup_py().compiled_archs() == expected
 
 
 def test_python_m_hotloop_shows_arch_specific_targets() -> None:

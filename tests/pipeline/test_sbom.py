@@ -234,3 +234,51 @@ def test_an_oddly_shaped_sbom_is_a_finding_not_a_crash(
     found = {v.split(":", 1)[0] for v in report.violations}
     assert {"sbom", "requires-torch"} <= found, report.violations
     assert any(finding in v for v in report.violations)
+
+
+BUILT_WITH = [
+    ["g++", "g++ (Debian 12.2.0-14+deb12u1) 12.2.0"],
+    ["nvcc", "Build cuda_13.0.r13.0/compiler.36424714_0"],
+]
+
+
+@pytest.mark.parametrize("cxx", ["fake", "ccache g++"])
+def test_the_sbom_names_the_compilers_the_build_ran_not_the_callers_cxx(
+    wheel_factory, newest_row, build_info_for, tmp_path, monkeypatch, cxx
+):
+    """The SBOM step runs in the caller's environment, where $CXX may be anything (a fake
+    compiler, a launcher and a compiler): the build recorded what it ran, and that is used."""
+    fake = tmp_path / "fake"
+    fake.write_text("#!/bin/sh\necho 'fakecc 99.9 (not what built the wheel)'\n")
+    fake.chmod(0o755)
+    monkeypatch.setenv("CXX", str(fake) if cxx == "fake" else cxx)
+    wheel = wheel_factory(build_info=build_info_for(newest_row, compilers=BUILT_WITH))
+    found = sbom.collect_inputs(newest_row, wheel, None, None, 1700000000)
+    assert [list(c) for c in found.compilers] == BUILT_WITH
+    document = json.loads(sbom.build_sbom(found))
+    assert components(document)["g++"]["description"] == BUILT_WITH[0][1]
+    assert "fakecc" not in json.dumps(document)
+
+
+def test_a_wheel_without_recorded_compilers_gets_no_guessed_ones(
+    wheel_factory, newest_row, tmp_path
+):
+    with pytest.raises(ValueError, match=r"records no compilers.*rebuild it with this setup\.py"):
+        sbom.collect_inputs(newest_row, wheel_factory(), None, None, 1700000000)
+
+
+def test_the_audit_compares_the_sboms_compilers_with_the_build_info(
+    wheel_factory, newest_row, build_info_for, tmp_path
+):
+    info = build_info(wheel_factory(with_sbom=False))
+    document = sbom.build_sbom(
+        inputs(torch_version=info["torch_version"], cuda_version=info["cuda_version"])
+    )
+    other = [["g++", "g++ (GCC) 14.1.0"], BUILT_WITH[1]]
+    raw = wheel_factory(with_sbom=False, build_info=build_info_for(newest_row, compilers=other))
+    wheel = reproducible.finalize_wheel(
+        raw, tmp_path / "c" / raw.name, 1700000000, {sbom.SBOM_PATH: document}
+    )
+    (problem,) = sbom.check_sbom(wheel)
+    assert "sbom: names compilers" in problem
+    assert "g++ (GCC) 14.1.0" in problem

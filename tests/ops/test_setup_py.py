@@ -1,0 +1,74 @@
+"""setup.py's own logic: the archs it records, the compilers it records, the torch it reads."""
+
+from __future__ import annotations
+
+import importlib.util
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+import torch
+
+
+def load_setup_py():
+    """The repository's setup.py as a module (its main() only runs as a script)."""
+    pytest.importorskip("setuptools")
+    path = Path(__file__).resolve().parents[2] / "setup.py"
+    if not path.is_file():
+        pytest.skip("no setup.py beside these tests (an installed-wheel run)")
+    spec = importlib.util.spec_from_file_location("hotloop_setup_under_test", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.mark.parametrize(
+    ("arch_list", "expected"),
+    [
+        ("9.0;9.0a", ["sm_90", "sm_90a"]),
+        ("10.0a", ["sm_100a"]),
+        ("8.0;9.0a+PTX;12.0", ["sm_80", "compute_90a", "sm_90a", "sm_120"]),
+    ],
+)
+def test_setup_py_records_arch_specific_targets(monkeypatch, arch_list, expected) -> None:
+    """torch takes these (Hopper's wgmma needs sm_90a); the build info must list them."""
+    monkeypatch.setenv("TORCH_CUDA_ARCH_LIST", arch_list)
+    assert load_setup_py().compiled_archs() == expected
+
+
+def test_setup_py_refuses_a_torch_version_it_cannot_read(monkeypatch) -> None:
+    setup = load_setup_py()
+    monkeypatch.setattr(torch, "__version__", "2!2.10.0")
+    monkeypatch.delenv("HOTLOOP_ABI", raising=False)
+    with pytest.raises(SystemExit, match=r"build environment's torch '2!2\.10\.0' is not a"):
+        setup.abi_kind()
+
+
+def fake_command(folder: Path, name: str, body: str) -> Path:
+    path = folder / name
+    path.write_text(f"#!/bin/sh\n{body}\n")
+    path.chmod(0o755)
+    return path
+
+
+@pytest.mark.skipif(shutil.which("g++") is None, reason="no g++")
+def test_setup_py_records_the_compiler_behind_a_launcher(tmp_path, monkeypatch) -> None:
+    """CXX="ccache g++" is a command line, which torch's build runs as such."""
+    fake_command(tmp_path, "ccache", 'exec "$@"')
+    monkeypatch.setenv("PATH", f"{tmp_path}:{__import__('os').environ['PATH']}")
+    monkeypatch.setenv("CXX", "ccache g++")
+    version = subprocess.run(["g++", "--version"], capture_output=True, text=True).stdout
+    assert load_setup_py().build_compilers(with_cuda=False) == [["g++", version.splitlines()[0]]]
+
+
+def test_setup_py_records_the_cxx_the_build_runs(tmp_path, monkeypatch) -> None:
+    cxx = fake_command(tmp_path, "my-g++", "echo 'my-g++ (Example) 99.1'")
+    monkeypatch.setenv("CXX", str(cxx))
+    assert load_setup_py().build_compilers(with_cuda=False) == [["my-g++", "my-g++ (Example) 99.1"]]
+
+
+def test_setup_py_stops_on_a_compiler_that_does_not_run(tmp_path, monkeypatch) -> None:
+    monkeypatch.setenv("CXX", str(tmp_path / "no-such-g++"))
+    with pytest.raises(SystemExit, match=r"the build's compiler '.*no-such-g\+\+' does not run"):
+        load_setup_py().build_compilers(with_cuda=False)
