@@ -154,6 +154,9 @@ def enter_command(
     for name in ("dev", "sys"):
         lines.append(f"mount --rbind /{name} {shlex.quote(str(rootfs / name))}")
     lines.append(f"mount -t proc proc {shlex.quote(str(rootfs / 'proc'))}")
+    # What a cell writes outside its bound folder (torch.compile's /tmp/torchinductor_root)
+    # goes with the namespace, so that the cached root stays as mmdebstrap made it.
+    lines.append(f"mount -t tmpfs tmpfs {shlex.quote(str(rootfs / 'tmp'))}")
     for host_file in (Path("/etc/resolv.conf"), Path("/etc/hosts")):
         if host_file.is_file():
             lines += _bind_lines(rootfs, host_file, writable=False)

@@ -100,6 +100,7 @@ def test_enter_command_mounts_privately_at_the_same_paths(tmp_path: Path) -> Non
     assert f"mount -o remount,bind,ro {rootfs}{cert}" in script
     assert f"mount -o remount,bind,ro {rootfs}{work}" not in script
     assert f"mount -t proc proc {rootfs}/proc" in script
+    assert f"mount -t tmpfs tmpfs {rootfs}/tmp" in script  # the cached root stays clean
     last = script.splitlines()[-1]
     assert last.startswith(f"exec chroot {rootfs} /usr/bin/env -i PATH=")
     assert "'A=b c'" in last
