@@ -63,7 +63,6 @@ MANIFEST = ".hotloop-index"
 # PEP 629: the simple API version these pages follow.
 REPOSITORY_VERSION = "1.0"
 BASE_URL_PLACEHOLDER = "https://INDEX-URL"
-PYPI_SIMPLE = "https://pypi.org/simple"
 # The torch the user has, as a requirement: with it pip and uv must choose a hotloop wheel that
 # fits that torch instead of replacing torch to fit the newest hotloop (xformers#1052). The
 # version comes from the installed metadata (no torch import) and keeps a local label
@@ -125,20 +124,22 @@ def project_page(project: str, wheels: Sequence[WheelInfo], href_prefix: str) ->
     return _page(f"Links for {project}", (file_link(w, href_prefix) for w in wheels))
 
 
+# The commands read hotloop's pages and nothing else. pip takes the highest version across all
+# the indexes it reads: with PyPI beside them, a newer public hotloop there (the CUDA 13 wheel)
+# would beat the CUDA 12 wheel of these pages. Nothing else is needed from an index: hotloop's
+# one dependency is torch, and the installed torch satisfies the pin on it.
 def pip_command(index_url: str) -> str:
-    return (
-        f"python -m pip install hotloop {KEEP_TORCH} --index-url {index_url} "
-        f"--extra-index-url {PYPI_SIMPLE}"
-    )
+    return f"python -m pip install hotloop {KEEP_TORCH} --index-url {index_url}"
 
 
 def uv_command(index_url: str) -> str:
-    # uv reads an --index before PyPI and takes hotloop from the first index that has it.
-    return f"uv pip install hotloop {KEEP_TORCH} --index {index_url}"
+    # --default-index, not --index: PyPI stays out whatever index strategy a user's uv.toml
+    # sets, and the option beats a UV_DEFAULT_INDEX in the environment (--index-url does not).
+    return f"uv pip install hotloop {KEEP_TORCH} --default-index {index_url}"
 
 
 def find_links_command(page_url: str) -> str:
-    return f"python -m pip install hotloop {KEEP_TORCH} -f {page_url}"
+    return f"python -m pip install hotloop {KEEP_TORCH} --no-index -f {page_url}"
 
 
 _GROUP_TITLES = {

@@ -214,15 +214,17 @@ def test_landing_page_lists_variants_and_commands(tmp_path: Path, wheel_dir: Pat
     for group in ("cu12", "cu13"):
         assert (
             f"python -m pip install hotloop {keep_torch} --index-url "
-            f"https://example.org/hotloop/{group}/simple/ --extra-index-url https://pypi.org/simple"
+            f"https://example.org/hotloop/{group}/simple/<br>"
         ) in text
         assert (
-            f"uv pip install hotloop {keep_torch} --index https://example.org/hotloop/{group}/simple/"
+            f"uv pip install hotloop {keep_torch} --default-index "
+            f"https://example.org/hotloop/{group}/simple/</pre>"
         ) in text
+    assert "pypi.org" not in text
     for variant in VARIANTS:
         assert f'<a href="{variant}/">{variant}</a>' in text
         assert f"--index-url https://example.org/hotloop/{variant}/simple/" in text
-        assert f"-f https://example.org/hotloop/{variant}/" in text
+        assert f"--no-index -f https://example.org/hotloop/{variant}/" in text
     assert "<td>torch==2.9.*</td><td>12.8</td>" in text
     assert "<td>torch&gt;=2.10</td><td>13</td>" in text
 
@@ -677,6 +679,31 @@ def fake_pypi(tmp_path_factory: pytest.TempPathFactory):
         yield f"{url}/simple"
 
 
+@pytest.fixture(scope="module")
+def pypi_with_a_newer_hotloop(tmp_path_factory: pytest.TempPathFactory):
+    """PyPI as it will be one day: a newer public hotloop (the CUDA 13 wheel, torch>=2.10, as
+    scripts.pypi_release uploads it) beside torch releases."""
+    root = tmp_path_factory.mktemp("newer-pypi")
+    wheels = [make_fake_torch_wheel(root / "dist", v) for v in ("2.10.0", "2.16.0")]
+    wheels.append(make_tiny_wheel(root / "dist", "", version="0.1.1", requires_torch="torch>=2.10"))
+    write_flat_index(root / "site", wheels)
+    with static_server(root / "site", root / "http.log") as url:
+        yield f"{url}/simple"
+
+
+def documented_commands(text: str, url: str, group: str) -> list[str]:
+    """The install commands a page shows (indented blocks, ``\\`` continuations joined), with
+    ``<index>`` and the base-URL placeholder at ``url`` and the CUDA page set to ``group``."""
+    commands = []
+    for block in re.findall(r"(?:^ {4,}\S.*\n?)+", text, flags=re.MULTILINE):
+        joined = re.sub(r"\\\n\s*", "", block)
+        for line in joined.splitlines():
+            if "install hotloop" in line:
+                line = line.strip().replace("<index>", url)
+                commands.append(re.sub(r"/cu1[0-9]/simple/", f"/{group}/simple/", line))
+    return commands
+
+
 def landing_commands(site: Path, url: str, group: str) -> dict[str, str]:
     """The pip and uv commands the landing page shows for one CUDA group, for ``url``."""
     page = (site / "index.html").read_text()
@@ -695,7 +722,6 @@ def install_as_a_user(
 ) -> subprocess.CompletedProcess[str]:
     """Run the landing page's command, PyPI replaced by the stand-in; torch must not change."""
     command = landing_commands(site, url, group)[installer]
-    command = command.replace(index.PYPI_SIMPLE, pypi)
     before = torch_state(python)
     proc = run_shell(command, python, uv, UV_DEFAULT_INDEX=pypi)
     assert torch_state(python) == before, f"{command}\n{proc.stdout}\n{proc.stderr}"
@@ -747,6 +773,49 @@ def test_the_cuda_page_decides_what_metadata_cannot(
         proc = install_as_a_user(site, served_site[0], group, installer, python, uv, fake_pypi)
         assert proc.returncode == 0, proc.stdout + proc.stderr
         assert installed_hotloop(python) == f"0.1.0+stable.{group}"
+        uninstall_hotloop(python)
+
+
+def every_cuda12_command(site: Path, url: str) -> list[str]:
+    """What a CUDA 12 user may follow: the landing page's cu12 commands, its stable.cu12
+    per-variant and find-links commands, and the README's and docs/installing.md's."""
+    page = html.unescape((site / "index.html").read_text())
+    commands = [
+        *landing_commands(site, url, "cu12").values(),
+        *(
+            c.replace(index.BASE_URL_PLACEHOLDER, url)
+            for c in re.findall(r"[^>\n]*install hotloop[^<\n]*", page)
+            if "/stable.cu12/" in c
+        ),
+    ]
+    for doc in (REPO / "README.md", REPO / "docs" / "installing.md"):
+        found = documented_commands(doc.read_text(), url, "cu12")
+        assert found, f"no install command in {doc}"
+        commands += found
+    return commands
+
+
+@pytest.mark.slow
+def test_a_newer_hotloop_on_pypi_never_replaces_the_cuda12_wheel(
+    site: Path, served_site, pypi_with_a_newer_hotloop: str, user, uv: str
+) -> None:
+    """torch 2.10.0 is PyPI's CUDA 12.8 build. Once PyPI holds a newer public hotloop (a CUDA 13
+    wheel), every documented command must still give the CUDA 12 wheel: pip takes the highest
+    version across all its indexes, so hotloop's pages must be the only index it reads."""
+    python = user("2.10.0")
+    commands = every_cuda12_command(site, served_site[0])
+    assert len(commands) >= 6, commands
+    for command in commands:
+        command = re.sub(r"https://pypi\.org/simple/?", pypi_with_a_newer_hotloop + "/", command)
+        before = torch_state(python)
+        # Where a command names no index, pip's and uv's default one is the stand-in PyPI.
+        proc = run_shell(
+            command, python, uv, PIP_INDEX_URL=pypi_with_a_newer_hotloop,
+            UV_DEFAULT_INDEX=pypi_with_a_newer_hotloop,
+        )  # fmt: skip
+        assert proc.returncode == 0, f"{command}\n{proc.stdout}\n{proc.stderr}"
+        assert installed_hotloop(python) == "0.1.0+stable.cu12", command
+        assert torch_state(python) == before, command
         uninstall_hotloop(python)
 
 
