@@ -16,8 +16,22 @@ MAGIC = 0xBA55ED50
 _CONTAINER = struct.Struct("<IHHQ")  # magic, version, header size, payload size
 _ENTRY = struct.Struct("<HHIQ")  # kind, version, header size, payload size
 _ARCH_OFFSET = 28
+# The entry's flags: arch-specific (sm_90a, from TORCH_CUDA_ARCH_LIST's 9.0a) and
+# family-specific (sm_100f) targets carry the same arch number as sm_90 / sm_100 and differ
+# only here (read from nvcc 13.0's output for each -gencode).
+_FLAGS_OFFSET = 40
+_FLAG_ARCH_SPECIFIC = 0x100000
+_FLAG_FAMILY_SPECIFIC = 0x200000
 KIND_PTX = 1
 KIND_CUBIN = 2
+
+
+def _suffix(flags: int) -> str:
+    if flags & _FLAG_ARCH_SPECIFIC:
+        return "a"
+    if flags & _FLAG_FAMILY_SPECIFIC:
+        return "f"
+    return ""
 
 
 class FatbinError(ValueError):
@@ -25,7 +39,8 @@ class FatbinError(ValueError):
 
 
 def device_targets(section: bytes) -> tuple[str, ...]:
-    """``("compute_90", "sm_80", ...)``: every target in the section's containers, sorted."""
+    """``("compute_90", "sm_80", "sm_90a", ...)``: every target in the section's containers,
+    sorted."""
     targets: set[str] = set()
     offset = 0
     while offset + _CONTAINER.size <= len(section):
@@ -42,10 +57,13 @@ def device_targets(section: bytes) -> tuple[str, ...]:
             if entry_header == 0:
                 raise FatbinError(f"entry at {entry} has a zero-sized header")
             (arch,) = struct.unpack_from("<I", section, entry + _ARCH_OFFSET)
+            flags = 0
+            if entry_header >= _FLAGS_OFFSET + 8 and entry + _FLAGS_OFFSET + 8 <= end:
+                (flags,) = struct.unpack_from("<Q", section, entry + _FLAGS_OFFSET)
             if kind == KIND_CUBIN:
-                targets.add(f"sm_{arch}")
+                targets.add(f"sm_{arch}{_suffix(flags)}")
             elif kind == KIND_PTX:
-                targets.add(f"compute_{arch}")
+                targets.add(f"compute_{arch}{_suffix(flags)}")
             entry += entry_header + payload
         offset = end + (-end % 8)
     return tuple(sorted(targets))

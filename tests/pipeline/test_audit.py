@@ -6,6 +6,7 @@ import importlib.metadata
 import json
 import re
 import shutil
+import struct
 import subprocess
 import zipfile
 from collections.abc import Callable
@@ -893,3 +894,27 @@ def test_only_the_pypi_variant_may_carry_the_public_version(wheel_factory, newes
     wheel = wheel_factory(version="0.1.0")
     violations = audit.check_wheel(wheel, newest_row).violations
     assert any(v.startswith("version-label: file name '0.1.0'") for v in violations), violations
+
+
+# The first 48 bytes of the entry header nvcc 13.0 wrote for each -gencode (a 16-byte payload
+# stands in for the code): the arch- and family-specific targets differ only in the flags.
+NVCC_13_ENTRY_HEADERS = {
+    "sm_90": "0200010140000000100000000000000000000000000000000800010"
+    "05a0000000000000000000000110000000000000000000000",
+    "sm_90a": "0200010140000000100000000000000000000000000000000800010"
+    "05a0000000000000000000000110010000000000000000000",
+    "compute_90a": "0100010140000000100000000000000000000000000000000000090"
+    "05a0000000000000000000000118010000000000000000000",
+    "sm_100f": "0200010140000000100000000000000000000000000000000800010"
+    "0640000000000000000000000110020010000000000000000",
+}
+
+
+def test_fatbin_names_arch_and_family_specific_targets() -> None:
+    """sm_90a is not sm_90: a build for "9.0;9.0a" holds both, and the report says so."""
+    body = b"".join(
+        bytes.fromhex(header).ljust(64, b"\0") + b"\0" * 16
+        for header in NVCC_13_ENTRY_HEADERS.values()
+    )
+    section = struct.pack("<IHHQ", 0xBA55ED50, 1, 16, len(body)) + body
+    assert audit.elf.fatbin.device_targets(section) == tuple(sorted(NVCC_13_ENTRY_HEADERS))
