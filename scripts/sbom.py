@@ -25,6 +25,7 @@ import re
 import urllib.parse
 import uuid
 import zipfile
+import zlib
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from email.parser import Parser
@@ -335,11 +336,15 @@ def read_sboms(wheel: Path) -> dict[str, bytes]:
     """Every SBOM in ``wheel``'s ``.dist-info/sboms/`` (ours and any auditwheel adds), by name."""
     with zipfile.ZipFile(wheel) as zf:
         prefix = f"{_dist_info(zf.namelist())}/sboms/"
-        return {
-            n[len(prefix) :]: zf.read(n)
-            for n in sorted(zf.namelist())
-            if n.startswith(prefix) and not n.endswith("/")
-        }
+        found = {}
+        for name in sorted(zf.namelist()):
+            if name.startswith(prefix) and not name.endswith("/"):
+                try:
+                    found[name[len(prefix) :]] = zf.read(name)
+                # A damaged member (bad CRC, broken deflate stream) is the finding, not a crash.
+                except (zipfile.BadZipFile, zlib.error, EOFError) as exc:
+                    raise ValueError(f"{name} cannot be read from the zip ({exc})") from None
+        return found
 
 
 def project_sbom(wheel: Path) -> bytes:

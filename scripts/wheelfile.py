@@ -14,6 +14,7 @@ import ast
 import hashlib
 import re
 import zipfile
+import zlib
 from collections.abc import Iterable
 from dataclasses import dataclass
 from email.parser import Parser
@@ -107,6 +108,20 @@ def parse_wheel_name(filename: str) -> WheelName:
     return WheelName(match["name"], version, match["build"], tag)
 
 
+# What zipfile raises for a member whose data is corrupt or cut short.
+_MEMBER_ERRORS = (zipfile.BadZipFile, zlib.error, EOFError)
+
+
+def _read_member(path: Path, zf: zipfile.ZipFile, name: str, limit: int) -> bytes:
+    """Up to ``limit`` + 1 bytes of one member; WheelError naming the wheel and the member when
+    its data is damaged (a bad CRC, a broken deflate stream)."""
+    try:
+        with zf.open(name) as member:
+            return member.read(limit + 1)
+    except _MEMBER_ERRORS as exc:
+        raise WheelError(f"{path.name}: {name} cannot be read from the zip ({exc})") from None
+
+
 def read_wheel_metadata(path: Path) -> bytes:
     """The raw bytes of the wheel's one top-level ``*.dist-info/METADATA``, read from the zip
     alone (the rest of the wheel is never loaded)."""
@@ -122,8 +137,7 @@ def read_wheel_metadata(path: Path) -> bytes:
             if len(infos) != 1:
                 found = [i.filename for i in infos]
                 raise WheelError(f"{path.name}: expected one .dist-info/METADATA, found {found}")
-            with zf.open(infos[0]) as member:
-                data = member.read(_METADATA_LIMIT + 1)
+            data = _read_member(path, zf, infos[0].filename, _METADATA_LIMIT)
     except zipfile.BadZipFile as exc:
         raise WheelError(f"{path.name}: not a readable zip file ({exc})") from exc
     if len(data) > _METADATA_LIMIT:
@@ -169,8 +183,7 @@ def read_wheel_sbom(path: Path) -> bytes | None:
         ]
         if len(names) != 1:
             return None
-        with zf.open(names[0]) as member:
-            data = member.read(_METADATA_LIMIT + 1)
+        data = _read_member(path, zf, names[0], _METADATA_LIMIT)
     if len(data) > _METADATA_LIMIT:
         raise WheelError(f"{path.name}: {names[0]} is larger than {_METADATA_LIMIT} bytes")
     return data

@@ -137,6 +137,25 @@ def release_members(variant: str, version: str = PACKAGE_VERSION) -> dict[str, s
     }
 
 
+def corrupt_member(wheel: Path, member: str, compression: int) -> Path:
+    """``wheel`` rewritten with ``member``'s stored bytes damaged (a bad CRC, or a broken
+    deflate stream), every other member intact."""
+    with zipfile.ZipFile(wheel) as zf:
+        members = [(i.filename, zf.read(i)) for i in zf.infolist()]
+    marker = b"\x00" * 200 + b"damage here" + b"\x00" * 200
+    with zipfile.ZipFile(wheel, "w") as zf:
+        for name, data in members:
+            extra = marker if name == member else b""
+            zf.writestr(name, data + extra, compress_type=compression if extra else 8)
+    raw = wheel.read_bytes()
+    if compression == zipfile.ZIP_STORED:
+        at = raw.index(b"damage here")
+    else:  # somewhere inside the deflated member: its local header's name, then data
+        at = raw.index(member.encode()) + len(member) + 8
+    wheel.write_bytes(raw[:at] + bytes([raw[at] ^ 0xFF]) + raw[at + 1 :])
+    return wheel
+
+
 def make_variant_wheels(directory: Path, variants: Sequence[str] = VARIANTS) -> list[Path]:
     return [make_tiny_wheel(directory, v) for v in sorted(variants)]
 

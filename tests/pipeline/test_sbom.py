@@ -7,6 +7,7 @@ import zipfile
 from pathlib import Path
 
 import pytest
+from index_helpers import corrupt_member
 
 from scripts import audit, reproducible, sbom
 
@@ -282,3 +283,18 @@ def test_the_audit_compares_the_sboms_compilers_with_the_build_info(
     (problem,) = sbom.check_sbom(wheel)
     assert "sbom: names compilers" in problem
     assert "g++ (GCC) 14.1.0" in problem
+
+
+def test_a_damaged_sbom_member_is_a_finding(wheel_factory, newest_row, tmp_path):
+    info = build_info(wheel_factory(with_sbom=False))
+    document = sbom.build_sbom(
+        inputs(torch_version=info["torch_version"], cuda_version=info["cuda_version"])
+    )
+    wheel = wheel_with_sbom(wheel_factory, tmp_path, document)
+    name = f"{reproducible.dist_info_dir(zipfile.ZipFile(wheel).namelist())}/{sbom.SBOM_PATH}"
+    corrupt_member(wheel, name, zipfile.ZIP_DEFLATED)
+    (problem,) = sbom.check_sbom(wheel)
+    assert problem.startswith("sbom: ")
+    assert "cannot be read" in problem
+    report = audit.check_wheel(wheel, newest_row)
+    assert any(v.startswith("sbom: ") for v in report.violations), report.violations
