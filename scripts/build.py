@@ -153,22 +153,30 @@ def wheel_content_env() -> dict[str, str]:
     }
 
 
+# Variables of the caller's shell that would point a build at other headers, libraries, a
+# system CUDA or other archs than the build is given.
+FOREIGN_BUILD_VARIABLES = (
+    "CPATH",
+    "CPLUS_INCLUDE_PATH",
+    "C_INCLUDE_PATH",
+    "LIBRARY_PATH",
+    "CUDA_HOME",
+    "CUDA_PATH",
+    "CUDAHOSTCXX",
+    "TORCH_CUDA_ARCH_LIST",
+)
+
+
+def clean_environment() -> dict[str, str]:
+    """The caller's environment less ``FOREIGN_BUILD_VARIABLES``."""
+    return {k: v for k, v in os.environ.items() if k not in FOREIGN_BUILD_VARIABLES}
+
+
 def build_env(row: Row, tools: Toolchain, torch_site: Path) -> dict[str, str]:
     """The environment setup.py's build contract reads (see setup.py's docstring): the
     caller's, less what would point the build elsewhere, plus the row's settings and what
     the toolchain decides. A toolchain without CUDA makes a CPU-only build."""
-    env = dict(os.environ)
-    for var in (
-        "CPATH",
-        "CPLUS_INCLUDE_PATH",
-        "C_INCLUDE_PATH",
-        "LIBRARY_PATH",
-        "CUDA_HOME",
-        "CUDA_PATH",
-        "CUDAHOSTCXX",
-        "TORCH_CUDA_ARCH_LIST",
-    ):
-        env.pop(var, None)
+    env = clean_environment()
     with_cuda = tools.cuda_home is not None
     env.update(
         {

@@ -85,8 +85,8 @@ class Project:
     """Folder of the checkout holding ``setup.py`` or ``pyproject.toml``."""
 
     sources: tuple[str, ...] = ()
-    """Files and folders, relative to ``build-dir``, that the build reads (copied to a private
-    folder before every build). Empty: every file under ``build-dir``."""
+    """Files and folders of the checkout that the build reads (copied to a private folder
+    before every build; build output and ``.git`` left out). Empty: the whole checkout."""
 
     build_env: Mapping[str, str] = field(default_factory=dict)
     """Environment variables the build needs, e.g. ``{ FORCE_CUDA = "{cuda}" }``. Values may

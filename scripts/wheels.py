@@ -30,7 +30,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from scripts import audit, basics, build, matrix, reproducible, toolchain
+from scripts import audit, basics, build, matrix, project, project_wheels, reproducible, toolchain
 from scripts.interpreters import find_interpreters
 from scripts.report import CellReport, render_table, write_cell_json, write_run_report
 from scripts.wheelfile import sha256_of_file
@@ -217,10 +217,27 @@ def main(argv: Sequence[str] | None = None) -> int:
         "serves them: to compare the two kinds (not released)",
     )
     parser.add_argument(
-        "--out", type=Path, default=DEFAULT_OUT, help="output folder (default: wheelhouse/)"
+        "--out", type=Path, help="output folder (default: wheelhouse/, or the project's)"
+    )
+    parser.add_argument(
+        "--project",
+        type=Path,
+        help="another project's checkout (its pyproject.toml's [tool.torch-wheels]) or a table "
+        "file: build, audit and test its wheels (docs/any-project.md)",
+    )
+    parser.add_argument(
+        "--cpu", action="store_true", help="with --project: CPU builds (labels stable.cpu, ptXYcpu)"
     )
     args = parser.parse_args(argv)
     os.environ.setdefault("UV_PYTHON_DOWNLOADS", "never")
+    if args.project is not None:
+        return project_main(args, argv)
+    if args.cpu:
+        parser.error(
+            "--cpu builds another project's wheels (with --project); hotloop's CPU "
+            "build is `nox -s tests`"
+        )
+    args.out = args.out or DEFAULT_OUT
 
     every = matrix.load_rows()
     rows = matrix.select_rows(every, args.torch, args.all)
@@ -253,6 +270,32 @@ def main(argv: Sequence[str] | None = None) -> int:
         )
         for builder in builds
     ]
+    return finish(out_dir, cells, started, argv)
+
+
+def project_main(args: argparse.Namespace, argv: Sequence[str] | None) -> int:
+    """``--project``: another project's wheels (scripts/project_wheels.py)."""
+    try:
+        table = project.load_project(args.project)
+    except project.ProjectTableError as exc:
+        print(f"wheels: {exc}", file=sys.stderr)
+        return 2
+    rows = matrix.select_rows(matrix.load_rows(), args.torch, args.all)
+    if args.pinned:
+        rows = [row.pinned() for row in rows]
+    out_dir = project_wheels.claim_output((args.out or project_wheels.default_out(table)).resolve())
+    log(f"{table.distribution} from {table.root}; output: {out_dir}")
+    started = time.monotonic()
+    cells = project_wheels.run_project(table, rows, out_dir, args.python, args.skip_tests, args.cpu)
+    for cell in cells:
+        write_cell_json(out_dir, cell)
+    return finish(out_dir, cells, started, argv)
+
+
+def finish(
+    out_dir: Path, cells: Sequence[CellReport], started: float, argv: Sequence[str] | None
+) -> int:
+    """Write the run's report, print its table and each failure; the exit status."""
     meta = {
         "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
         "commit": build.git_commit(),

@@ -10,7 +10,7 @@ import os
 import subprocess
 import sys
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -60,25 +60,31 @@ def last_summary_line(output: str) -> str:
     return output.strip().splitlines()[-1] if output.strip() else ""
 
 
-def run_op_tests_in_venv(
-    torch_spec: str, wheel: Path, interp: Interpreter, workdir: Path
+def run_in_fresh_venv(
+    packages: Sequence[str],
+    interp: Interpreter,
+    workdir: Path,
+    command: Callable[[Path], list[str]],
+    env_extra: Mapping[str, str],
 ) -> PythonTestResult:
-    if interp.root is not None:  # a Python of the Debian root: the venv lives in there
-        from scripts import interpreter_root
-
-        return interpreter_root.run_op_tests_in_root(torch_spec, wheel, interp, workdir)
+    """Install ``packages`` into a fresh venv of ``interp`` and run ``command(venv python)``
+    there, from an empty folder (so that no source tree is imported)."""
+    if interp.root is not None:
+        return PythonTestResult(
+            interp.version,
+            "failed",
+            str(interp.path),
+            interp.source,
+            f"Python {interp.version} lives in a Debian root (scripts/interpreter_root.py), "
+            "which runs hotloop's own suite only; test this wheel on another Python",
+        )
     start = time.monotonic()
     cell = workdir / f"py{interp.version}"
     log_path = workdir / f"py{interp.version}.log"  # not with_suffix: "py3.10"
     try:
         # Seeded like a user's `python -m venv`: torch requires setuptools only on Python
         # >= 3.12, yet torch.compile's CPU backend imports it on every Python.
-        py = create_venv(
-            cell / "venv",
-            interp.path,
-            [torch_spec, f"hotloop[test] @ {wheel.resolve().as_uri()}"],
-            seed=True,
-        )
+        py = create_venv(cell / "venv", interp.path, packages, seed=True)
     except subprocess.CalledProcessError as exc:
         return PythonTestResult(
             interp.version,
@@ -92,9 +98,9 @@ def run_op_tests_in_venv(
     run_dir = cell / "run"
     run_dir.mkdir(parents=True, exist_ok=True)
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}
-    env.update({"HOTLOOP_TEST_INSTALLED": "1", "PYTHONDONTWRITEBYTECODE": "1"})
+    env.update({"PYTHONDONTWRITEBYTECODE": "1", **env_extra})
     env["PATH"] = os.pathsep.join([str(py.parent), env.get("PATH", "")])
-    proc = subprocess.run(pytest_command(py), cwd=run_dir, env=env, capture_output=True, text=True)
+    proc = subprocess.run(command(py), cwd=run_dir, env=env, capture_output=True, text=True)
     output = proc.stdout + proc.stderr
     log_path.write_text(output)
     status = "passed" if proc.returncode == 0 else "failed"
@@ -109,14 +115,30 @@ def run_op_tests_in_venv(
     )
 
 
-def run_op_tests(
-    torch_version: str,
-    wheel: Path,
+def run_op_tests_in_venv(
+    torch_spec: str, wheel: Path, interp: Interpreter, workdir: Path
+) -> PythonTestResult:
+    """hotloop's op tests against ``wheel`` installed with ``torch_spec``."""
+    if interp.root is not None:  # a Python of the Debian root: the venv lives in there
+        from scripts import interpreter_root
+
+        return interpreter_root.run_op_tests_in_root(torch_spec, wheel, interp, workdir)
+    return run_in_fresh_venv(
+        [torch_spec, f"hotloop[test] @ {wheel.resolve().as_uri()}"],
+        interp,
+        workdir,
+        pytest_command,
+        {"HOTLOOP_TEST_INSTALLED": "1"},
+    )
+
+
+def run_in_venvs(
     interpreters: Mapping[str, Interpreter | None],
     workdir: Path,
+    run_one: Callable[[Interpreter], PythonTestResult],
     parallel: int = PARALLEL_CELLS,
 ) -> list[PythonTestResult]:
-    """Install ``wheel`` and ``torch==torch_version`` in a venv per interpreter; run tests/ops."""
+    """``run_one`` for each interpreter, ``parallel`` at a time; a missing one is reported."""
     workdir.mkdir(parents=True, exist_ok=True)
     results: dict[str, PythonTestResult] = {}
     todo = []
@@ -137,12 +159,7 @@ def run_op_tests(
         else:
             todo.append(interp)
     with ThreadPoolExecutor(max_workers=max(1, parallel)) as pool:
-        futures = {
-            i.version: pool.submit(
-                run_op_tests_in_venv, f"torch=={torch_version}", wheel, i, workdir
-            )
-            for i in todo
-        }
+        futures = {i.version: pool.submit(run_one, i) for i in todo}
         for version, future in futures.items():
             res = future.result()
             print(
@@ -153,3 +170,19 @@ def run_op_tests(
             )
             results[version] = res
     return [results[v] for v in interpreters]
+
+
+def run_op_tests(
+    torch_version: str,
+    wheel: Path,
+    interpreters: Mapping[str, Interpreter | None],
+    workdir: Path,
+    parallel: int = PARALLEL_CELLS,
+) -> list[PythonTestResult]:
+    """Install ``wheel`` and ``torch==torch_version`` in a venv per interpreter; run tests/ops."""
+    return run_in_venvs(
+        interpreters,
+        workdir,
+        lambda i: run_op_tests_in_venv(f"torch=={torch_version}", wheel, i, workdir),
+        parallel,
+    )

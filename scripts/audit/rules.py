@@ -475,7 +475,10 @@ def check_glibcxx_version(it: Inspection) -> Iterator[str]:
 
 @rule("sbom")
 def check_sbom(it: Inspection) -> Iterator[str]:
-    """A CycloneDX SBOM under .dist-info/sboms/ that names the build info's torch and CUDA."""
+    """A CycloneDX SBOM under .dist-info/sboms/ that names the build info's torch and CUDA
+    (for projects whose table names a build-info module: the SBOM is made from it)."""
+    if not it.project.audit.build_info:
+        return
     dist_infos = {name.split("/")[0] for name in it.wheel.zip.namelist() if ".dist-info/" in name}
     if len(dist_infos) != 1:
         return  # member-paths reports the extra folder; the SBOM's place is ambiguous

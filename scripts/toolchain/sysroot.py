@@ -5,7 +5,10 @@ than manylinux_2_28 allows (docs/toolchain.md says why).
 
 from __future__ import annotations
 
+import hashlib
+import os
 import shutil
+from collections.abc import Mapping
 from pathlib import Path
 
 from scripts.toolchain.apt import apt_download, extract_deb, relativize_symlinks
@@ -43,3 +46,40 @@ def ensure_sysroot() -> Path:
         raise RuntimeError(f"sysroot {sysroot} has no libc.so.6")
     stamp(root, key)
     return sysroot
+
+
+def sysroot_flags(sysroot: Path) -> list[str]:
+    """What gcc needs to compile and link against ``sysroot``: its lib dirs go before gcc's
+    built-in ones, otherwise the host's libpthread binds symbols newer than manylinux_2_28
+    allows (docs/toolchain.md)."""
+    libdirs = (sysroot / "usr" / "lib" / "x86_64-linux-gnu", sysroot / "lib" / "x86_64-linux-gnu")
+    return [f"--sysroot={sysroot}", *(f"-L{d}" for d in libdirs)]
+
+
+def sysroot_compilers(sysroot: Path, compilers: Mapping[str, str]) -> dict[str, str]:
+    """``CC`` and ``CXX`` wrappers (named gcc and g++: nvcc, given ``CC`` as ``-ccbin``,
+    recognises the host compiler by name) that run ``compilers``' with the sysroot's flags.
+
+    For a project whose setup.py knows nothing of a sysroot: every compile and link it makes
+    through ``CC``/``CXX`` (and nvcc's host compiles through ``-ccbin``) targets glibc 2.31.
+    The folder is named after the wrappers' content and a wrapper is replaced only through a
+    rename, as :func:`scripts.toolchain.ccache.compiler_wrappers` does.
+    """
+    flags = " ".join(f'"{flag}"' for flag in sysroot_flags(sysroot))
+    scripts = {
+        env_name: (name, f'#!/bin/sh\nexec "{compilers[env_name]}" {flags} "$@"\n')
+        for env_name, name in (("CC", "gcc"), ("CXX", "g++"))
+    }
+    content = "\0".join(f"{name}\0{text}" for name, text in scripts.values())
+    folder = cache_dir() / "sysroot-wrappers" / hashlib.sha256(content.encode()).hexdigest()[:10]
+    folder.mkdir(parents=True, exist_ok=True)
+    out: dict[str, str] = {}
+    for env_name, (name, text) in scripts.items():
+        script = folder / name
+        if not (script.is_file() and script.read_text() == text):
+            partial = folder / f".{name}.{os.getpid()}"
+            partial.write_text(text)
+            partial.chmod(0o755)
+            os.replace(partial, script)
+        out[env_name] = str(script)
+    return out

@@ -124,12 +124,13 @@ class Variant:
 
 
 def variant_for(torch_version: str, cuda: str | None, kind: str | None = None) -> Variant:
-    """The variant built for (and serving) a torch release with that CUDA (None: CPU).
+    """The variant built for (and serving) a torch release with that CUDA (None or "": CPU).
 
     ``kind`` forces a pinned build where a stable one would serve (to compare the two);
     a stable build below the floor is refused.
     """
     kind = kind or kind_for(torch_version)
+    cuda = cuda or None  # "" as well as None: a CPU build
     if kind == STABLE:
         if kind_for(torch_version) != STABLE:
             raise ValueError(

@@ -1,0 +1,204 @@
+"""Build another project's wheel for a matrix row, as its project table describes it.
+
+The project's files are never changed: its build folder is copied to a private one first
+(a build writes ``build/`` and ``*.egg-info`` next to setup.py). The build runs without
+isolation in a fresh venv holding the row's torch and the project's other build
+requirements, with the environment its table asks for (``build-env``) and the pipeline's
+toolchain: the row's CUDA toolkit (unless a CPU build), ccache, and compilers that target
+the glibc 2.31 sysroot whether or not the project's setup.py knows of one.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+import time
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+
+from scripts import basics, build, toolchain, tools
+from scripts.basics import tomllib
+from scripts.build import BuildError, BuildResult
+from scripts.interpreters import Interpreter
+from scripts.matrix import Row, archs_from_list
+from scripts.project import Project
+from scripts.toolchain import Toolchain
+from scripts.toolchain.sysroot import sysroot_compilers
+
+log = basics.logger("build")
+
+# Never a source: what builds, venvs and version control leave in a checkout.
+_SKIPPED_DIRS = frozenset({".git", "build", "dist", "__pycache__", ".nox", ".tox", ".venv"})
+_SKIPPED_SUFFIXES = (".so", ".o", ".pyc")
+_UNSUPPORTED_ARCH = re.compile(r"Unsupported gpu architecture '([a-z_0-9]+)'")
+
+
+def skipped(rel: Path) -> bool:
+    """Whether ``rel`` (relative to the checkout) is build output or tool state."""
+    return rel.suffix in _SKIPPED_SUFFIXES or any(
+        part in _SKIPPED_DIRS or part.endswith(".egg-info") for part in rel.parts
+    )
+
+
+def project_files(project: Project) -> list[Path]:
+    """The files the build reads: ``sources`` (default: the whole checkout: a setup.py may
+    read files above its folder, extension-cpp's its README), outputs left out, sorted."""
+    root = project.root
+    found: list[Path] = []
+    for item in project.sources or (".",):
+        path = root / item
+        if path.is_file():
+            found.append(path)
+        elif path.is_dir():
+            found += [
+                p for p in path.rglob("*") if p.is_file() and not skipped(p.relative_to(root))
+            ]
+        else:
+            raise BuildError(
+                f"{project.table_file}: sources names {item!r}, which {root} does not have"
+            )
+    return sorted(set(found))
+
+
+def copy_project(project: Project, dest: Path) -> Path:
+    """A private copy of the project's sources at ``dest`` (replaced if there); returns the
+    copy's build folder."""
+    if dest.exists():
+        shutil.rmtree(dest)
+    dest.mkdir(parents=True)
+    for path in project_files(project):
+        target = dest / path.relative_to(project.root)
+        target.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(path, target)
+    return dest / project.build_dir
+
+
+def build_requirements(project: Project) -> list[str]:
+    """The project's ``[build-system] requires`` less torch (the row's is installed), plus
+    what the pipeline builds with."""
+    pyproject = project.build_root / "pyproject.toml"
+    declared: list[str] = []
+    if pyproject.is_file():
+        declared = tomllib.loads(pyproject.read_text()).get("build-system", {}).get("requires", [])
+    own = [r for r in declared if not re.match(r"torch\b(?![-_.\w])", r.strip())]
+    return [*own, *tools.BUILD, "build"]
+
+
+def toolkit_targets(cuda_home: Path) -> list[str]:
+    """The ``compute_XX`` targets this nvcc can compile for (``nvcc --list-gpu-arch``)."""
+    out = subprocess.run(
+        [str(cuda_home / "bin" / "nvcc"), "--list-gpu-arch"],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+    return sorted(set(re.findall(r"compute_[0-9]+[af]?", out)))
+
+
+def unsupported_archs(arch_list: str, targets: Sequence[str]) -> list[str]:
+    """The archs of ``arch_list`` (torch's syntax) that none of ``targets`` compiles."""
+    numbers = {t.split("_", 1)[1] for t in targets}
+    wanted = [a for a in archs_from_list(arch_list) if a.startswith("sm_")]
+    return [a for a in wanted if a.split("_", 1)[1] not in numbers]
+
+
+def check_archs(row: Row, arch_list: str, cuda_home: Path) -> None:
+    """Refuse, before compiling, archs the row's toolkit cannot target."""
+    targets = toolkit_targets(cuda_home)
+    bad = unsupported_archs(arch_list, targets)
+    if bad:
+        raise BuildError(
+            f"torch {row.torch}'s wheels are compiled by nvcc {row.toolkit.nvcc}, which cannot "
+            f"target {', '.join(bad)} (asked for by {arch_list!r}; it targets "
+            f"{', '.join(targets)}): drop them from the project table's cuda-archs, or leave "
+            "cuda-archs empty for the row's list"
+        )
+
+
+def unsupported_in_log(log_text: str, row: Row) -> str:
+    """A sentence for a build that failed on an arch its own ``-gencode`` list asked for."""
+    found = sorted(set(_UNSUPPORTED_ARCH.findall(log_text)))
+    if not found:
+        return ""
+    return (
+        f"\nnvcc {row.toolkit.nvcc} (the toolkit of torch {row.torch}'s row) cannot target "
+        f"{', '.join(found)}, which the project's own -gencode flags ask for: make its build "
+        "take TORCH_CUDA_ARCH_LIST (set from cuda-archs or the row), or leave such archs out "
+        "for this CUDA"
+    )
+
+
+def project_build_env(
+    project: Project, row: Row, kind: str, tools_: Toolchain, torch_site: Path
+) -> dict[str, str]:
+    """The caller's environment, less what would point the build elsewhere, plus the
+    toolchain's compilers (wrapped to target the sysroot) and the table's ``build-env``."""
+    env = build.clean_environment()
+    with_cuda = tools_.cuda_home is not None
+    arch_list = project.cuda_archs or row.arch_list
+    compilers = dict(tools_.compilers)
+    compilers.update(sysroot_compilers(tools_.sysroot, compilers))
+    env.update(
+        {
+            "MAX_JOBS": os.environ.get("MAX_JOBS", str(os.cpu_count() or 2)),
+            "NVCC_THREADS": os.environ.get("NVCC_THREADS", "2"),
+            "SOURCE_DATE_EPOCH": build.source_date_epoch(),
+            "TORCH_NO_COMPILER_WRAPPER": "1",
+            "UV_PYTHON_DOWNLOADS": "never",
+            **compilers,
+            **tools_.ccache_env,
+        }
+    )
+    if with_cuda:
+        assert tools_.cuda_home is not None
+        env["CUDA_HOME"] = str(tools_.cuda_home)
+        env["TORCH_CUDA_ARCH_LIST"] = arch_list
+        includes = [str(p) for p in toolchain.torch_cuda_include_dirs(torch_site)]
+        if includes:
+            env["CPATH"] = os.pathsep.join(includes)
+    env.update(
+        project.build_environment(kind, row.cuda if with_cuda else None, row.torch, arch_list)
+    )
+    return env
+
+
+def build_project_wheel(
+    project: Project,
+    row: Row,
+    kind: str,
+    workdir: Path,
+    tools_: Toolchain,
+    interp: Interpreter,
+    extra_env: Mapping[str, str] | None = None,
+) -> BuildResult:
+    """Build the project's wheel for ``row`` on ``interp`` into ``workdir/dist``."""
+    start = time.monotonic()
+    what = f"{project.distribution} {row.variant} (Python {interp.version})"
+    workdir.mkdir(parents=True, exist_ok=True)
+    if tools_.cuda_home is not None:
+        check_archs(row, project.cuda_archs or row.arch_list, tools_.cuda_home)
+    log(f"{what}: build venv on Python {interp.version} ({interp.path})")
+    py = build.create_venv(
+        workdir / "venv", interp.path, [f"torch=={row.torch}", *build_requirements(project)]
+    )
+    src = copy_project(project, workdir / "checkout")
+    env = project_build_env(project, row, kind, tools_, build.site_packages(py))
+    env.update(extra_env or {})
+    env["PATH"] = os.pathsep.join([str(py.parent), env.get("PATH", "")])
+    env["VIRTUAL_ENV"] = str(py.parent.parent)
+    dist = workdir / "dist"
+    shutil.rmtree(dist, ignore_errors=True)
+    log_path = workdir / "build.log"
+    log(f"{what}: python -m build --wheel --no-isolation (log: {log_path})")
+    try:
+        build.run_build(py, src, dist, env, log_path, what=what)
+    except BuildError as exc:
+        raise BuildError(str(exc) + unsupported_in_log(log_path.read_text(), row)) from None
+    wheels = sorted(dist.glob("*.whl"))
+    if len(wheels) != 1:
+        raise BuildError(f"{what}: expected one wheel in {dist}, found {[w.name for w in wheels]}")
+    return BuildResult(
+        wheels[0], time.monotonic() - start, log_path, build.compile_times(src / "build")
+    )

@@ -1,0 +1,191 @@
+"""Another project's wheels (``nox -s wheels -- --project``): the rows its table serves, its
+sources, build environment and requirements, the variant label written into its wheel, and
+the arch checks. The whole path runs on the fixture extension in .ci/run."""
+
+from __future__ import annotations
+
+import zipfile
+from pathlib import Path
+
+import pytest
+
+from scripts import matrix, project, project_build, project_wheels, relabel
+from scripts.basics import REPO
+from scripts.build import BuildError
+from scripts.toolchain import Toolchain
+
+FIXTURE = REPO / "tests" / "fixtures" / "anyext"
+PER_PYTHON = REPO / "tests" / "fixtures" / "anyext-per-python.toml"
+
+
+@pytest.fixture(scope="module")
+def rows() -> list[matrix.Row]:
+    return matrix.load_rows()
+
+
+def row_of(rows: list[matrix.Row], minor: str) -> matrix.Row:
+    return matrix.select_rows(rows, minor)[0]
+
+
+def test_fixture_tables_load() -> None:
+    abi3 = project.load_project(FIXTURE)
+    assert (abi3.distribution, abi3.python_abi, abi3.kinds) == (
+        "anyext",
+        "abi3",
+        ("stable", "pinned"),
+    )
+    per_python = project.load_project(PER_PYTHON)
+    assert per_python.root == FIXTURE.resolve()
+    assert per_python.python_abi == "per-python"
+
+
+def test_pinned_only_project_pins_every_row(rows) -> None:
+    table = project.load_project(PER_PYTHON)
+    served = project_wheels.served_rows(table, [row_of(rows, "2.9"), row_of(rows, "2.14")])
+    assert [r.variant for r in served] == ["pt29cu128", "pt214cu130"]
+
+
+def test_stable_only_project_refuses_older_rows(rows, tmp_path) -> None:
+    table = project.load_project(FIXTURE)
+    stable_only = project.Project(**{**table.__dict__, "kinds": ("stable",)})
+    with pytest.raises(SystemExit, match=r"no wheel serves torch 2\.9\.1"):
+        project_wheels.served_rows(stable_only, [row_of(rows, "2.9"), row_of(rows, "2.14")])
+
+
+def test_cpu_rows_are_labelled_cpu(rows) -> None:
+    assert project_wheels.cpu_row(row_of(rows, "2.14")).variant == "stable.cpu"
+    assert project_wheels.cpu_row(row_of(rows, "2.9")).variant == "pt29cpu"
+    assert project_wheels.cpu_row(row_of(rows, "2.9")).requires_torch == "torch==2.9.*"
+
+
+def test_sources_leave_out_build_output(tmp_path) -> None:
+    root = tmp_path / "proj"
+    for rel in ("pkg/setup.py", "README.md", "pkg/src/op.cpp", "pkg/build/temp/op.o",
+                "pkg/x.egg-info/PKG-INFO", ".git/HEAD", "pkg/mod/_C.abi3.so"):  # fmt: skip
+        (root / rel).parent.mkdir(parents=True, exist_ok=True)
+        (root / rel).write_text("x")
+    table = tmp_path / "t.toml"
+    table.write_text(
+        '[tool.torch-wheels]\ndistribution = "pkg"\nimport-name = "pkg"\ncheckout = "proj"\n'
+        'build-dir = "pkg"\n'
+    )
+    loaded = project.load_project(table)
+    build_dir = project_build.copy_project(loaded, tmp_path / "copy")
+    copied = sorted(
+        p.relative_to(tmp_path / "copy").as_posix()
+        for p in (tmp_path / "copy").rglob("*")
+        if p.is_file()
+    )
+    assert copied == ["README.md", "pkg/setup.py", "pkg/src/op.cpp"]
+    assert build_dir == tmp_path / "copy" / "pkg"
+
+
+def test_build_requirements_drop_torch() -> None:
+    requirements = project_build.build_requirements(project.load_project(FIXTURE))
+    assert requirements[0] == "setuptools>=77"
+    assert not [r for r in requirements if r.startswith("torch")]
+    assert "build" in requirements
+
+
+def test_build_env_has_the_table_and_sysroot_compilers(rows, tmp_path, monkeypatch) -> None:
+    monkeypatch.setenv("HOTLOOP_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.setenv("TORCH_CUDA_ARCH_LIST", "3.5")  # the caller's: never reaches the build
+    tools = Toolchain(None, tmp_path / "sysroot", {"CC": "/usr/bin/gcc", "CXX": "/usr/bin/g++"}, {})
+    env = project_build.project_build_env(
+        project.load_project(FIXTURE), row_of(rows, "2.9"), "pinned", tools, tmp_path
+    )
+    assert env["ANYEXT_ABI"] == "pinned"
+    assert env["ANYEXT_CUDA"] == "0"
+    assert "TORCH_CUDA_ARCH_LIST" not in env
+    wrapper = Path(env["CXX"]).read_text()
+    assert wrapper.startswith('#!/bin/sh\nexec "/usr/bin/g++" ')
+    assert f'"--sysroot={tmp_path / "sysroot"}"' in wrapper
+    assert f'"-L{tmp_path / "sysroot" / "usr/lib/x86_64-linux-gnu"}"' in wrapper
+    assert Path(env["CC"]).name == "gcc"
+
+
+def test_archs_a_toolkit_cannot_target() -> None:
+    targets = ["compute_75", "compute_80", "compute_90"]
+    assert project_build.unsupported_archs("8.0;9.0+PTX", targets) == []
+    assert project_build.unsupported_archs("8.0;10.0;12.0+PTX", targets) == ["sm_100", "sm_120"]
+
+
+def test_own_gencode_failure_is_explained(rows) -> None:
+    text = "nvcc fatal   : Unsupported gpu architecture 'compute_100'\n"
+    row = row_of(rows, "2.9")
+    message = project_build.unsupported_in_log(text, row)
+    assert f"nvcc {row.toolkit.nvcc}" in message
+    assert "compute_100" in message
+    assert "TORCH_CUDA_ARCH_LIST" in message
+    assert project_build.unsupported_in_log("error: something else", row) == ""
+
+
+def test_check_archs_refuses_before_compiling(rows, tmp_path) -> None:
+    nvcc = tmp_path / "bin" / "nvcc"
+    nvcc.parent.mkdir()
+    nvcc.write_text("#!/bin/sh\necho compute_80\necho compute_90\n")
+    nvcc.chmod(0o755)
+    with pytest.raises(BuildError, match=r"cannot target sm_100 .*cuda-archs"):
+        project_build.check_archs(row_of(rows, "2.9"), "9.0;10.0", tmp_path)
+
+
+def plain_wheel(folder: Path, requires: str = "torch") -> Path:
+    info = "mypkg-0.0.1.dist-info"
+    path = folder / "mypkg-0.0.1-cp39-abi3-linux_x86_64.whl"
+    with zipfile.ZipFile(path, "w") as zf:
+        zf.writestr("mypkg/__init__.py", "")
+        zf.writestr(
+            f"{info}/METADATA",
+            f"Metadata-Version: 2.4\nName: mypkg\nVersion: 0.0.1\nRequires-Dist: {requires}\n"
+            "Requires-Dist: numpy\n\nlong description\n",
+        )
+        zf.writestr(f"{info}/WHEEL", "Wheel-Version: 1.0\nTag: cp39-abi3-linux_x86_64\n")
+        zf.writestr(f"{info}/RECORD", "")
+    return path
+
+
+def test_relabel_writes_version_and_torch_pin(tmp_path) -> None:
+    labelled = relabel.label_wheel(
+        plain_wheel(tmp_path, "torch>=2.6"), "pt29cu128", "torch==2.9.*", tmp_path / "out"
+    )
+    assert labelled.name == "mypkg-0.0.1+pt29cu128-cp39-abi3-linux_x86_64.whl"
+    with zipfile.ZipFile(labelled) as zf:
+        names = zf.namelist()
+        metadata = zf.read("mypkg-0.0.1+pt29cu128.dist-info/METADATA").decode()
+        record = zf.read("mypkg-0.0.1+pt29cu128.dist-info/RECORD").decode()
+    assert not [n for n in names if n.startswith("mypkg-0.0.1.dist-info/")]
+    assert "Version: 0.0.1+pt29cu128\n" in metadata
+    assert "Requires-Dist: torch==2.9.*\n" in metadata
+    assert "torch>=2.6" not in metadata
+    assert "Requires-Dist: numpy\n" in metadata
+    assert metadata.endswith("\nlong description\n")
+    assert "mypkg/__init__.py,sha256=" in record
+
+
+def test_relabel_keeps_a_wheel_with_the_same_label_and_refuses_another(tmp_path) -> None:
+    wheel = plain_wheel(tmp_path)
+    first = relabel.label_wheel(wheel, "stable.cu13", "torch>=2.10", tmp_path / "a")
+    assert relabel.label_wheel(first, "stable.cu13", "torch>=2.10", tmp_path / "b") == first
+    with pytest.raises(
+        relabel.RelabelError, match=r"'stable\.cu13', but it was built as 'pt29cu128'"
+    ):
+        relabel.label_wheel(first, "pt29cu128", "torch==2.9.*", tmp_path / "c")
+
+
+def test_output_folder_of_someone_else_is_refused(tmp_path) -> None:
+    theirs = tmp_path / "theirs"
+    theirs.mkdir()
+    (theirs / "notes.txt").write_text("mine")
+    with pytest.raises(SystemExit, match="holds files this pipeline did not write"):
+        project_wheels.claim_output(theirs)
+    ours = project_wheels.claim_output(tmp_path / "ours")
+    assert project_wheels.claim_output(ours) == ours
+
+
+def test_test_command_uses_the_venv_python(tmp_path) -> None:
+    table = project.load_project(FIXTURE)
+    command = project_wheels.test_command(table, tmp_path / "bin" / "python")
+    assert command[:3] == [str(tmp_path / "bin" / "python"), "-m", "pytest"]
+    assert command[3] == f"{FIXTURE.resolve()}/test/check_anyext.py"
+    bare = project.Project(**{**table.__dict__, "test_command": ()})
+    assert project_wheels.test_command(bare, Path("py")) == ["py", "-c", "import anyext"]
