@@ -52,7 +52,8 @@ def wheels(session: nox.Session) -> None:
     """Build, repair, audit and test wheels.
 
     Options after ``--``: ``--torch 2.11`` or ``--all``, ``--python 3.12``, ``--skip-tests``,
-    ``--out DIR`` (see ``python -m scripts.wheels --help``).
+    ``--out DIR``; ``--project PATH [--cpu]`` for another project (docs/any-project.md; see
+    ``python -m scripts.wheels --help``).
     """
     session.install(*group("pipeline"))
     session.run("python", "-m", "scripts.wheels", *session.posargs)
@@ -139,7 +140,8 @@ def index(session: nox.Session) -> None:
     """Static PEP 503 index of the wheels (default: ``--wheels wheelhouse --out build/index``).
 
     Options after ``--`` go to ``python -m scripts.index`` (``--base-url URL`` for the landing
-    page's install commands). Standard library only: nothing to install.
+    page's install commands, ``--project PATH`` for another project's wheels, see
+    docs/any-project.md). Standard library only: nothing to install.
     """
     args = session.posargs or ["--wheels", "wheelhouse", "--out", "build/index"]
     session.run("python", "-m", "scripts.index", *args)

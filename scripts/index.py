@@ -5,9 +5,9 @@
     site/index.html                           landing page: install commands that keep torch
     site/files/<wheel>.whl                    every wheel, copied once
     site/files/<wheel>.whl.metadata           its METADATA (PEP 658 / PEP 714)
-    site/simple/hotloop/index.html            every variant; pip and uv pick by the torch pin
-    site/cu13/simple/hotloop/index.html       the wheels for one CUDA major (``cu12``, ``cpu``)
-    site/<variant>/simple/hotloop/index.html  one variant (PyTorch's ``whl/cu130`` style)
+    site/simple/<name>/index.html             every variant; pip and uv pick by the torch pin
+    site/cu13/simple/<name>/index.html        the wheels for one CUDA major (``cu12``, ``cpu``)
+    site/<variant>/simple/<name>/index.html   one variant (PyTorch's ``whl/cu130`` style)
     site/<variant>/index.html                 find-links page of one variant (PyG style)
     site/.hotloop-index                       the list of files above (what a rebuild replaces)
 
@@ -51,6 +51,7 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from pathlib import Path, PurePosixPath
 from urllib.parse import quote
 
+from scripts.project import ProjectTableError, load_project
 from scripts.wheelfile import (
     WheelError,
     WheelInfo,
@@ -63,8 +64,8 @@ MANIFEST = ".hotloop-index"
 # PEP 629: the simple API version these pages follow.
 REPOSITORY_VERSION = "1.0"
 BASE_URL_PLACEHOLDER = "https://INDEX-URL"
-# The torch the user has, as a requirement: with it pip and uv must choose a hotloop wheel that
-# fits that torch instead of replacing torch to fit the newest hotloop (xformers#1052). The
+# The torch the user has, as a requirement: with it pip and uv must choose a wheel that
+# fits that torch instead of replacing torch to fit the newest release (xformers#1052). The
 # version comes from the installed metadata (no torch import) and keeps a local label
 # (``2.11.0+cu130``), so it matches exactly the build installed.
 KEEP_TORCH = (
@@ -124,22 +125,27 @@ def project_page(project: str, wheels: Sequence[WheelInfo], href_prefix: str) ->
     return _page(f"Links for {project}", (file_link(w, href_prefix) for w in wheels))
 
 
-# The commands read hotloop's pages and nothing else. pip takes the highest version across all
-# the indexes it reads: with PyPI beside them, a newer public hotloop there (the CUDA 13 wheel)
-# would beat the CUDA 12 wheel of these pages. Nothing else is needed from an index: hotloop's
-# one dependency is torch, and the installed torch satisfies the pin on it.
-def pip_command(index_url: str) -> str:
-    return f"python -m pip install hotloop {KEEP_TORCH} --index-url {index_url}"
+def names_of(wheels: Iterable[WheelInfo]) -> str:
+    """The project(s) the wheels are of, as the pages name them: ``mypkg``."""
+    return " ".join(sorted({w.project for w in wheels}))
 
 
-def uv_command(index_url: str) -> str:
+# The commands read these pages and nothing else. pip takes the highest version across all
+# the indexes it reads: with PyPI beside them, a newer public release there (a CUDA 13
+# wheel) would beat the CUDA 12 wheel of these pages. Nothing else is needed from an index:
+# the project's one dependency is torch, and the installed torch satisfies the pin on it.
+def pip_command(index_url: str, name: str) -> str:
+    return f"python -m pip install {name} {KEEP_TORCH} --index-url {index_url}"
+
+
+def uv_command(index_url: str, name: str) -> str:
     # --default-index, not --index: PyPI stays out whatever index strategy a user's uv.toml
     # sets, and the option beats a UV_DEFAULT_INDEX in the environment (--index-url does not).
-    return f"uv pip install hotloop {KEEP_TORCH} --default-index {index_url}"
+    return f"uv pip install {name} {KEEP_TORCH} --default-index {index_url}"
 
 
-def find_links_command(page_url: str) -> str:
-    return f"python -m pip install hotloop {KEEP_TORCH} --no-index -f {page_url}"
+def find_links_command(page_url: str, name: str) -> str:
+    return f"python -m pip install {name} {KEEP_TORCH} --no-index -f {page_url}"
 
 
 _GROUP_TITLES = {
@@ -182,10 +188,12 @@ def files_table(wheels: Sequence[WheelInfo]) -> list[str]:
 
 def landing_page(wheels: Sequence[WheelInfo], base_url: str | None) -> str:
     base = base_url.rstrip("/") if base_url else BASE_URL_PLACEHOLDER
+    name = names_of(wheels)
     lines = [
-        "<h1>hotloop wheels</h1>",
-        "<p>Install hotloop next to the torch you have. The commands pin torch to the installed "
-        "version, so pip and uv pick the hotloop wheel that fits it and never replace torch; "
+        f"<h1>{_e(name)} wheels</h1>",
+        f"<p>Install {_e(name)} next to the torch you have. The commands pin torch to the "
+        f"installed version, so pip and uv pick the {_e(name)} wheel that fits it and never "
+        "replace torch; "
         "when none fits, they stop with a message. Which CUDA your torch is built for: "
         f"<code>{_e(SHOW_TORCH_CUDA)}</code></p>",
     ]
@@ -194,7 +202,7 @@ def landing_page(wheels: Sequence[WheelInfo], base_url: str | None) -> str:
     lines += ["<table>", "<tr><th>your torch</th><th>index</th><th>install</th></tr>"]
     for cuda_group in _by_cuda_group(wheels):
         url = f"{base}/{cuda_group}/simple/"
-        commands = [pip_command(url), uv_command(url)]
+        commands = [pip_command(url, name), uv_command(url, name)]
         lines.append(
             f"<tr><td>{_e(_group_title(cuda_group))}</td>"
             f'<td><a href="{_e(cuda_group)}/simple/">{_e(cuda_group)}/simple/</a></td>'
@@ -212,8 +220,8 @@ def landing_page(wheels: Sequence[WheelInfo], base_url: str | None) -> str:
         variant = group[0].variant
         assert variant is not None
         commands = [
-            pip_command(f"{base}/{label}/simple/"),
-            find_links_command(f"{base}/{label}/"),
+            pip_command(f"{base}/{label}/simple/", name),
+            find_links_command(f"{base}/{label}/", name),
         ]
         lines.append(
             f'<tr><td><a href="{_e(label)}/">{_e(label)}</a></td>'
@@ -228,7 +236,7 @@ def landing_page(wheels: Sequence[WheelInfo], base_url: str | None) -> str:
         f"<code>sha256sum -c {CHECKSUMS}</code>) and the CycloneDX SBOM it carries:</p>"
     )
     lines += files_table(wheels)
-    return _page("hotloop wheels", lines, simple=False)
+    return _page(f"{name} wheels", lines, simple=False)
 
 
 def _grouped(
@@ -275,7 +283,7 @@ def render_tree(wheels: Sequence[WheelInfo], base_url: str | None = None) -> dic
     def add_find_links(folder: str, subset: Sequence[WheelInfo]) -> None:
         links = (file_link(w, f"../{FILES_DIR}/") for w in subset)
         files[f"{folder}/index.html"] = _page(
-            f"hotloop {folder} wheels", links, simple=False
+            f"{names_of(subset)} {folder} wheels", links, simple=False
         ).encode()
 
     add_simple("", wheels, 0)
@@ -470,20 +478,32 @@ def main(argv: Sequence[str] | None = None) -> int:
         "--wheels",
         type=Path,
         action="append",
-        required=True,
         help="folder (searched recursively) or wheel file; repeat for several",
     )
     parser.add_argument(
-        "--out",
+        "--out", type=Path, help="site folder: new, empty or a previous index (replaced)"
+    )
+    parser.add_argument(
+        "--project",
         type=Path,
-        required=True,
-        help="site folder: new, empty or a previous index (replaced)",
+        help="another project's checkout or table file: its `nox -s wheels -- --project` "
+        "output is indexed into build/projects/<name>/index (unless --wheels/--out say else)",
     )
     parser.add_argument(
         "--base-url",
         help="where the site will be served, for the install commands on the landing page",
     )
     args = parser.parse_args(argv)
+    if args.project is not None:
+        try:
+            table = load_project(args.project)
+        except ProjectTableError as exc:
+            print(f"index: {exc}", file=sys.stderr)
+            return 2
+        args.wheels = args.wheels or [table.output_dir("wheelhouse")]
+        args.out = args.out or table.output_dir("index")
+    if not args.wheels or not args.out:
+        parser.error("give --wheels and --out, or --project")
     try:
         wheels = build_index(args.wheels, args.out, args.base_url)
     except (WheelError, OSError) as exc:

@@ -34,7 +34,7 @@ from scripts.basics import REPO, tomllib
 
 TABLE = "torch-wheels"
 KINDS = ("stable", "pinned")
-PYTHON_ABIS = ("abi3", "per-python")
+PYTHON_ABIS = ("abi3", "per-python", "auto")
 # What a build-env value may name; ``build_environment`` fills them in per wheel.
 BUILD_PLACEHOLDERS = ("kind", "cuda", "torch", "cuda_version", "arch_list")
 # What a test-command argument may name; the installed-wheel test fills them in.
@@ -101,7 +101,9 @@ class Project:
 
     python_abi: str = "abi3"
     """``abi3``: one ``cp39-abi3`` wheel serves every Python (limited API); ``per-python``: one
-    ``cpXY-cpXY`` wheel per Python of the row (pybind11 and other full-API modules)."""
+    ``cpXY-cpXY`` wheel per Python of the row (pybind11 and other full-API modules);
+    ``auto``: build on the row's build Python, and per Python only if that wheel is not
+    abi3 (for a setup.py that decides by itself, per torch)."""
 
     stable_floor: str = "2.10"
     """The oldest torch minor a stable wheel loads into (its ``TORCH_TARGET_VERSION``)."""
@@ -138,6 +140,11 @@ class Project:
     def build_root(self) -> Path:
         """The folder the build runs in."""
         return self.root / self.build_dir
+
+    def output_dir(self, what: str) -> Path:
+        """Where this repository's commands write ``what`` (``wheelhouse``, ``index``,
+        ``matrix``) for this project by default: ``build/projects/<distribution>/<what>``."""
+        return REPO / "build" / "projects" / self.distribution / what
 
     def build_environment(
         self, kind: str, cuda_version: str | None, torch: str, arch_list: str

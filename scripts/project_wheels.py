@@ -42,10 +42,6 @@ log = basics.logger("wheels")
 OWNER_MARK = ".torch-wheels-output"
 
 
-def default_out(project: Project) -> Path:
-    return basics.REPO / "build" / "projects" / project.distribution / "wheelhouse"
-
-
 def claim_output(out_dir: Path) -> Path:
     """``out_dir``, created and marked as this pipeline's; a folder holding other files that
     an earlier run did not mark is refused (the run replaces the wheels it finds there)."""
@@ -172,6 +168,13 @@ def run_cell(
         cell.max_versions, cell.archs = report.max_versions, report.archs
         cell.audit = "ok (" + ", ".join(sorted(report.max_versions.values())) + ")"
         log(f"{name}: audit ok: {repaired.name}, GPU code for {' '.join(cell.archs) or 'no arch'}")
+        if project.python_abi == "auto" and parts["abi"] != "abi3":
+            # the build made a per-Python wheel: it serves only the Python that built it
+            cell.variant = f"{row.variant}-py{interp.version}"
+            test_pythons = {
+                torch: {v: i for v, i in chosen.items() if v == interp.version}
+                for torch, chosen in test_pythons.items()
+            }
         cell.stage = "test"
         failed = []
         for served_row in served:
@@ -223,16 +226,22 @@ def run_project(
         )
         wanted = sorted({p for r in served for p in r.pythons if not pythons or p in pythons})
         found = find_interpreters(sorted({*wanted, builder.build_python}))
-        if project.python_abi == "abi3":
-            builds = [(found[builder.build_python], wanted)]
+        if project.python_abi == "per-python":
+            builds = [(p, [p]) for p in wanted]
         else:
-            builds = [(found[p], [p]) for p in wanted]
-        for interp, test_on in builds:
+            builds = [(builder.build_python, wanted)]
+        while builds:
+            version, test_on = builds.pop(0)
+            interp = found[version]
             if interp is None:
-                raise SystemExit(f"no Python interpreter for {builder.variant} ({test_on})")
+                raise SystemExit(f"{builder.variant} is built on Python {version}: not found")
             test_pythons = {
                 r.torch: {} if skip_tests else {p: found[p] for p in test_on if p in r.pythons}
                 for r in served
             }
-            cells.append(run_cell(project, builder, served, interp, test_pythons, out_dir, cpu))
+            cell = run_cell(project, builder, served, interp, test_pythons, out_dir, cpu)
+            cells.append(cell)
+            if cell.variant != builder.variant and project.python_abi == "auto":
+                # auto, and the build made a per-Python wheel: build for the other Pythons too
+                builds += [(p, [p]) for p in wanted if p != version]
     return cells

@@ -280,10 +280,17 @@ def project_main(args: argparse.Namespace, argv: Sequence[str] | None) -> int:
     except project.ProjectTableError as exc:
         print(f"wheels: {exc}", file=sys.stderr)
         return 2
+    if table.root == basics.REPO:
+        print(
+            f"wheels: {args.project} is this repository's own project: its release (SBOM, "
+            "build info, reproducible zip) is `nox -s wheels` without --project",
+            file=sys.stderr,
+        )
+        return 2
     rows = matrix.select_rows(matrix.load_rows(), args.torch, args.all)
     if args.pinned:
         rows = [row.pinned() for row in rows]
-    out_dir = project_wheels.claim_output((args.out or project_wheels.default_out(table)).resolve())
+    out_dir = project_wheels.claim_output((args.out or table.output_dir("wheelhouse")).resolve())
     log(f"{table.distribution} from {table.root}; output: {out_dir}")
     started = time.monotonic()
     cells = project_wheels.run_project(table, rows, out_dir, args.python, args.skip_tests, args.cpu)

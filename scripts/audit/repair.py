@@ -9,7 +9,7 @@ from pathlib import Path
 
 from scripts.audit.libraries import torch_provided_libs
 from scripts.audit.rules import PLATFORM, AuditReport, check_wheel, raise_on_violations
-from scripts.audit.wheelfile import AuditError
+from scripts.audit.wheelfile import AuditError, wheel_name_parts
 from scripts.matrix import Row
 from scripts.project import Project
 
@@ -71,6 +71,11 @@ def run_abi3audit(wheel: Path) -> str:
     return output
 
 
+def audit_wheel_is_abi3(wheel: Path) -> bool:
+    """Whether the wheel's file name says it is for Python's stable ABI (``-abi3-``)."""
+    return wheel_name_parts(wheel.name)["abi"] == "abi3"
+
+
 def repair_and_audit(
     wheel: Path,
     out_dir: Path,
@@ -90,7 +95,7 @@ def repair_and_audit(
     repaired, aw_output = repair_wheel(wheel, out_dir, provided)
     if finalize is not None:
         repaired = finalize(repaired)
-    limited_api = project is None or project.python_abi == "abi3"
+    limited_api = project is None or audit_wheel_is_abi3(repaired)
     abi3 = run_abi3audit(repaired) if limited_api else "not an abi3 wheel (python-abi = per-python)"
     report = check_wheel(repaired, row, provided, project)
     report.auditwheel_output = aw_output

@@ -187,7 +187,10 @@ def check_wheel_tag(it: Inspection) -> Iterator[str]:
     with manylinux_2_28_x86_64."""
     parts = it.wheel.parts
     platforms = parts["platform"].split(".")
-    if it.project.python_abi == "abi3":
+    python_abi = it.project.python_abi
+    if python_abi == "auto":  # the build decided: judge the wheel by what it says it is
+        python_abi = "abi3" if parts["abi"] == "abi3" else "per-python"
+    if python_abi == "abi3":
         python, abi, allowed = "cp39", "abi3", ["cp39"]
     else:
         python = abi = parts["python"]
@@ -196,7 +199,7 @@ def check_wheel_tag(it: Inspection) -> Iterator[str]:
     if parts["python"] not in allowed or parts["abi"] != abi or PLATFORM not in platforms:
         yield (
             f"file name says {parts['python']}-{parts['abi']}-{parts['platform']}, "
-            f"need {' or '.join(f'{p}-{abi}' for p in allowed) if abi != 'abi3' else need} "
+            f"need {need if abi == 'abi3' else ' or '.join(f'{p}-{p}' for p in allowed)} "
             f"and {PLATFORM}"
         )
     tags = it.wheel.wheel_metadata().get_all("Tag") or []

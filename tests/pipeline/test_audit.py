@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import importlib.metadata
 import json
 import re
@@ -16,6 +17,7 @@ import pytest
 
 from scripts import audit, matrix, pypi_release, reproducible, sbom
 from scripts.audit import libraries, stable_abi
+from scripts.project import own_project
 
 ROWS = matrix.load_rows()
 BUILD_ROWS = matrix.build_rows(ROWS)
@@ -918,3 +920,29 @@ def test_fatbin_names_arch_and_family_specific_targets() -> None:
     )
     section = struct.pack("<IHHQ", 0xBA55ED50, 1, 16, len(body)) + body
     assert audit.elf.fatbin.device_targets(section) == tuple(sorted(NVCC_13_ENTRY_HEADERS))
+
+
+# ----------------------------------------------------------------------- per-Python wheels
+
+
+@pytest.mark.parametrize(
+    ("python_abi", "refused"), [("abi3", True), ("per-python", False), ("auto", False)]
+)
+def test_per_python_tag_follows_the_table(wheel_factory, newest_row, python_abi, refused):
+    table = dataclasses.replace(own_project(), python_abi=python_abi)
+    wheel = wheel_factory(tag="cp312-cp312-manylinux_2_28_x86_64")
+    report = audit.check_wheel(wheel, newest_row, project=table)
+    assert ("wheel-tag" in rules(report)) is refused
+
+
+def test_per_python_tag_must_be_one_of_the_rows_pythons(wheel_factory, newest_row):
+    table = dataclasses.replace(own_project(), python_abi="per-python")
+    wheel = wheel_factory(tag="cp38-cp38-manylinux_2_28_x86_64")
+    report = audit.check_wheel(wheel, newest_row, project=table)
+    assert rules(report) == {"wheel-tag"}
+    assert "need cp310-cp310 or" in report.violations[0]
+
+
+def test_auto_takes_an_abi3_wheel_too(wheel_factory, newest_row):
+    table = dataclasses.replace(own_project(), python_abi="auto")
+    assert audit.check_wheel(wheel_factory(), newest_row, project=table).violations == []

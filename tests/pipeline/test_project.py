@@ -128,3 +128,11 @@ def test_docs_list_exactly_the_declared_fields() -> None:
     assert end in docs
     committed = docs.split(begin, 1)[1].split(end, 1)[0]
     assert committed == project.fields_markdown()
+
+
+def test_docs_explain_every_audit_rule() -> None:
+    from scripts import audit
+
+    docs = (REPO / "docs" / "any-project.md").read_text()
+    missing = [r.id for r in audit.RULES if f"`{r.id}`" not in docs]
+    assert missing == [], f"docs/any-project.md's audit table lacks {missing}"
