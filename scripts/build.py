@@ -254,12 +254,16 @@ def build_wheel(
     log_path = workdir / "build.log"
     log(f"{row.variant}: python -m build --wheel --no-isolation (log: {log_path})")
     run_build(py, src, dist, env, log_path, what=row.variant)
+    wheel = single_wheel(dist, row.variant)
+    return BuildResult(wheel, time.monotonic() - start, log_path, compile_times(src / "build"))
+
+
+def single_wheel(dist: Path, what: str) -> Path:
+    """The one wheel a build wrote into ``dist``; BuildError naming what is there otherwise."""
     wheels = sorted(dist.glob("*.whl"))
     if len(wheels) != 1:
-        raise BuildError(
-            f"{row.variant}: expected one wheel in {dist}, found {[w.name for w in wheels]}"
-        )
-    return BuildResult(wheels[0], time.monotonic() - start, log_path, compile_times(src / "build"))
+        raise BuildError(f"{what}: expected one wheel in {dist}, found {[w.name for w in wheels]}")
+    return wheels[0]
 
 
 class BuildError(RuntimeError):

@@ -196,9 +196,7 @@ def build_project_wheel(
         build.run_build(py, src, dist, env, log_path, what=what)
     except BuildError as exc:
         raise BuildError(str(exc) + unsupported_in_log(log_path.read_text(), row)) from None
-    wheels = sorted(dist.glob("*.whl"))
-    if len(wheels) != 1:
-        raise BuildError(f"{what}: expected one wheel in {dist}, found {[w.name for w in wheels]}")
+    wheel = build.single_wheel(dist, what)
     return BuildResult(
-        wheels[0], time.monotonic() - start, log_path, build.compile_times(src / "build")
+        wheel, time.monotonic() - start, log_path, build.compile_times(src / "build")
     )

@@ -36,7 +36,7 @@ from scripts.project import Project
 from scripts.project_build import build_project_wheel
 from scripts.report import CellReport
 from scripts.wheelfile import sha256_of_file
-from scripts.wheeltest import PythonTestResult, run_in_fresh_venv, run_in_venvs
+from scripts.wheeltest import PythonTestResult, failures, run_in_fresh_venv, run_in_venvs
 
 log = basics.logger("wheels")
 OWNER_MARK = ".torch-wheels-output"
@@ -176,22 +176,16 @@ def run_cell(
                 for torch, chosen in test_pythons.items()
             }
         cell.stage = "test"
-        failed = []
+        failed: list[str] = []
         for served_row in served:
             chosen = test_pythons[served_row.torch]
             tests = test_wheel(
                 project, repaired, served_row.torch, chosen, workdir / "tests" / served_row.torch
             )
             cell.tests += [{**t.as_dict(), "torch": served_row.torch} for t in tests]
-            failed += [(served_row.torch, t) for t in tests if t.status != "passed"]
+            failed += failures(served_row.torch, tests)
         if failed:
-            raise RuntimeError(
-                f"{repaired.name}: tests: "
-                + "; ".join(
-                    f"torch {v} Python {t.python} {t.status}: {t.summary} (log {t.log})"
-                    for v, t in failed
-                )
-            )
+            raise RuntimeError(f"{repaired.name}: tests: " + "; ".join(failed))
         publish(repaired, out_dir)
         cell.stage, cell.status = "done", "passed"
     except (BuildError, audit.AuditError, relabel.RelabelError, RuntimeError, OSError) as exc:

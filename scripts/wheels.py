@@ -34,7 +34,7 @@ from scripts import audit, basics, build, matrix, project, project_wheels, repro
 from scripts.interpreters import find_interpreters
 from scripts.report import CellReport, render_table, write_cell_json, write_run_report
 from scripts.wheelfile import sha256_of_file
-from scripts.wheeltest import run_op_tests
+from scripts.wheeltest import failures, run_op_tests
 
 DEFAULT_OUT = basics.REPO / "wheelhouse"
 
@@ -162,7 +162,7 @@ def run_cell(
         )
 
         cell.stage = "test"
-        failed = []
+        failed: list[str] = []
         for torch_version, versions in wanted.items():
             chosen = {v: found[v] for v in versions}
             for v, i in chosen.items():
@@ -172,16 +172,9 @@ def run_cell(
                 )
             tests = run_op_tests(torch_version, repaired, chosen, workdir / "tests" / torch_version)
             cell.tests += [{**t.as_dict(), "torch": torch_version} for t in tests]
-            # "skipped": a Python only the Debian root has (nox -s matrix runs those cells).
-            failed += [(torch_version, t) for t in tests if t.status not in ("passed", "skipped")]
+            failed += failures(torch_version, tests)
         if failed:
-            raise RuntimeError(
-                f"{repaired.name}: tests: "
-                + "; ".join(
-                    f"torch {v} Python {t.python} {t.status}: {t.summary} (log {t.log})"
-                    for v, t in failed
-                )
-            )
+            raise RuntimeError(f"{repaired.name}: tests: " + "; ".join(failed))
         cell.stage = "done"
         publish_wheel(repaired, out_dir)
         cell.status = "passed"

@@ -172,6 +172,16 @@ def run_in_venvs(
     return [results[v] for v in interpreters]
 
 
+def failures(torch_version: str, tests: Sequence[PythonTestResult]) -> list[str]:
+    """One line per test run that did not pass; "skipped" is a Python only the Debian root
+    has (``nox -s matrix`` runs those cells)."""
+    return [
+        f"torch {torch_version} Python {t.python} {t.status}: {t.summary} (log {t.log})"
+        for t in tests
+        if t.status not in ("passed", "skipped")
+    ]
+
+
 def run_op_tests(
     torch_version: str,
     wheel: Path,

@@ -4,7 +4,6 @@ the compiler wrappers that run every build through it, nvcc included.
 
 from __future__ import annotations
 
-import hashlib
 import os
 import shutil
 import subprocess
@@ -13,7 +12,7 @@ from pathlib import Path
 
 from scripts import basics
 from scripts.toolchain.apt import apt_download, extract_deb
-from scripts.toolchain.cache import cache_dir, stamp, stamped
+from scripts.toolchain.cache import cache_dir, stamp, stamped, write_wrappers
 
 log = basics.logger("toolchain")
 
@@ -78,12 +77,8 @@ def compiler_wrappers(
     """``CC``, ``CXX`` and (with a CUDA toolkit) ``PYTORCH_NVCC`` that run through ccache.
 
     The wrappers are named ``gcc``/``g++`` (nvcc gets ``CC`` as ``-ccbin`` and recognises the
-    host compiler by name); ``CCACHE_DIR`` lives in the cache.
-
-    The cache folder is shared by checkouts of other revisions, building at the same time:
-    the folder is named after the wrappers' content, so a checkout whose wrappers differ
-    writes its own rather than replacing the ones another build is running, and a wrapper is
-    written only when missing, through a rename (never truncated under a running build).
+    host compiler by name); ``CCACHE_DIR`` lives in the cache, the wrappers in a folder of
+    it named after their content (:func:`scripts.toolchain.cache.write_wrappers`).
     """
     ccache = ccache_bin / "ccache"
     scripts = {
@@ -98,20 +93,7 @@ def compiler_wrappers(
             "nvcc",
             nvcc_wrapper_script([ccache, cuda_home / "bin" / "nvcc"]),
         )
-    content = "\0".join(f"{name}\0{text}" for name, text in scripts.values())
-    key = hashlib.sha256(content.encode()).hexdigest()[:10]
-    wrap = cache_dir() / "ccache-wrappers" / key
-    wrap.mkdir(parents=True, exist_ok=True)
-    out: dict[str, str] = {}
-    for env_name, (name, text) in scripts.items():
-        script = wrap / name
-        if not (script.is_file() and script.read_text() == text):
-            partial = wrap / f".{name}.{os.getpid()}"
-            partial.write_text(text)
-            partial.chmod(0o755)
-            os.replace(partial, script)
-        out[env_name] = str(script)
-    return out
+    return write_wrappers(cache_dir() / "ccache-wrappers", scripts)
 
 
 # nvcc, as every build runs it (PYTORCH_NVCC): release builds through ccache, the

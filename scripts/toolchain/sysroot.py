@@ -5,14 +5,12 @@ than manylinux_2_28 allows (docs/toolchain.md says why).
 
 from __future__ import annotations
 
-import hashlib
-import os
 import shutil
 from collections.abc import Mapping
 from pathlib import Path
 
 from scripts.toolchain.apt import apt_download, extract_deb, relativize_symlinks
-from scripts.toolchain.cache import cache_dir, stamp, stamped
+from scripts.toolchain.cache import cache_dir, stamp, stamped, write_wrappers
 
 SYSROOT_SUITE = "bullseye"  # glibc 2.31; buster (2.28) is no longer on the Debian mirror
 SYSROOT_PACKAGES = ("libc6", "libc6-dev", "linux-libc-dev")
@@ -62,24 +60,12 @@ def sysroot_compilers(sysroot: Path, compilers: Mapping[str, str]) -> dict[str, 
 
     For a project whose setup.py knows nothing of a sysroot: every compile and link it makes
     through ``CC``/``CXX`` (and nvcc's host compiles through ``-ccbin``) targets glibc 2.31.
-    The folder is named after the wrappers' content and a wrapper is replaced only through a
-    rename, as :func:`scripts.toolchain.ccache.compiler_wrappers` does.
+    The wrappers live in a folder of the cache named after their content
+    (:func:`scripts.toolchain.cache.write_wrappers`).
     """
     flags = " ".join(f'"{flag}"' for flag in sysroot_flags(sysroot))
     scripts = {
         env_name: (name, f'#!/bin/sh\nexec "{compilers[env_name]}" {flags} "$@"\n')
         for env_name, name in (("CC", "gcc"), ("CXX", "g++"))
     }
-    content = "\0".join(f"{name}\0{text}" for name, text in scripts.values())
-    folder = cache_dir() / "sysroot-wrappers" / hashlib.sha256(content.encode()).hexdigest()[:10]
-    folder.mkdir(parents=True, exist_ok=True)
-    out: dict[str, str] = {}
-    for env_name, (name, text) in scripts.items():
-        script = folder / name
-        if not (script.is_file() and script.read_text() == text):
-            partial = folder / f".{name}.{os.getpid()}"
-            partial.write_text(text)
-            partial.chmod(0o755)
-            os.replace(partial, script)
-        out[env_name] = str(script)
-    return out
+    return write_wrappers(cache_dir() / "sysroot-wrappers", scripts)
