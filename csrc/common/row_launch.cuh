@@ -29,13 +29,15 @@ struct RowLaunch {
   dim3 block() const { return dim3(threads_per_row, rows_per_block); }
 };
 
-// What a kernel family supports: its compiled vectors-per-thread variants go up
-// to max_vectors_per_thread, and the planner picks the fewest vectors per thread
-// that keep a row within target_threads threads (more threads, fewer registers).
+// What a kernel family supports: its compiled vectors-per-thread variants go from
+// min_vectors_per_thread up to max_vectors_per_thread, and the planner picks the fewest
+// vectors per thread that keep a row within target_threads threads (more threads, fewer
+// registers).
 struct RowKernelLimits {
   int max_vectors_per_thread;
   int target_threads;
   int max_threads;
+  int min_vectors_per_thread = 1;
 };
 
 inline int threads_for_row(int64_t work_items) {
@@ -56,7 +58,7 @@ inline RowLaunch plan_row_launch(int64_t hidden, int vector_width, bool vector_o
   RowLaunch plan;
   if (vector_ok && hidden % vector_width == 0) {
     const int64_t num_vectors = hidden / vector_width;
-    for (int vpt = 1; vpt <= limits.max_vectors_per_thread; vpt *= 2) {
+    for (int vpt = limits.min_vectors_per_thread; vpt <= limits.max_vectors_per_thread; vpt *= 2) {
       const int64_t threads = ceil_div(num_vectors, vpt);
       if (threads <= limits.target_threads ||
           (vpt == limits.max_vectors_per_thread && threads <= limits.max_threads)) {

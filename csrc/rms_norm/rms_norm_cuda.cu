@@ -39,8 +39,14 @@ namespace {
 // that variant is built for at most 512 threads, so it takes rows up to 32768
 // bfloat16 elements; longer ones go to the generic kernel.
 constexpr int kForwardMaxThreadsAt8 = 512;
+// At least two vectors a thread: a thread then has 32 bytes of its row in flight, not 16,
+// and short rows take fewer threads (512 bfloat16 elements: one warp, no block barrier).
+// On an H200, whose memory needs more bytes in flight than an H100's, one vector a thread
+// left rows of 512-2048 bfloat16 elements at 73-81 % of copy bandwidth; two reached 90 %
+// (benchmarks/NOTES.md, run 67).
 constexpr RowKernelLimits kForwardLimits{/*max_vectors_per_thread=*/8, /*target_threads=*/256,
-                                         /*max_threads=*/kForwardMaxThreadsAt8};
+                                         /*max_threads=*/kForwardMaxThreadsAt8,
+                                         /*min_vectors_per_thread=*/2};
 
 // x * rstd, times the weight's vector `idx` where there is a weight, in the accumulation type.
 template <typename Vec, typename acc_t>
@@ -524,7 +530,8 @@ __global__ void __launch_bounds__(kMaxThreadsPerBlock)
 // bandwidth on an H100).
 constexpr RowKernelLimits kShiftedLimits{kForwardLimits.max_vectors_per_thread,
                                          kForwardLimits.target_threads + kWarpSize,
-                                         kForwardLimits.max_threads};
+                                         kForwardLimits.max_threads,
+                                         /*min_vectors_per_thread=*/1};
 
 // Shorter rows than kShiftedMinHidden keep the scalar kernel, which packs several to a
 // block; rms_norm_shifted_kernel takes the rest that the vector kernel's variants can hold.
@@ -630,7 +637,7 @@ void launch_rms_norm(const scalar_t* x, const scalar_t* weight, scalar_t* y, int
   const cudaStream_t stream = current_stream();
   const acc_t eps_acc = static_cast<acc_t>(eps);
   const dim3 grid(static_cast<unsigned>(row_blocks(rows, plan)));
-  const bool vector_launched = launch_vector_rows<1, 2, 4, 8>(plan, [&](auto vpt) {
+  const bool vector_launched = launch_vector_rows<2, 4, 8>(plan, [&](auto vpt) {
     rms_norm_vector_kernel<scalar_t, decltype(vpt)::value>
         <<<grid, plan.block(), 0, stream>>>(x, weight, y, rows, hidden, eps_acc);
   });
@@ -679,53 +686,35 @@ void launch_rms_norm(const scalar_t* x, const scalar_t* weight, scalar_t* y, int
 // rows per SM, not one per row of x.
 // ---------------------------------------------------------------------------
 
-// Up to 1024 threads per row with one 16-byte vector each (two rows at a time, see
-// below); longer rows four vectors each on up to 512 threads (bfloat16 up to
-// H = 16384), a variant built for 512 threads so that its 4 vectors of x, of
-// grad_out and of the grad_weight accumulator stay in registers (two vectors on
-// 1024 threads, at most 64 registers each, spilled: 77% of copy bandwidth at
-// H = 16384 on an H100). Longer rows take the scalar or generic kernels.
-constexpr int kBackwardWideVectors = 4;
-constexpr int kBackwardMaxThreadsWide = 512;
-constexpr RowKernelLimits kBackwardLimits{/*max_vectors_per_thread=*/1,
-                                          /*target_threads=*/kMaxThreadsPerBlock,
-                                          /*max_threads=*/kMaxThreadsPerBlock};
+// Four 16-byte vectors a thread on up to 512 threads (bfloat16 rows up to H = 16384), a
+// variant built for 512 threads so that its 4 vectors of x, of grad_out and of the
+// grad_weight accumulator stay in registers (two vectors on 1024 threads, at most 64
+// registers each, spilled: 77% of copy bandwidth at H = 16384 on an H100). Shorter rows
+// take the same variant on fewer threads (a warp or less from 1024 bfloat16 elements
+// down, several rows a block): on an H200 that was 7-16 % faster at H = 512-8192 than one
+// vector a thread on up to 1024 threads with two rows a step, and two vectors a thread
+// were slower than either (benchmarks/NOTES.md, run 67). Longer rows take the staged,
+// scalar or generic kernels.
+constexpr int kBackwardVectors = 4;
+constexpr int kBackwardMaxThreads = 512;
+constexpr RowKernelLimits kBackwardLimits{/*max_vectors_per_thread=*/kBackwardVectors,
+                                          /*target_threads=*/kBackwardMaxThreads,
+                                          /*max_threads=*/kBackwardMaxThreads,
+                                          /*min_vectors_per_thread=*/kBackwardVectors};
 
-inline RowLaunch plan_backward_launch(int64_t hidden, int vector_width, bool vector_ok) {
-  RowLaunch plan = plan_row_launch(hidden, vector_width, vector_ok, kBackwardLimits);
-  if (plan.vectors_per_thread == 0 && vector_ok && hidden % vector_width == 0) {
-    const int64_t threads = ceil_div(hidden / vector_width, kBackwardWideVectors);
-    if (threads <= kBackwardMaxThreadsWide) {
-      plan.vectors_per_thread = kBackwardWideVectors;
-      plan.threads_per_row = threads_for_row(threads);
-      plan.rows_per_block = 1;
-    }
-  }
-  return plan;
-}
-
-// Rows a thread works on at once. The grid only fills the GPU once (every row
-// slot holds a grad_weight accumulator in registers), so with one row at a time
-// an SM has few rows in flight, each waiting on its reduction; two rows per step
-// double the loads in flight while sharing one accumulator.
-template <int kVectorsPerThread>
-constexpr int backward_rows_per_step() {
-  return kVectorsPerThread == 1 ? 2 : 1;
-}
-
-template <typename scalar_t, int kVectorsPerThread>
-__global__ void __launch_bounds__(kVectorsPerThread >= kBackwardWideVectors
-                                      ? kBackwardMaxThreadsWide
-                                      : kMaxThreadsPerBlock)
+// The grid only fills the GPU once (every row slot holds a grad_weight accumulator in
+// registers), rows strided over it.
+template <typename scalar_t>
+__global__ void __launch_bounds__(kBackwardMaxThreads)
     rms_norm_backward_vector_kernel(const scalar_t* __restrict__ grad_out,
                                     const scalar_t* __restrict__ x,
                                     const scalar_t* __restrict__ weight,
                                     scalar_t* __restrict__ grad_x,
                                     acc_type<scalar_t>* __restrict__ weight_partials, int64_t rows,
                                     int64_t hidden, acc_type<scalar_t> eps) {
+  constexpr int kVectorsPerThread = kBackwardVectors;
   using acc_t = acc_type<scalar_t>;
   constexpr int kVec = vector_size<scalar_t>();
-  constexpr int kRows = backward_rows_per_step<kVectorsPerThread>();
   using Vec = AlignedVector<scalar_t, kVec>;
   using AccVec = AlignedVector<acc_t, kVec>;
   const acc_t inv_hidden = acc_t(1) / static_cast<acc_t>(hidden);
@@ -742,87 +731,66 @@ __global__ void __launch_bounds__(kVectorsPerThread >= kBackwardWideVectors
     }
   }
 
-  // Step s handles rows block_row + r * row_slots + threadIdx.y, r < kRows. The
-  // loop bound is the same for the whole block; rows past the end are masked.
+  // The loop bound is the same for the whole block; rows past the end are masked.
   for (int64_t block_row = static_cast<int64_t>(blockIdx.x) * blockDim.y; block_row < rows;
-       block_row += kRows * row_slots) {
-    int64_t row[kRows];
-    int row_vectors[kRows];  // 0 for a row past the end
-    Vec xv[kRows][kVectorsPerThread];
-    Vec gov[kRows][kVectorsPerThread];
-    acc_t sums[2 * kRows];  // sum(x^2) and sum(g * x) of each row
+       block_row += row_slots) {
+    const int64_t row = block_row + threadIdx.y;
+    const int row_vectors = row < rows ? num_vectors : 0;  // 0 for a row past the end
+    Vec xv[kVectorsPerThread];
+    Vec gov[kVectorsPerThread];
+    acc_t sums[2] = {0, 0};  // sum(x^2) and sum(g * x)
+    const Vec* x_vectors = reinterpret_cast<const Vec*>(x + row * hidden);
+    const Vec* go_vectors = reinterpret_cast<const Vec*>(grad_out + row * hidden);
 #pragma unroll
-    for (int r = 0; r < kRows; ++r) {
-      row[r] = block_row + r * row_slots + threadIdx.y;
-      row_vectors[r] = row[r] < rows ? num_vectors : 0;
-      sums[2 * r] = 0;
-      sums[2 * r + 1] = 0;
-    }
-#pragma unroll
-    for (int r = 0; r < kRows; ++r) {
-      const Vec* x_vectors = reinterpret_cast<const Vec*>(x + row[r] * hidden);
-      const Vec* go_vectors = reinterpret_cast<const Vec*>(grad_out + row[r] * hidden);
-#pragma unroll
-      for (int i = 0; i < kVectorsPerThread; ++i) {
-        const int idx = threadIdx.x + i * blockDim.x;
-        if (idx < row_vectors[r]) {
-          xv[r][i] = x_vectors[idx];
-          gov[r][i] = go_vectors[idx];
-        }
+    for (int i = 0; i < kVectorsPerThread; ++i) {
+      const int idx = threadIdx.x + i * blockDim.x;
+      if (idx < row_vectors) {
+        xv[i] = x_vectors[idx];
+        gov[i] = go_vectors[idx];
       }
     }
 #pragma unroll
     for (int i = 0; i < kVectorsPerThread; ++i) {
       const int idx = threadIdx.x + i * blockDim.x;
-      if (idx < num_vectors) {
+      if (idx < row_vectors) {
         Vec wv;
         if (weight_vec != nullptr) {
           wv = weight_vec[idx];
         }
 #pragma unroll
-        for (int r = 0; r < kRows; ++r) {
-          if (row_vectors[r] > 0) {
-#pragma unroll
-            for (int k = 0; k < kVec; ++k) {
-              const acc_t xk = static_cast<acc_t>(xv[r][i].val[k]);
-              acc_t gk = static_cast<acc_t>(gov[r][i].val[k]);
-              if (weight_vec != nullptr) {
-                gk *= static_cast<acc_t>(wv.val[k]);
-              }
-              sums[2 * r] += xk * xk;
-              sums[2 * r + 1] += gk * xk;
-            }
+        for (int k = 0; k < kVec; ++k) {
+          const acc_t xk = static_cast<acc_t>(xv[i].val[k]);
+          acc_t gk = static_cast<acc_t>(gov[i].val[k]);
+          if (weight_vec != nullptr) {
+            gk *= static_cast<acc_t>(wv.val[k]);
           }
+          sums[0] += xk * xk;
+          sums[1] += gk * xk;
         }
       }
     }
     row_sum(sums);
 
+    const acc_t rstd = rsqrt_acc(sums[0] * inv_hidden + eps);
+    const acc_t x_coeff = rstd * rstd * rstd * sums[1] * inv_hidden;
 #pragma unroll
     for (int i = 0; i < kVectorsPerThread; ++i) {
       const int idx = threadIdx.x + i * blockDim.x;
-      if (idx < num_vectors) {
+      if (idx < row_vectors) {
         Vec wv;
         if (weight_vec != nullptr) {
           wv = weight_vec[idx];
         }
+        Vec out;
 #pragma unroll
-        for (int r = 0; r < kRows; ++r) {
-          if (row_vectors[r] > 0) {
-            const acc_t rstd = rsqrt_acc(sums[2 * r] * inv_hidden + eps);
-            const acc_t x_coeff = rstd * rstd * rstd * sums[2 * r + 1] * inv_hidden;
-            Vec out;
-#pragma unroll
-            for (int k = 0; k < kVec; ++k) {
-              const acc_t xk = static_cast<acc_t>(xv[r][i].val[k]);
-              const acc_t gok = static_cast<acc_t>(gov[r][i].val[k]);
-              const acc_t wk = weight_vec != nullptr ? static_cast<acc_t>(wv.val[k]) : acc_t(1);
-              out.val[k] = static_cast<scalar_t>(rstd * gok * wk - xk * x_coeff);
-              dw[i][k] += gok * xk * rstd;
-            }
-            reinterpret_cast<Vec*>(grad_x + row[r] * hidden)[idx] = out;
-          }
+        for (int k = 0; k < kVec; ++k) {
+          const acc_t xk = static_cast<acc_t>(xv[i].val[k]);
+          const acc_t gok = static_cast<acc_t>(gov[i].val[k]);
+          const acc_t wk = weight_vec != nullptr ? static_cast<acc_t>(wv.val[k]) : acc_t(1);
+          out.val[k] = static_cast<scalar_t>(rstd * gok * wk - xk * x_coeff);
+          dw[i][k] += gok * xk * rstd;
         }
+        reinterpret_cast<Vec*>(grad_x + row * hidden)[idx] = out;
       }
     }
   }
@@ -1301,7 +1269,7 @@ void launch_rms_norm_backward(const scalar_t* grad_out, const scalar_t* x, const
   const bool aligned = is_vector_aligned(grad_out) && is_vector_aligned(x) &&
                        is_vector_aligned(grad_x) &&
                        (weight == nullptr || is_vector_aligned(weight));
-  const RowLaunch plan = plan_backward_launch(hidden, vector_size<scalar_t>(), aligned);
+  const RowLaunch plan = plan_row_launch(hidden, vector_size<scalar_t>(), aligned, kBackwardLimits);
   const cudaStream_t stream = current_stream();
   const acc_t eps_acc = static_cast<acc_t>(eps);
   const ScalarType acc_dtype = acc_dtype_of(like.scalar_type());
@@ -1339,9 +1307,8 @@ void launch_rms_norm_backward(const scalar_t* grad_out, const scalar_t* x, const
     });
   };
 
-  const bool vector_launched = launch_vector_rows<1, kBackwardWideVectors>(plan, [&](auto vpt) {
-    launch(rms_norm_backward_vector_kernel<scalar_t, decltype(vpt)::value>, plan,
-           Partials::kPerBlock);
+  const bool vector_launched = launch_vector_rows<kBackwardVectors>(plan, [&](auto) {
+    launch(rms_norm_backward_vector_kernel<scalar_t>, plan, Partials::kPerBlock);
   });
   if (vector_launched) {
     return;
