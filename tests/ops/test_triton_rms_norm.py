@@ -249,6 +249,62 @@ def test_compile_traces_into_the_kernels() -> None:
 
 @pytest.mark.gpu
 @requires_cuda
+def test_eager_calls_launch_what_the_op_launches() -> None:
+    # Eager calls skip the dispatcher and Triton's argument binding (launch._launch_eager),
+    # so each must find the kernel Triton compiled for its own specialisation. The calls
+    # alternate between what Triton compiles apart: one row and many (an int of 1), rows
+    # on and off 16-byte boundaries, dtypes, with and without a weight. Each must equal
+    # the op's output (Triton's own launch) bit for bit; the second round hits the cache.
+    torch.manual_seed(0)
+    cases = []
+    for dtype in (torch.bfloat16, torch.float32):
+        flat = torch.randn(40 * 1024 + 8, device="cuda", dtype=dtype)
+        for rows, hidden, offset in [
+            (1, 1024, 0),
+            (37, 1024, 0),
+            (32, 1024, 1),
+            (1, 1024, 1),
+            (16, 1000, 0),
+            (16, 1000, 3),
+        ]:
+            x = flat[offset : offset + rows * hidden].view(rows, hidden)
+            for weight in (None, torch.randn(hidden, device="cuda", dtype=dtype)):
+                cases.append((x, weight))
+    for _ in range(2):
+        for x, weight in cases:
+            got = triton_rms_norm.rms_norm(x, weight, 1e-6)
+            expected = torch.ops.hotloop.rms_norm_triton(x, weight, 1e-6)
+            assert torch.equal(got, expected), (x.shape, x.dtype, x.data_ptr() % 16)
+            assert_near(got, reference(x, weight, 1e-6), x.dtype, f"y of {tuple(x.shape)}")
+
+
+@pytest.mark.gpu
+@requires_cuda
+def test_dispatch_modes_see_the_op() -> None:
+    # The eager shortcut is for plain calls only: a dispatch mode (FakeTensorMode, a
+    # tracer, a profiler's) must still see hotloop's op, not the kernels' own tensors.
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class Recorder(TorchDispatchMode):
+        def __init__(self) -> None:
+            super().__init__()
+            self.ops: list[str] = []
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
+            self.ops.append(str(func))
+            return func(*args, **(kwargs or {}))
+
+    x = torch.randn(4, 256, device="cuda", requires_grad=True)
+    weight = torch.randn(256, device="cuda", requires_grad=True)
+    with Recorder() as recorder:
+        out = triton_rms_norm.rms_norm(x, weight, 1e-6)
+        out.sum().backward()
+    assert "hotloop.rms_norm_triton.default" in recorder.ops
+    assert "hotloop.rms_norm_triton_backward.default" in recorder.ops
+
+
+@pytest.mark.gpu
+@requires_cuda
 def test_empty_inputs() -> None:
     x = torch.randn(0, 16, device="cuda", requires_grad=True)
     weight = torch.randn(16, device="cuda", requires_grad=True)

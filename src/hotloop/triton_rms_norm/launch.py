@@ -6,6 +6,7 @@ settings: benchmarks/tune_triton_rms_norm.py sweeps them through these two funct
 """
 
 import ctypes
+import functools
 from typing import Any, Optional
 
 import torch
@@ -42,6 +43,7 @@ def _alignment(width: int, *matrices: torch.Tensor) -> tuple[int, bool]:
     return align, align * element_size == VECTOR_BYTES
 
 
+@functools.cache
 def _sm_count(device: torch.device) -> int:
     """Streaming multiprocessors of the device; under the interpreter a small number, so
     that a few persistent programs still exercise the dw reduction."""
@@ -62,6 +64,47 @@ def _persistent_programs(device: torch.device, per_sm: int, work_items: Any) -> 
     if isinstance(work_items, int):
         programs = max(1, min(programs, work_items))
     return programs
+
+
+# Kernels compiled by Triton for eager launches (see _launch_eager), by what Triton
+# specialises a launch on, with the constexpr arguments that follow the positional ones.
+_COMPILED: dict[tuple[Any, ...], tuple[Any, tuple[Any, ...]]] = {}
+
+
+def _specialisation(arg: Any) -> Any:
+    """What Triton compiles a kernel for, of one positional argument: a tensor's dtype and
+    whether its address is a multiple of 16; an int's type (32 or 64 bits), whether it is
+    1 and whether it is a multiple of 16; a float is always passed as float32."""
+    if isinstance(arg, torch.Tensor):
+        return arg.dtype, arg.data_ptr() % 16 == 0
+    if isinstance(arg, int):
+        return arg == 1, arg % 16 == 0, -(2**31) <= arg < 2**31
+    return type(arg)
+
+
+def _launch_eager(kernel: Any, grid: tuple[Any, ...], *args: Any, **kwargs: Any) -> None:
+    """Launch a kernel from an eager call, calling the compiled kernel that Triton made for
+    the same specialisation directly.
+
+    Triton's own launch binds and specialises every argument in Python on every call
+    (tens of microseconds, more than a decode-sized kernel takes). The key here holds
+    everything that selects a compiled kernel (the device, the constexpr and launch
+    arguments, and each positional argument's specialisation, at least as finely as
+    Triton splits them), so a hit is the kernel Triton would launch; the compiled
+    kernel's launcher calls Triton's launch hooks (a profiler's) as Triton's own launch
+    does. A miss takes Triton's own path, which compiles.
+    """
+    key = (kernel, args[0].device.index, tuple(kwargs.items()), *map(_specialisation, args))
+    hit = _COMPILED.get(key)
+    if hit is None:
+        compiled = kernel[grid](*args, **kwargs)
+        # The compiled kernel takes every argument of the kernel's signature in order:
+        # the positional ones, then the constexprs passed by name.
+        tail = tuple(kwargs[name] for name in kernel.arg_names[len(args) :])
+        _COMPILED[key] = (compiled, tail)
+        return
+    compiled, tail = hit
+    compiled[(*grid, 1, 1)[:3]](*args, *tail)
 
 
 def _launch(kernel: Any, grid: tuple[Any, ...], *args: Any, **kwargs: Any) -> None:
@@ -102,12 +145,16 @@ def forward_rows(
     y: torch.Tensor,
     eps: float,
     config: Optional[FwdConfig] = None,
+    eager: bool = False,
 ) -> None:
     """Launch the forward on 2-d (rows, H) tensors with unit column stride: y = RMSNorm(x).
 
     ``config`` overrides the launch settings of the fused kernel (benchmarks/
-    tune_triton_rms_norm.py sweeps them); by default they come from fwd_config.
+    tune_triton_rms_norm.py sweeps them); by default they come from fwd_config. ``eager``:
+    the caller runs eagerly on real CUDA tensors (no tracing), so launches may skip
+    ``wrap_triton`` and Triton's binding (see _launch_eager).
     """
+    launch = _launch_eager if eager else _launch
     n_rows, n_cols = x.shape
     has_weight = weight is not None
     fp64 = x.dtype == torch.float64
@@ -116,7 +163,7 @@ def forward_rows(
         block_n, block_tail = row_blocks(width)
         align, aligned = _alignment(width, x, y)
         config = config or fwd_config(width, aligned)
-        _launch(
+        launch(
             rms_norm_fwd_kernel,
             (triton.cdiv(n_rows, config.block_m),),
             x,
@@ -136,7 +183,7 @@ def forward_rows(
             num_warps=config.num_warps,
         )
     else:
-        _launch(
+        launch(
             rms_norm_fwd_looped_kernel,
             (n_rows,),
             x,
@@ -160,12 +207,14 @@ def backward_rows(
     grad_x: torch.Tensor,
     eps: float,
     config: Optional[BwdConfig] = None,
+    eager: bool = False,
 ) -> Optional[torch.Tensor]:
     """Launch the backward on 2-d (rows, H) tensors with unit column stride: writes grad_x
     and returns the [programs, H] partial sums of grad_weight (None without weight).
 
-    ``config`` overrides the launch settings of the fused kernel, as in forward_rows.
+    ``config`` and ``eager`` as in forward_rows.
     """
+    launch = _launch_eager if eager else _launch
     n_rows, n_cols = x.shape
     has_weight = weight is not None
     fp64 = x.dtype == torch.float64
@@ -181,7 +230,7 @@ def backward_rows(
         dw_partial = torch.empty(
             (programs, n_cols) if has_weight else (0,), dtype=acc_dtype, device=x.device
         )
-        _launch(
+        launch(
             rms_norm_bwd_kernel,
             (programs,),
             grad_out,
@@ -209,7 +258,7 @@ def backward_rows(
     else:
         rstd = torch.empty((n_rows,), dtype=acc_dtype, device=x.device)
         coef = torch.empty((n_rows,), dtype=acc_dtype, device=x.device)
-        _launch(
+        launch(
             rms_norm_bwd_row_stats_kernel,
             (n_rows,),
             grad_out,
@@ -232,7 +281,7 @@ def backward_rows(
         dw_partial = torch.empty(
             (row_sets, n_cols) if has_weight else (0,), dtype=acc_dtype, device=x.device
         )
-        _launch(
+        launch(
             rms_norm_bwd_looped_kernel,
             (row_sets, col_blocks),
             grad_out,

@@ -6,6 +6,7 @@ The tables come from benchmarks/tune_triton_rms_norm.py; its winners are copied 
 hand, with the run that chose them.
 """
 
+import functools
 from dataclasses import dataclass
 from typing import Optional, TypeVar
 
@@ -89,6 +90,8 @@ BWD_CONFIG: dict[RowShape, BwdConfig] = {
 }
 
 
+# Cached: every launch asks (a pure function of its arguments).
+@functools.cache
 def row_blocks(n_cols: int) -> tuple[int, int]:
     """(BLOCK_N, BLOCK_TAIL): the register blocks that hold a row of n_cols elements.
 
@@ -143,6 +146,8 @@ def _warps_for(elements: int, per_thread: int) -> int:
     return min(16, max(4, warps))
 
 
+# Cached: every launch asks (a pure function of its arguments).
+@functools.cache
 def fwd_config(n_cols: int, aligned: bool = True) -> FwdConfig:
     """Settings of the fused forward for rows of n_cols elements (``aligned``: they start
     on 16-byte boundaries, see row_alignment): from FWD_CONFIG where the sweep covered
@@ -156,6 +161,8 @@ def fwd_config(n_cols: int, aligned: bool = True) -> FwdConfig:
     return FwdConfig(block_m, _warps_for(block_m * width, 16))
 
 
+# Cached: every launch asks (a pure function of its arguments).
+@functools.cache
 def bwd_config(n_cols: int, aligned: bool = True) -> BwdConfig:
     """Settings of the fused backward, as fwd_config's: from BWD_CONFIG where the sweep
     covered the case, else tiles of about _BWD_SMALL_TILE elements, 8 to 16 elements a thread, on 4
