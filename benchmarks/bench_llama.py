@@ -31,7 +31,6 @@ import datetime as _dt
 import json
 import platform
 import statistics
-import subprocess
 import sys
 import time
 import traceback
@@ -40,6 +39,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from bench_rms_norm import driver_version
 
 import hotloop
 
@@ -64,12 +64,7 @@ def build_models(layers: int) -> dict[str, torch.nn.Module]:
     torch.manual_seed(0)
     stock = transformers.LlamaForCausalLM(config).to(device="cuda", dtype=torch.bfloat16)
     ours = copy.deepcopy(stock)
-    swapped = 0
-    for parent in list(ours.modules()):
-        for name, child in list(parent.named_children()):
-            if type(child).__name__ == "LlamaRMSNorm":
-                setattr(parent, name, hotloop.RMSNorm.from_module(child))
-                swapped += 1
+    swapped = hotloop.RMSNorm.replace_in(ours, "LlamaRMSNorm")
     if swapped != 2 * layers + 1:
         raise RuntimeError(
             f"bench_llama: swapped {swapped} LlamaRMSNorm layers, expected {2 * layers + 1} "
@@ -171,20 +166,6 @@ def generate_steps(
     return steps
 
 
-def _driver_version() -> str | None:
-    try:
-        out = subprocess.run(
-            ["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
-            capture_output=True,
-            text=True,
-            timeout=20,
-            check=True,
-        ).stdout
-        return out.strip().splitlines()[0]
-    except Exception:
-        return None
-
-
 def metadata(args: argparse.Namespace, logits_err: float) -> dict[str, Any]:
     import transformers
 
@@ -197,7 +178,7 @@ def metadata(args: argparse.Namespace, logits_err: float) -> dict[str, Any]:
     return {
         "date": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
         "device": torch.cuda.get_device_name(0),
-        "driver": _driver_version(),
+        "driver": driver_version(),
         "torch": torch.__version__,
         "cuda": torch.version.cuda,
         "triton": triton_version,

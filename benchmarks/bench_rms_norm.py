@@ -772,7 +772,8 @@ def sweep_shape(hidden: int, total: int) -> tuple[int, int]:
     return (max(1, round(total / hidden)), hidden)
 
 
-def _driver_version() -> str | None:
+def driver_version() -> str | None:
+    """The NVIDIA driver's version from nvidia-smi, None where it can't be read."""
     try:
         out = subprocess.run(
             ["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
@@ -795,7 +796,7 @@ def metadata(hotloop: Any, liger_note: str | None, quick: bool) -> dict[str, Any
         "memory_gib": round(props.total_memory / 2**30, 1),
         "l2_cache_mb": round(getattr(props, "L2_cache_size", 0) / 1e6, 1),
         "compute_capability": f"{props.major}.{props.minor}",
-        "driver": _driver_version(),
+        "driver": driver_version(),
         "torch": torch.__version__,
         "cuda": torch.version.cuda,
         "python": platform.python_version(),

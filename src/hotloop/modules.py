@@ -65,6 +65,19 @@ class RMSNorm(nn.RMSNorm):
             new.weight = weight
         return new
 
+    @classmethod
+    def replace_in(cls, model: nn.Module, type_name: str, backend: str | None = None) -> int:
+        """Replaces, in place, every submodule of ``model`` whose class is named
+        ``type_name`` (e.g. ``"LlamaRMSNorm"``) by ``from_module`` of it; returns how many.
+        Matching the name rather than the class keeps transformers an optional import."""
+        replaced = 0
+        for parent in list(model.modules()):
+            for name, child in list(parent.named_children()):
+                if type(child).__name__ == type_name:
+                    setattr(parent, name, cls.from_module(child, backend=backend))
+                    replaced += 1
+        return replaced
+
     def forward(self, x: Tensor) -> Tensor:
         if x.shape[-1:] != self.normalized_shape:
             raise ValueError(

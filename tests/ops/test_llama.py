@@ -28,23 +28,15 @@ def tiny_llama(device: str) -> torch.nn.Module:
     return transformers.LlamaForCausalLM(config).to(device=device, dtype=torch.bfloat16)
 
 
-def swap_rms_norms(model: torch.nn.Module) -> int:
-    swapped = 0
-    for parent in list(model.modules()):
-        for name, child in list(parent.named_children()):
-            if type(child).__name__ == "LlamaRMSNorm":
-                setattr(parent, name, hotloop.RMSNorm.from_module(child))
-                swapped += 1
-    return swapped
-
-
 @pytest.mark.parametrize("compiled", [False, True], ids=["eager", "compiled"])
 def test_swapped_llama_matches(device: str, compiled: bool) -> None:
     if compiled and device == "cpu":
         pytest.skip("minutes of inductor C++ compilation on the CPU; compile is covered on CUDA")
     reference = tiny_llama(device)
     ours = copy.deepcopy(reference)
-    assert swap_rms_norms(ours) == 2 * 2 + 1  # two per layer and the final norm
+    assert (
+        hotloop.RMSNorm.replace_in(ours, "LlamaRMSNorm") == 2 * 2 + 1
+    )  # two per layer and the final norm
     assert not any(type(m).__name__ == "LlamaRMSNorm" for m in ours.modules())
     tokens = torch.randint(0, 256, (2, 24), device=device)
 

@@ -20,8 +20,12 @@ BACKENDS = ("native", "triton")
 # under a device's name, which said nothing for CPU tensors. Still accepted, with a warning,
 # so that code written against 0.1.0 keeps running for one more release.
 _DEPRECATED_BACKENDS = {"cuda": "native"}
-# The backend `rms_norm` uses for CUDA tensors when none is named: the faster one in
-# benchmarks/results/rms_norm.json.
+# The backend `rms_norm` uses for CUDA tensors when none is named, on every GPU and width.
+# Measured on an H100 and an H200 (benchmarks/results/rms_norm*.json, NOTES.md runs 70-71):
+# the Triton kernels are faster at odd 2048-blocks (2047: 83-93 against 63-84 % of copy
+# forward) and, on the H100, 1-4 points faster forward+backward at 512-8192, but an eager
+# Triton call costs 3-6x F.rms_norm's host time (0.3-0.7 ms a forward+backward step, which
+# left the GPU waiting at the headline shape on the H200), more than those kernels save.
 DEFAULT_CUDA_BACKEND = "native"
 
 FLOATING_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
