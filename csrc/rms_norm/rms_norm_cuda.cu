@@ -686,6 +686,44 @@ void launch_rms_norm(const scalar_t* x, const scalar_t* weight, scalar_t* y, int
 // rows per SM, not one per row of x.
 // ---------------------------------------------------------------------------
 
+// The backward's arithmetic on one 16-byte vector of a row, shared by its kernels: the
+// row sums sum(x^2) and sum(g * x) with g = grad_out * weight ...
+template <typename Vec, typename acc_t>
+__device__ __forceinline__ void add_backward_sums(const Vec& x, const Vec& grad_out,
+                                                  const Vec& weight, bool has_weight,
+                                                  acc_t (&sums)[2]) {
+  constexpr int kVec = sizeof(x.val) / sizeof(x.val[0]);
+#pragma unroll
+  for (int k = 0; k < kVec; ++k) {
+    const acc_t xk = static_cast<acc_t>(x.val[k]);
+    acc_t gk = static_cast<acc_t>(grad_out.val[k]);
+    if (has_weight) {
+      gk *= static_cast<acc_t>(weight.val[k]);
+    }
+    sums[0] += xk * xk;
+    sums[1] += gk * xk;
+  }
+}
+
+// ... and, once the row's rstd and x_coeff = rstd^3 * sum(g * x) / H are known, grad_x of
+// the vector, adding its grad_out * xhat to the thread's grad_weight accumulator dw.
+template <typename Vec, typename acc_t, int kVec>
+__device__ __forceinline__ Vec backward_vector(const Vec& x, const Vec& grad_out, const Vec& weight,
+                                               bool has_weight, acc_t rstd, acc_t x_coeff,
+                                               acc_t (&dw)[kVec]) {
+  using scalar_t = std::remove_cv_t<std::remove_reference_t<decltype(x.val[0])>>;
+  Vec out;
+#pragma unroll
+  for (int k = 0; k < kVec; ++k) {
+    const acc_t xk = static_cast<acc_t>(x.val[k]);
+    const acc_t gok = static_cast<acc_t>(grad_out.val[k]);
+    const acc_t wk = has_weight ? static_cast<acc_t>(weight.val[k]) : acc_t(1);
+    out.val[k] = static_cast<scalar_t>(rstd * gok * wk - xk * x_coeff);
+    dw[k] += gok * xk * rstd;
+  }
+  return out;
+}
+
 // Four 16-byte vectors a thread on up to 512 threads (bfloat16 rows up to H = 16384), a
 // variant built for 512 threads so that its 4 vectors of x, of grad_out and of the
 // grad_weight accumulator stay in registers (two vectors on 1024 threads, at most 64
@@ -757,16 +795,7 @@ __global__ void __launch_bounds__(kBackwardMaxThreads)
         if (weight_vec != nullptr) {
           wv = weight_vec[idx];
         }
-#pragma unroll
-        for (int k = 0; k < kVec; ++k) {
-          const acc_t xk = static_cast<acc_t>(xv[i].val[k]);
-          acc_t gk = static_cast<acc_t>(gov[i].val[k]);
-          if (weight_vec != nullptr) {
-            gk *= static_cast<acc_t>(wv.val[k]);
-          }
-          sums[0] += xk * xk;
-          sums[1] += gk * xk;
-        }
+        add_backward_sums(xv[i], gov[i], wv, weight_vec != nullptr, sums);
       }
     }
     row_sum(sums);
@@ -781,16 +810,8 @@ __global__ void __launch_bounds__(kBackwardMaxThreads)
         if (weight_vec != nullptr) {
           wv = weight_vec[idx];
         }
-        Vec out;
-#pragma unroll
-        for (int k = 0; k < kVec; ++k) {
-          const acc_t xk = static_cast<acc_t>(xv[i].val[k]);
-          const acc_t gok = static_cast<acc_t>(gov[i].val[k]);
-          const acc_t wk = weight_vec != nullptr ? static_cast<acc_t>(wv.val[k]) : acc_t(1);
-          out.val[k] = static_cast<scalar_t>(rstd * gok * wk - xk * x_coeff);
-          dw[i][k] += gok * xk * rstd;
-        }
-        reinterpret_cast<Vec*>(grad_x + row * hidden)[idx] = out;
+        reinterpret_cast<Vec*>(grad_x + row * hidden)[idx] =
+            backward_vector(xv[i], gov[i], wv, weight_vec != nullptr, rstd, x_coeff, dw[i]);
       }
     }
   }
@@ -894,18 +915,11 @@ __global__ void __launch_bounds__(kStagedThreads)
     for (int i = 0; i < kVectorsPerThread; ++i) {
       const int idx = threadIdx.x + i * kStagedThreads;
       if (idx < part.num_vectors) {
-        const Vec xv = staged_x[idx];
-        const Vec gov = staged_go[idx];
-#pragma unroll
-        for (int k = 0; k < kVec; ++k) {
-          const acc_t xk = static_cast<acc_t>(xv.val[k]);
-          acc_t gk = static_cast<acc_t>(gov.val[k]);
-          if (weight_vec != nullptr) {
-            gk *= static_cast<acc_t>(weight_vec[idx].val[k]);
-          }
-          sums[0] += xk * xk;
-          sums[1] += gk * xk;
+        Vec wv;
+        if (weight_vec != nullptr) {
+          wv = weight_vec[idx];
         }
+        add_backward_sums(staged_x[idx], staged_go[idx], wv, weight_vec != nullptr, sums);
       }
     }
     row_sum(sums);
@@ -920,19 +934,12 @@ __global__ void __launch_bounds__(kStagedThreads)
     for (int i = 0; i < kVectorsPerThread; ++i) {
       const int idx = threadIdx.x + i * kStagedThreads;
       if (idx < part.num_vectors) {
-        const Vec xv = staged_x[idx];
-        const Vec gov = staged_go[idx];
-        Vec out;
-#pragma unroll
-        for (int k = 0; k < kVec; ++k) {
-          const acc_t xk = static_cast<acc_t>(xv.val[k]);
-          const acc_t gok = static_cast<acc_t>(gov.val[k]);
-          const acc_t wk =
-              weight_vec != nullptr ? static_cast<acc_t>(weight_vec[idx].val[k]) : acc_t(1);
-          out.val[k] = static_cast<scalar_t>(rstd * gok * wk - xk * x_coeff);
-          dw[i][k] += gok * xk * rstd;
+        Vec wv;
+        if (weight_vec != nullptr) {
+          wv = weight_vec[idx];
         }
-        gx_part[idx] = out;
+        gx_part[idx] = backward_vector(staged_x[idx], staged_go[idx], wv, weight_vec != nullptr,
+                                       rstd, x_coeff, dw[i]);
         // After the store, which needs both reads: the copies may not overtake them.
         if (next >= 0) {
           stage_vector(staged_x + idx, x_next + idx);
@@ -1031,16 +1038,7 @@ __global__ void __launch_bounds__(kMaxThreadsPerBlock)
           zero_outside_row(gov, span, idx, hidden_int);
         }
         const Vec wv = span_weight_vectors.get(i, idx);
-#pragma unroll
-        for (int k = 0; k < kVec; ++k) {
-          const acc_t xk = static_cast<acc_t>(xv.val[k]);
-          acc_t gk = static_cast<acc_t>(gov.val[k]);
-          if (weight_vec != nullptr) {
-            gk *= static_cast<acc_t>(wv.val[k]);
-          }
-          sums[0] += xk * xk;
-          sums[1] += gk * xk;
-        }
+        add_backward_sums(xv, gov, wv, weight_vec != nullptr, sums);
       }
     }
     row_sum(sums);
@@ -1057,15 +1055,7 @@ __global__ void __launch_bounds__(kMaxThreadsPerBlock)
         const Vec xv = staged_x[idx];
         const Vec gov = staged_go[idx];
         const Vec wv = span_weight_vectors.get(i, idx);
-        Vec out;
-#pragma unroll
-        for (int k = 0; k < kVec; ++k) {
-          const acc_t xk = static_cast<acc_t>(xv.val[k]);
-          const acc_t gok = static_cast<acc_t>(gov.val[k]);
-          const acc_t wk = weight_vec != nullptr ? static_cast<acc_t>(wv.val[k]) : acc_t(1);
-          out.val[k] = static_cast<scalar_t>(rstd * gok * wk - xk * x_coeff);
-          dw[i][k] += gok * xk * rstd;
-        }
+        const Vec out = backward_vector(xv, gov, wv, weight_vec != nullptr, rstd, x_coeff, dw[i]);
         store_span_vector(grad_x + row * hidden, span, idx, hidden_int, out);
         // After the reads above: the copies may not overtake them.
         if (next < rows) {
