@@ -159,9 +159,13 @@ class Project:
         }
         return {name: value.format(**values) for name, value in self.build_env.items()}
 
-    def test_arguments(self) -> list[str]:
-        """``test-command`` with ``{project}`` filled in."""
-        return [arg.format(project=self.root) for arg in self.test_command]
+    def test_arguments(self, python: str = "python", root: str | None = None) -> list[str]:
+        """``test-command`` (default: import the package) with ``python`` for the word
+        ``python`` (the test venv's interpreter) and ``{project}`` as ``root`` (default: the
+        checkout)."""
+        args = self.test_command or ("python", "-c", f"import {self.import_name}")
+        where = str(self.root) if root is None else root
+        return [python if arg == "python" else arg.format(project=where) for arg in args]
 
 
 # -------------------------------------------------------------------------- field docs
@@ -356,7 +360,7 @@ def load_project(path: Path = REPO) -> Project:
 
 @functools.cache
 def own_project() -> Project:
-    """This repository's own table (hotloop's): what the pipeline releases by default."""
+    """This repository's own table: what the pipeline releases by default."""
     return load_project(REPO)
 
 

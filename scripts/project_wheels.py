@@ -1,7 +1,7 @@
 """``nox -s wheels -- --project PATH``: another project's wheels, built, audited and tested.
 
-The same steps as hotloop's release (scripts/wheels.py), driven by the project's table
-(scripts/project.py) instead of hotloop's own files:
+The same steps as this repository's own release (scripts/wheels.py), driven by the
+project's table (scripts/project.py) instead of this repository's own files:
 
 1. the rows: the table's ``kinds`` pick which wheel serves each selected torch row (a
    stable wheel per CUDA major from ``stable-floor`` on, a pinned wheel per torch minor);
@@ -36,7 +36,13 @@ from scripts.project import Project
 from scripts.project_build import build_project_wheel
 from scripts.report import CellReport
 from scripts.wheelfile import sha256_of_file
-from scripts.wheeltest import PythonTestResult, failures, run_in_fresh_venv, run_in_venvs
+from scripts.wheeltest import (
+    PythonTestResult,
+    failures,
+    installed_requirement,
+    run_in_fresh_venv,
+    run_in_venvs,
+)
 
 log = basics.logger("wheels")
 OWNER_MARK = ".torch-wheels-output"
@@ -83,12 +89,6 @@ def cpu_row(row: Row) -> Row:
     return dataclasses.replace(row, cuda="")
 
 
-def test_command(project: Project, python: Path) -> list[str]:
-    """The table's test command with ``python`` as the venv's interpreter (default: import)."""
-    args = project.test_arguments() or ["python", "-c", f"import {project.import_name}"]
-    return [str(python) if arg == "python" else arg for arg in args]
-
-
 def test_wheel(
     project: Project,
     wheel: Path,
@@ -97,17 +97,16 @@ def test_wheel(
     workdir: Path,
 ) -> list[PythonTestResult]:
     """The table's test command against ``wheel`` in a fresh venv per interpreter."""
-    extras = f"[{','.join(project.test_extras)}]" if project.test_extras else ""
     packages = [
         f"torch=={torch_version}",
-        f"{project.distribution}{extras} @ {wheel.resolve().as_uri()}",
+        installed_requirement(project, wheel),
         *project.test_requires,
     ]
     return run_in_venvs(
         interpreters,
         workdir,
         lambda i: run_in_fresh_venv(
-            packages, i, workdir, lambda py: test_command(project, py), project.test_env
+            packages, i, workdir, lambda py: project.test_arguments(str(py)), project.test_env
         ),
     )
 

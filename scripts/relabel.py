@@ -10,7 +10,7 @@ the build into the wheel it made (the project's files stay untouched):
 * METADATA's torch requirement becomes the variant's (``torch==2.8.*``, ``torch>=2.10``),
   replacing any the project declared.
 
-A wheel that already carries a label (hotloop's setup.py writes its own) must carry this
+A wheel that already carries a label (a setup.py may write its own) must carry this
 one; it is then left as it is.
 """
 

@@ -1,7 +1,9 @@
-"""Run the op test suite against an installed wheel, in a fresh venv per Python.
+"""Run a project's tests against its installed wheel, in a fresh venv per Python.
 
-The tests run from an empty working directory so the source tree's ``src/`` is never on
-``sys.path``; ``HOTLOOP_TEST_INSTALLED=1`` makes tests/ops/conftest.py assert that.
+The tests run from an empty working directory so the source tree is never on ``sys.path``;
+what they run, with which extras and environment, is the project table's ``test-command``,
+``test-extras`` and ``test-env`` (this repository's: ``HOTLOOP_TEST_INSTALLED=1`` makes
+tests/ops/conftest.py assert that the wheel is what it imports).
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from typing import Any
 from scripts.basics import REPO
 from scripts.build import create_venv
 from scripts.interpreters import Interpreter
+from scripts.project import Project, own_project
 
 PARALLEL_CELLS = 2  # two Python cells at a time: 2 cores, torch import is heavy
 
@@ -38,19 +41,9 @@ class PythonTestResult:
 
 
 def pytest_command(python: Path, repo: Path = REPO, extra: Sequence[str] = ()) -> list[str]:
-    return [
-        str(python),
-        "-m",
-        "pytest",
-        str(repo / "tests" / "ops"),
-        "-c",
-        str(repo / "pyproject.toml"),
-        "--rootdir",
-        str(repo),
-        "-p",
-        "no:cacheprovider",
-        *extra,
-    ]
+    """This repository's test command (its project table's ``test-command``) for ``python``,
+    with ``repo`` as the checkout."""
+    return [*own_project().test_arguments(str(python), str(repo)), *extra]
 
 
 def last_summary_line(output: str) -> str:
@@ -58,6 +51,12 @@ def last_summary_line(output: str) -> str:
         if line.startswith("=") or " passed" in line or " failed" in line or "error" in line:
             return line.strip("= ").strip()
     return output.strip().splitlines()[-1] if output.strip() else ""
+
+
+def installed_requirement(project: Project, wheel: Path) -> str:
+    """``name[extras] @ file:///...``: the wheel, with the table's test extras."""
+    extras = f"[{','.join(project.test_extras)}]" if project.test_extras else ""
+    return f"{project.distribution}{extras} @ {wheel.resolve().as_uri()}"
 
 
 def run_in_fresh_venv(
@@ -76,7 +75,7 @@ def run_in_fresh_venv(
             str(interp.path),
             interp.source,
             f"Python {interp.version} lives in a Debian root (scripts/interpreter_root.py), "
-            "which runs hotloop's own suite only; test this wheel on another Python",
+            "which runs this repository's own suite only; test this wheel on another Python",
         )
     start = time.monotonic()
     cell = workdir / f"py{interp.version}"
@@ -118,17 +117,18 @@ def run_in_fresh_venv(
 def run_op_tests_in_venv(
     torch_spec: str, wheel: Path, interp: Interpreter, workdir: Path
 ) -> PythonTestResult:
-    """hotloop's op tests against ``wheel`` installed with ``torch_spec``."""
+    """This repository's op tests against ``wheel`` installed with ``torch_spec``."""
     if interp.root is not None:  # a Python of the Debian root: the venv lives in there
         from scripts import interpreter_root
 
         return interpreter_root.run_op_tests_in_root(torch_spec, wheel, interp, workdir)
+    table = own_project()
     return run_in_fresh_venv(
-        [torch_spec, f"hotloop[test] @ {wheel.resolve().as_uri()}"],
+        [torch_spec, installed_requirement(table, wheel)],
         interp,
         workdir,
         pytest_command,
-        {"HOTLOOP_TEST_INSTALLED": "1"},
+        table.test_env,
     )
 
 

@@ -1,11 +1,11 @@
-"""Repair and audit built wheels: auditwheel, abi3audit, torch-abi-audit and hotloop's rules.
+"""Repair and audit built wheels: auditwheel, abi3audit, torch-abi-audit and the pipeline's rules.
 
 ``nox -s wheels`` and cibuildwheel's repair step call ``repair_and_audit``; a wheel built or
 downloaded elsewhere is checked with ``python -m scripts.audit WHEEL [WHEEL ...]``
 (``--help`` lists the rules). Each failure reads ``<wheel>: <rule>: <what was found>``.
 
 * ``wheelfile``   reading a wheel that may be broken or hostile
-* ``rules``       hotloop's rules, one function each, and ``check_wheel`` that runs them
+* ``rules``       the pipeline's rules, one function each, and ``check_wheel`` that runs them
 * ``elf``         symbol versions an ELF needs (glibc, libstdc++)
 * ``libraries``   which libraries a wheel must not bundle (torch's and CUDA's)
 * ``stable_abi``  torch-abi-audit: libtorch symbols outside the stable ABI

@@ -16,7 +16,7 @@ from scripts.audit.rules import RULES, check_wheel
 from scripts.audit.wheelfile import AuditError, require_wheel_file, wheel_name_parts
 from scripts.matrix import Row, build_rows, load_rows
 
-USAGE = """Audit built hotloop wheels: abi3audit --strict and hotloop's rules.
+USAGE = """Audit built wheels: abi3audit --strict and the pipeline's rules.
 
 A wheel built or downloaded elsewhere (a CI artifact, an index) is checked against the
 matrix row its local version label names (+stable.cu13: the stable wheel's build row;

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 
 from scripts.audit import fatbin
 
-# torch's own libraries need no newer glibc/libstdc++ than these: a hotloop library that
+# torch's own libraries need no newer glibc/libstdc++ than these: an extension library that
 # needs newer ones would not load where torch does.
 MAX_SYMBOL_VERSIONS = {"GLIBC": (2, 28), "GLIBCXX": (3, 4, 22)}
 ELF_MAGIC = b"\x7fELF"

@@ -1,4 +1,4 @@
-"""Which shared libraries a hotloop wheel must not bundle: torch's and CUDA's.
+"""Which shared libraries an extension's wheel must not bundle: torch's and CUDA's.
 
 They come from the user's torch at run time. A second copy inside the wheel is loaded
 next to torch's, and two CUDA runtimes or two libc10 in one process break in ways
@@ -15,7 +15,7 @@ that are hard to trace. The set is derived, not listed by hand:
   and of its ``nvidia-*`` wheels ``libcu<component>`` (cudart, cublas, cufft, curand,
   cusolver, cusparse, cudnn, cupti, cufile), ``libnv<component>`` (nvrtc, nvJitLink,
   nvToolsExt, nvshmem, nvjpeg), ``libnccl*`` or ``libnpp*``. The ``libcu`` prefix also
-  matches a few system libraries (libcurl, libcups); hotloop's extension links none of
+  matches a few system libraries (libcurl, libcups); an extension links none of
   them, and auditwheel only bundles what the extension links.
 
 auditwheel renames what it bundles (``libcufft.so.12`` -> ``libcufft-1a2b3c4d.so.12``);
@@ -35,7 +35,7 @@ TORCH_LIBRARY = re.compile(r"lib(?:torch|c10|shm|caffe2|gomp)[^/]*")
 CUDA_LIBRARY = re.compile(r"lib(?:cu|nv|nccl|npp)[^/]*")
 SHARED_LIBRARY = re.compile(r".+\.so(?:\.[0-9][0-9.]*)?")
 # Python extension modules in torch's requirements (numpy's, cuda-bindings') are modules of
-# their packages, not libraries a wheel could bundle: their names say nothing about hotloop's.
+# their packages, not libraries a wheel could bundle: their names say nothing about an extension's.
 PYTHON_EXTENSION = re.compile(r".+\.(?:cpython-[^.]+|abi3|pypy[^.]*)\.so")
 # auditwheel's rename of a bundled library: <stem>-<8 hex digits><.so...>
 _AUDITWHEEL_HASH = re.compile(r"(?P<stem>.+)-[0-9a-f]{8}(?P<suffix>\.so(?:\..*)?)")

@@ -83,7 +83,7 @@ def torch_abi(libraries: Mapping[str, bytes]) -> dict[str, LibraryAbi]:
     from torch_abi_audit import inspect_extension
 
     found: dict[str, LibraryAbi] = {}
-    with tempfile.TemporaryDirectory(prefix="hotloop-abi-") as tmp:
+    with tempfile.TemporaryDirectory(prefix="torch-abi-") as tmp:
         for index, (member, data) in enumerate(sorted(libraries.items())):
             path = Path(tmp) / _temp_name(index, member)
             path.write_bytes(data)

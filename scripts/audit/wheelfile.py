@@ -99,7 +99,7 @@ class Wheel:
 
     @property
     def dist_info(self) -> str:
-        """``hotloop-0.1.0+stable.cu13.dist-info``: the folder the file name promises."""
+        """``mypkg-0.1.0+stable.cu13.dist-info``: the folder the file name promises."""
         return f"{self.parts['name']}-{self.version}.dist-info"
 
     def infos(self) -> list[zipfile.ZipInfo]:

@@ -184,8 +184,8 @@ def test_output_folder_of_someone_else_is_refused(tmp_path) -> None:
 
 def test_test_command_uses_the_venv_python(tmp_path) -> None:
     table = project.load_project(FIXTURE)
-    command = project_wheels.test_command(table, tmp_path / "bin" / "python")
+    command = table.test_arguments(str(tmp_path / "bin" / "python"))
     assert command[:3] == [str(tmp_path / "bin" / "python"), "-m", "pytest"]
     assert command[3] == f"{FIXTURE.resolve()}/test/check_anyext.py"
     bare = project.Project(**{**table.__dict__, "test_command": ()})
-    assert project_wheels.test_command(bare, Path("py")) == ["py", "-c", "import anyext"]
+    assert bare.test_arguments("py") == ["py", "-c", "import anyext"]
