@@ -135,11 +135,14 @@ def run_cell(
 ) -> CellReport:
     """Build ``row``'s wheel on ``interp``, relabel, repair and audit it, test it with the
     torch of each ``served`` row on ``test_pythons[torch]``."""
-    name = row.variant if project.python_abi == "abi3" else f"{row.variant}-py{interp.version}"
+    per_python = f"{row.variant}-py{interp.version}"
+    name = per_python if project.python_abi == "per-python" else row.variant
     cell = CellReport(name, row.torch, row.cuda or "cpu")
     cell.build_python = f"{interp.version} ({interp.path})"
     start = time.monotonic()
-    workdir = toolchain.cache_dir() / "projects" / project.distribution / name
+    # a folder per Python unless the table promises one abi3 wheel
+    folder = row.variant if project.python_abi == "abi3" else per_python
+    workdir = toolchain.cache_dir() / "projects" / project.distribution / folder
     try:
         cell.stage = "toolchain"
         tools = toolchain.assemble(row.cuda, row.toolkit, with_cuda=not cpu)
@@ -169,7 +172,7 @@ def run_cell(
         log(f"{name}: audit ok: {repaired.name}, GPU code for {' '.join(cell.archs) or 'no arch'}")
         if project.python_abi == "auto" and parts["abi"] != "abi3":
             # the build made a per-Python wheel: it serves only the Python that built it
-            cell.variant = f"{row.variant}-py{interp.version}"
+            cell.variant = per_python
             test_pythons = {
                 torch: {v: i for v, i in chosen.items() if v == interp.version}
                 for torch, chosen in test_pythons.items()
@@ -223,6 +226,7 @@ def run_project(
             builds = [(p, [p]) for p in wanted]
         else:
             builds = [(builder.build_python, wanted)]
+        first = True
         while builds:
             version, test_on = builds.pop(0)
             interp = found[version]
@@ -234,7 +238,8 @@ def run_project(
             }
             cell = run_cell(project, builder, served, interp, test_pythons, out_dir, cpu)
             cells.append(cell)
-            if cell.variant != builder.variant and project.python_abi == "auto":
-                # auto, and the build made a per-Python wheel: build for the other Pythons too
+            if first and project.python_abi == "auto" and cell.variant != builder.variant:
+                # the first build made a per-Python wheel: build for the other Pythons too
                 builds += [(p, [p]) for p in wanted if p != version]
+            first = False
     return cells

@@ -12,6 +12,7 @@ import pytest
 from scripts import matrix, project, project_build, project_wheels, relabel
 from scripts.basics import REPO
 from scripts.build import BuildError
+from scripts.interpreters import Interpreter
 from scripts.toolchain import Toolchain
 
 FIXTURE = REPO / "tests" / "fixtures" / "anyext"
@@ -189,3 +190,29 @@ def test_test_command_uses_the_venv_python(tmp_path) -> None:
     assert command[3] == f"{FIXTURE.resolve()}/test/check_anyext.py"
     bare = project.Project(**{**table.__dict__, "test_command": ()})
     assert bare.test_arguments("py") == ["py", "-c", "import anyext"]
+
+
+@pytest.mark.parametrize("per_python_wheel", [True, False])
+def test_auto_builds_per_python_only_when_the_first_wheel_is(
+    rows, monkeypatch, tmp_path, per_python_wheel
+) -> None:
+    # python-abi = auto: one build on the row's build Python; only if that wheel is not abi3
+    # (run_cell then names its cell per Python) are the row's other Pythons built, once each.
+    table = project.Project(**{**project.load_project(PER_PYTHON).__dict__, "python_abi": "auto"})
+    calls = []
+
+    def fake_cell(project_, row, served, interp, test_pythons, out_dir, cpu):
+        calls.append(interp.version)
+        name = f"{row.variant}-py{interp.version}" if per_python_wheel else row.variant
+        return project_wheels.CellReport(name, row.torch, "cpu")
+
+    monkeypatch.setattr(project_wheels, "run_cell", fake_cell)
+    monkeypatch.setattr(
+        project_wheels,
+        "find_interpreters",
+        lambda versions: {v: Interpreter(v, tmp_path / f"python{v}", "test") for v in versions},
+    )
+    row = row_of(rows, "2.14").pinned()
+    project_wheels.run_project(table, [row], tmp_path, None, skip_tests=True, cpu=True)
+    others = [p for p in row.pythons if p != row.build_python]
+    assert calls == [row.build_python, *others] if per_python_wheel else [row.build_python]
