@@ -210,9 +210,11 @@ def run_project(
 ) -> list[CellReport]:
     """Every wheel serving ``rows`` (already chosen from the matrix), one cell each."""
     rows = served_rows(project, rows)
+    # A stable wheel is built against the oldest row of its CUDA major, selected or not; a
+    # pinned one against its own row.
+    every = matrix.load_rows() if "stable" in project.kinds else rows
     if cpu:
-        rows = [cpu_row(r) for r in rows]
-    every = rows
+        rows, every = [cpu_row(r) for r in rows], [cpu_row(r) for r in every]
     cells = []
     for builder in matrix.build_rows(rows, every):
         served = [r for r in rows if r.variant == builder.variant]

@@ -216,3 +216,26 @@ def test_auto_builds_per_python_only_when_the_first_wheel_is(
     project_wheels.run_project(table, [row], tmp_path, None, skip_tests=True, cpu=True)
     others = [p for p in row.pythons if p != row.build_python]
     assert calls == [row.build_python, *others] if per_python_wheel else [row.build_python]
+
+
+def test_stable_wheel_is_built_against_its_oldest_row_even_unselected(
+    rows, monkeypatch, tmp_path
+) -> None:
+    # --torch 2.15 alone: the CUDA 13 stable wheel is still built against torch 2.11.
+    built = []
+
+    def fake_cell(project_, row, served, interp, test_pythons, out_dir, cpu):
+        built.append((row.torch, [r.torch for r in served]))
+        return project_wheels.CellReport(row.variant, row.torch, "cpu")
+
+    monkeypatch.setattr(project_wheels, "run_cell", fake_cell)
+    monkeypatch.setattr(
+        project_wheels,
+        "find_interpreters",
+        lambda versions: {v: Interpreter(v, tmp_path / f"python{v}", "test") for v in versions},
+    )
+    newest = row_of(rows, "2.15")
+    table = project.load_project(FIXTURE)
+    project_wheels.run_project(table, [newest], tmp_path, ["3.12"], skip_tests=True, cpu=False)
+    assert built == [(newest.build_torch, [newest.torch])]
+    assert newest.build_torch != newest.torch
