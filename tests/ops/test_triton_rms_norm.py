@@ -247,6 +247,28 @@ def test_compile_traces_into_the_kernels() -> None:
         torch.testing.assert_close(compiled(x2, weight), expected, **TOLERANCES[torch.bfloat16])
 
 
+def test_eager_launch_keys_split_what_triton_compiles_apart() -> None:
+    # Eager launches reuse the kernel Triton compiled for a key (launch._specialisation of
+    # each argument): two arguments that Triton would compile differently must never share
+    # a key. Ints: 1 (a constant), multiples of 16, and 64-bit values; tensors: dtype and
+    # 16-byte alignment; floats always go as float32.
+    from hotloop.triton_rms_norm.launch import _specialisation
+
+    ints = [1, 2, 16, 17, 32, 2**31 - 16, 2**31, 2**40]
+    keys = {n: _specialisation(n) for n in ints}
+    assert keys[1] != keys[2]
+    assert keys[16] != keys[17]
+    assert keys[2] == keys[17]
+    assert keys[16] == keys[32]
+    assert keys[2**31 - 16] != keys[2**31]
+    assert keys[2**31] == keys[2**40]
+    base = torch.zeros(64, dtype=torch.float32)
+    assert _specialisation(base) != _specialisation(base[1:])
+    assert _specialisation(base) != _specialisation(base.to(torch.float16))
+    assert _specialisation(base) == _specialisation(base[4:])
+    assert _specialisation(1e-6) == _specialisation(0.5)
+
+
 @pytest.mark.gpu
 @requires_cuda
 def test_eager_calls_launch_what_the_op_launches() -> None:
