@@ -17,6 +17,13 @@ inline bool is_floating(ScalarType dtype) {
          dtype == ScalarType::Double;
 }
 
+// None for a required tensor argument reaches a kernel as an undefined tensor, whose first
+// use would fail inside torch with a message that names neither the op nor the argument.
+inline void check_defined(const char* op, const char* name, const Tensor& t) {
+  HOTLOOP_CHECK(t.defined(), op, ": expected a tensor for ", name,
+                " but got None (or an undefined tensor); ", name, " is required");
+}
+
 inline void check_floating(const char* op, const char* name, const Tensor& t) {
   HOTLOOP_CHECK(is_floating(t.scalar_type()), op,
                 ": expected a floating-point tensor (float16, bfloat16, float32, float64) but got ",
@@ -43,6 +50,8 @@ inline void check_same_shape(const char* op, const char* name_a, const Tensor& a
 
 // Inputs of the elementwise ops (muladd, mul): a and b alike in device, dtype and shape.
 inline void check_elementwise_inputs(const char* op, const Tensor& a, const Tensor& b) {
+  check_defined(op, "a", a);
+  check_defined(op, "b", b);
   check_same_device(op, "a", a, "b", b);
   check_floating(op, "a", a);
   check_same_dtype(op, "a", a, "b", b);
@@ -51,6 +60,7 @@ inline void check_elementwise_inputs(const char* op, const Tensor& a, const Tens
 
 // x of a norm over the last dimension: floating and at least 1-d.
 inline void check_norm_input(const char* op, const char* name, const Tensor& x) {
+  check_defined(op, name, x);
   HOTLOOP_CHECK(x.dim() >= 1, op, ": expected ", name,
                 " to have at least 1 dimension (the normalised one) but got a 0-dim tensor");
   check_floating(op, name, x);
@@ -58,6 +68,7 @@ inline void check_norm_input(const char* op, const char* name, const Tensor& x) 
 
 // The weight of a norm: 1-D with H elements, same dtype and device as x.
 inline void check_norm_weight(const char* op, const Tensor& weight, const Tensor& x) {
+  check_defined(op, "weight", weight);
   check_same_device(op, "x", x, "weight", weight);
   check_same_dtype(op, "x", x, "weight", weight);
   HOTLOOP_CHECK(weight.dim() == 1, op, ": weight must be 1-D (x's last dim, ", x.size(-1),

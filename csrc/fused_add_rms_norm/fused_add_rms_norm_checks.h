@@ -35,6 +35,7 @@ inline void check_fused_add_rms_norm_inputs(const Tensor& x, const Tensor& resid
                                             const Tensor& weight) {
   constexpr const char* op = "fused_add_rms_norm";
   check_norm_input(op, "x", x);
+  check_defined(op, "residual", residual);
   check_same_device(op, "x", x, "residual", residual);
   check_same_dtype(op, "x", x, "residual", residual);
   check_same_shape(op, "x", x, "residual", residual);

@@ -18,6 +18,7 @@ inline void check_rms_norm_inputs(const char* op, const Tensor& x,
 // rms_norm's inputs, plus a grad_out that matches x.
 inline void check_rms_norm_backward_inputs(const char* op, const Tensor& grad_out, const Tensor& x,
                                            const std::optional<Tensor>& weight) {
+  check_defined(op, "grad_out", grad_out);
   check_rms_norm_inputs(op, x, weight);
   check_same_device(op, "x", x, "grad_out", grad_out);
   check_same_dtype(op, "x", x, "grad_out", grad_out);

@@ -83,6 +83,7 @@ inline int64_t rows_of(const Tensor& x) {
 // A one-element float32 tensor on x's device: the static scale or scale_ub.
 inline void check_scale_tensor(const char* op, const char* name, const Tensor& scale,
                                const Tensor& x) {
+  check_defined(op, name, scale);
   check_same_device(op, "x", x, name, scale);
   HOTLOOP_CHECK(scale.scalar_type() == ScalarType::Float, op, ": ", name,
                 " must be a float32 tensor but is ", scale.scalar_type(), "; pass ", name,
@@ -109,6 +110,7 @@ inline void check_rms_norm_fp8_inputs(const char* op, const Tensor& x, const Ten
 // memory with anything the kernels read.
 inline void check_fp8_residual(const char* op, const Tensor& x, const Tensor& residual,
                                const Tensor& weight, const std::optional<Tensor>& scale) {
+  check_defined(op, "residual", residual);
   check_same_device(op, "x", x, "residual", residual);
   check_same_dtype(op, "x", x, "residual", residual);
   check_same_shape(op, "x", x, "residual", residual);

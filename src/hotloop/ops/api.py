@@ -97,6 +97,8 @@ def rms_norm(
     kernels: "native" (hotloop's C++ kernels for x's device), "triton", or None for the
     fastest one available for x's device.
     """
+    if x is None:  # before x.dtype below, which would fail without naming the op
+        raise _missing_tensor("rms_norm", "x")
     if eps is None:
         # A non-floating x gets no eps of its own: the op refuses it with its own message,
         # which under torch.compile comes from the fake kernel. (Raising here instead would
@@ -124,7 +126,7 @@ def fused_add_rms_norm(x: Tensor, residual: Tensor, weight: Tensor, eps: float =
     backward: call it under ``torch.no_grad()`` or ``torch.inference_mode()``.
     """
     if _autograd_has_nothing_to_do(x, residual, weight):
-        _bump_versions_in_place("fused_add_rms_norm", x, residual)
+        _bump_versions_in_place("fused_add_rms_norm", ("x", x), ("residual", residual))
         with torch._C._AutoDispatchBelowADInplaceOrView():
             torch.ops.hotloop.fused_add_rms_norm.default(x, residual, weight, eps)
         return
@@ -200,9 +202,25 @@ def _autograd_has_nothing_to_do(*tensors: Tensor | None) -> bool:
     return not torch._C._are_functorch_transforms_active()
 
 
-def _bump_versions_in_place(op: str, *written: Tensor) -> None:
+def _missing_tensor(op: str, name: str) -> RuntimeError:
+    """The error for None given for a required tensor (the kernels' check_defined)."""
+    return RuntimeError(
+        f"{op}: expected a tensor for {name} but got None (or an undefined tensor); "
+        f"{name} is required"
+    )
+
+
+def _refuse_none(op: str, *named: tuple[str, Tensor | None]) -> None:
+    """For the Python kernels that run before the C++ ones and use their tensors first."""
+    for name, t in named:
+        if t is None:
+            raise _missing_tensor(op, name)
+
+
+def _bump_versions_in_place(op: str, *written: tuple[str, Tensor]) -> None:
     """What ADInplaceOrView does for torch's in-place ops before they write."""
-    if not torch.is_inference_mode_enabled() and any(t.is_inference() for t in written):
+    _refuse_none(op, *written)
+    if not torch.is_inference_mode_enabled() and any(t.is_inference() for _, t in written):
         # torch's version counter raises this for its own ops; increment_version below
         # skips inference tensors instead.
         raise RuntimeError(
@@ -210,4 +228,4 @@ def _bump_versions_in_place(op: str, *written: Tensor) -> None:
             "not allowed. You can make a clone to get a normal tensor before doing inplace "
             "update. See https://github.com/pytorch/rfcs/pull/17 for more details."
         )
-    torch.autograd.graph.increment_version(written)
+    torch.autograd.graph.increment_version([t for _, t in written])

@@ -12,7 +12,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from hotloop.ops.api import FLOATING_DTYPES
+from hotloop.ops.api import FLOATING_DTYPES, _missing_tensor, _refuse_none
 
 
 def _check_floating(op: str, name: str, t: Tensor) -> None:
@@ -48,6 +48,7 @@ def _check_same_shape(op: str, name_a: str, a: Tensor, name_b: str, b: Tensor) -
 
 
 def _check_elementwise_inputs(op: str, a: Tensor, b: Tensor) -> None:
+    _refuse_none(op, ("a", a), ("b", b))
     _check_same_device(op, "a", a, "b", b)
     _check_floating(op, "a", a)
     _check_same_dtype(op, "a", a, "b", b)
@@ -55,6 +56,7 @@ def _check_elementwise_inputs(op: str, a: Tensor, b: Tensor) -> None:
 
 
 def _check_norm_input(op: str, name: str, x: Tensor) -> None:
+    _refuse_none(op, (name, x))
     if x.dim() < 1:
         raise RuntimeError(
             f"{op}: expected {name} to have at least 1 dimension (the normalised one) "
@@ -66,6 +68,7 @@ def _check_norm_input(op: str, name: str, x: Tensor) -> None:
 def _check_norm_weight(op: str, weight: Tensor, x: Tensor, batched: bool = False) -> None:
     """weight: 1-D with x.size(-1) elements, x's dtype and device. ``batched``: weight
     holds one such row per sample of a vmap (its first dim), and x has the batch first."""
+    _refuse_none(op, ("weight", weight))
     _check_same_device(op, "x", x, "weight", weight)
     _check_same_dtype(op, "x", x, "weight", weight)
     shape = tuple(weight.shape[1:] if batched else weight.shape)
@@ -89,6 +92,7 @@ def _check_rms_norm_inputs(op: str, x: Tensor, weight: Tensor | None) -> None:
 def _check_rms_norm_backward_inputs(
     op: str, grad_out: Tensor, x: Tensor, weight: Tensor | None
 ) -> None:
+    _refuse_none(op, ("grad_out", grad_out))
     _check_rms_norm_inputs(op, x, weight)
     _check_same_device(op, "x", x, "grad_out", grad_out)
     _check_same_dtype(op, "x", x, "grad_out", grad_out)
@@ -122,6 +126,7 @@ def _check_no_overlap(op: str, written: str, a: Tensor, name_b: str, b: Tensor) 
 def _check_fused_add_rms_norm_inputs(x: Tensor, residual: Tensor, weight: Tensor) -> None:
     op = "fused_add_rms_norm"
     _check_norm_input(op, "x", x)
+    _refuse_none(op, ("residual", residual))
     _check_same_device(op, "x", x, "residual", residual)
     _check_same_dtype(op, "x", x, "residual", residual)
     _check_same_shape(op, "x", x, "residual", residual)
@@ -138,8 +143,10 @@ def _check_fused_add_rms_norm_inputs(x: Tensor, residual: Tensor, weight: Tensor
     _check_no_overlap(op, "residual", residual, "weight", weight)
 
 
-def _check_scale_tensor(op: str, name: str, scale: Tensor, x: Tensor) -> None:
+def _check_scale_tensor(op: str, name: str, scale: Tensor | None, x: Tensor) -> None:
     """The static scale or scale_ub: one float32 element on x's device."""
+    if scale is None:
+        raise _missing_tensor(op, name)
     _check_same_device(op, "x", x, name, scale)
     if scale.dtype != torch.float32:
         raise RuntimeError(
@@ -155,19 +162,22 @@ def _check_scale_tensor(op: str, name: str, scale: Tensor, x: Tensor) -> None:
 
 
 def _check_rms_norm_fp8_inputs(
-    op: str, x: Tensor, weight: Tensor, scale: Tensor | None, scale_ub: Tensor | None
+    op: str, x: Tensor, weight: Tensor, scale: tuple[str, Tensor | None]
 ) -> None:
+    """``scale``: ("scale", t) for the static ops (required) or ("scale_ub", t) for the
+    dynamic ones (optional: None is skipped)."""
     _check_norm_input(op, "x", x)
     _check_norm_weight(op, weight, x)
-    for name, t in (("scale", scale), ("scale_ub", scale_ub)):
-        if t is not None:
-            _check_scale_tensor(op, name, t, x)
+    name, t = scale
+    if name == "scale" or t is not None:
+        _check_scale_tensor(op, name, t, x)
 
 
 def _check_fp8_residual(
     op: str, x: Tensor, residual: Tensor, weight: Tensor, scale: Tensor | None
 ) -> None:
     """The fused FP8 ops' residual: like x, written in place, sharing no memory with inputs."""
+    _refuse_none(op, ("residual", residual))
     _check_same_device(op, "x", x, "residual", residual)
     _check_same_dtype(op, "x", x, "residual", residual)
     _check_same_shape(op, "x", x, "residual", residual)

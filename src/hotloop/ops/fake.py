@@ -60,7 +60,7 @@ def _fused_add_rms_norm_fake(x: Tensor, residual: Tensor, weight: Tensor, eps: f
 
 @torch.library.register_fake("hotloop::rms_norm_fp8")
 def _rms_norm_fp8_fake(x: Tensor, weight: Tensor, scale: Tensor, eps: float) -> Tensor:
-    _check_rms_norm_fp8_inputs("rms_norm_fp8", x, weight, scale, None)
+    _check_rms_norm_fp8_inputs("rms_norm_fp8", x, weight, ("scale", scale))
     return _fp8_outputs(x, dynamic=False)[0]
 
 
@@ -68,7 +68,7 @@ def _rms_norm_fp8_fake(x: Tensor, weight: Tensor, scale: Tensor, eps: float) -> 
 def _rms_norm_fp8_dynamic_fake(
     x: Tensor, weight: Tensor, eps: float, scale_ub: Tensor | None = None
 ) -> tuple[Tensor, Tensor | None]:
-    _check_rms_norm_fp8_inputs("rms_norm_fp8_dynamic", x, weight, None, scale_ub)
+    _check_rms_norm_fp8_inputs("rms_norm_fp8_dynamic", x, weight, ("scale_ub", scale_ub))
     return _fp8_outputs(x, dynamic=True)
 
 
@@ -77,7 +77,7 @@ def _fused_add_rms_norm_fp8_fake(
     x: Tensor, residual: Tensor, weight: Tensor, scale: Tensor, eps: float
 ) -> Tensor:
     op = "fused_add_rms_norm_fp8"
-    _check_rms_norm_fp8_inputs(op, x, weight, scale, None)
+    _check_rms_norm_fp8_inputs(op, x, weight, ("scale", scale))
     _check_fp8_residual(op, x, residual, weight, scale)
     return _fp8_outputs(x, dynamic=False)[0]
 
@@ -87,6 +87,6 @@ def _fused_add_rms_norm_fp8_dynamic_fake(
     x: Tensor, residual: Tensor, weight: Tensor, eps: float, scale_ub: Tensor | None = None
 ) -> tuple[Tensor, Tensor | None]:
     op = "fused_add_rms_norm_fp8_dynamic"
-    _check_rms_norm_fp8_inputs(op, x, weight, None, scale_ub)
+    _check_rms_norm_fp8_inputs(op, x, weight, ("scale_ub", scale_ub))
     _check_fp8_residual(op, x, residual, weight, scale_ub)
     return _fp8_outputs(x, dynamic=True)

@@ -7,7 +7,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from hotloop.ops.api import _bump_versions_in_place
+from hotloop.ops.api import _bump_versions_in_place, _refuse_none
 from hotloop.ops.autograd import _LIB
 
 # fused_add_rms_norm writes x and residual. torch's in-place ops (add_, copy_) get two
@@ -26,7 +26,7 @@ from hotloop.ops.autograd import _LIB
 def _fused_add_rms_norm_inplace_or_view(
     keyset: torch._C.DispatchKeySet, x: Tensor, residual: Tensor, weight: Tensor, eps: float
 ) -> None:
-    _bump_versions_in_place("fused_add_rms_norm", x, residual)
+    _bump_versions_in_place("fused_add_rms_norm", ("x", x), ("residual", residual))
     with torch._C._AutoDispatchBelowADInplaceOrView():
         torch.ops.hotloop.fused_add_rms_norm.default.redispatch(
             keyset & torch._C._after_ADInplaceOrView_keyset, x, residual, weight, eps
@@ -36,6 +36,7 @@ def _fused_add_rms_norm_inplace_or_view(
 def _fused_add_rms_norm_autograd(
     keyset: torch._C.DispatchKeySet, x: Tensor, residual: Tensor, weight: Tensor, eps: float
 ) -> None:
+    _refuse_none("fused_add_rms_norm", ("x", x), ("residual", residual), ("weight", weight))
     if torch.is_grad_enabled():
         for name, t in (("x", x), ("residual", residual)):
             if t.requires_grad and t.is_leaf:
@@ -78,7 +79,9 @@ def _register_inference_op(name: str, arg_names: tuple[str, ...], written: str |
     op = getattr(torch.ops.hotloop, name).default
 
     def inplace_or_view(keyset: torch._C.DispatchKeySet, *args: Any) -> Any:
+        assert written is not None  # registered below only for the ops that write
         target = args[arg_names.index(written)]
+        _refuse_none(name, (written, target))
         if not torch.is_inference_mode_enabled() and target.is_inference():
             raise RuntimeError(
                 f"{name}: Inplace update to inference tensor outside InferenceMode is not "

@@ -12,7 +12,16 @@ from hotloop.triton_rms_norm.launch import backward_rows, forward_rows
 _SUPPORTED_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 
 
+def _check_defined(op: str, name: str, t: Optional[torch.Tensor]) -> None:
+    if t is None:
+        raise ValueError(
+            f"{op}(backend='triton'): expected a tensor for {name} but got None; {name} is "
+            "required"
+        )
+
+
 def _check_inputs(op: str, x: torch.Tensor, weight: Optional[torch.Tensor]) -> None:
+    _check_defined(op, "x", x)
     if x.device.type != "cuda" and not interpreting():
         raise ValueError(
             f"{op}(backend='triton'): x is on {x.device.type}; the Triton kernels need a "
@@ -93,6 +102,7 @@ def _backward_grads(
     eps: float,
     eager: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor]:
+    _check_defined("rms_norm_backward", "grad_out", grad_out)
     _check_inputs("rms_norm_backward", x, weight)
     if grad_out.shape != x.shape or grad_out.dtype != x.dtype or grad_out.device != x.device:
         raise ValueError(
