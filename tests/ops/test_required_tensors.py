@@ -98,7 +98,9 @@ def test_none_for_a_required_tensor_under_compile(
     device: str, op: str, position: int, name: str
 ) -> None:
     args = call_with_none(device, op, position)
-    compiled = torch.compile(getattr(torch.ops.hotloop, op).default, backend="eager", fullgraph=True)
+    compiled = torch.compile(
+        getattr(torch.ops.hotloop, op).default, backend="eager", fullgraph=True
+    )
     with pytest.raises(Exception, match=message(op, name)):
         compiled(*args)
 

@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import warnings
+from typing import Any
 
 import torch
 from torch import Tensor
+from torch.autograd import forward_ad
 
 try:
     from hotloop import triton_rms_norm
@@ -199,7 +201,23 @@ def _autograd_has_nothing_to_do(*tensors: Tensor | None) -> bool:
         return False
     if torch.is_grad_enabled() and torch._C._any_requires_grad(*tensors):
         return False
-    return not torch._C._are_functorch_transforms_active()
+    return not torch._C._are_functorch_transforms_active() and not _forward_ad_active()
+
+
+def _forward_ad_active() -> bool:
+    """Whether forward-mode AD may see the call: inside a dual level (torch.func.jvp,
+    jacfwd and hessian enter one too) with forward grads enabled, which a custom
+    Function's forward turns off for the calls it makes."""
+    return forward_ad._current_level >= 0 and torch._C._is_fwd_grad_enabled()
+
+
+def _dual_arguments(names: tuple[str, ...], args: tuple[Any, ...]) -> list[str]:
+    """The names of the arguments that carry a forward-mode tangent."""
+    return [
+        name
+        for name, a in zip(names, args)
+        if isinstance(a, Tensor) and forward_ad.unpack_dual(a).tangent is not None
+    ]
 
 
 def _missing_tensor(op: str, name: str) -> RuntimeError:

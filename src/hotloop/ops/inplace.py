@@ -7,7 +7,12 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from hotloop.ops.api import _bump_versions_in_place, _refuse_none
+from hotloop.ops.api import (
+    _bump_versions_in_place,
+    _dual_arguments,
+    _forward_ad_active,
+    _refuse_none,
+)
 from hotloop.ops.autograd import _LIB
 
 # fused_add_rms_norm writes x and residual. torch's in-place ops (add_, copy_) get two
@@ -21,6 +26,20 @@ from hotloop.ops.autograd import _LIB
 #   of inference tensors outside inference mode (this key still runs for them there).
 #   torch.library.custom_op registers the same kernel for its mutable ops.
 # Under torch.inference_mode() neither key is dispatched to, as for torch's ops.
+
+
+def _refuse_dual(op: str, names: tuple[str, ...], args: tuple[Any, ...]) -> None:
+    """An op without derivatives must not drop a forward-mode tangent silently."""
+    if not _forward_ad_active():
+        return
+    dual = _dual_arguments(names, args)
+    if dual:
+        raise RuntimeError(
+            f"{op}: {' and '.join(dual)} carries a forward-mode AD tangent (torch.func.jvp, "
+            "jacfwd, hessian or torch.autograd.forward_ad), but the op is an inference op "
+            "without derivatives; pass plain tensors (forward_ad.unpack_dual(t).primal), or "
+            "for differentiable code use hotloop.rms_norm"
+        )
 
 
 def _fused_add_rms_norm_inplace_or_view(
@@ -37,6 +56,7 @@ def _fused_add_rms_norm_autograd(
     keyset: torch._C.DispatchKeySet, x: Tensor, residual: Tensor, weight: Tensor, eps: float
 ) -> None:
     _refuse_none("fused_add_rms_norm", ("x", x), ("residual", residual), ("weight", weight))
+    _refuse_dual("fused_add_rms_norm", ("x", "residual", "weight"), (x, residual, weight))
     if torch.is_grad_enabled():
         for name, t in (("x", x), ("residual", residual)):
             if t.requires_grad and t.is_leaf:
@@ -93,6 +113,7 @@ def _register_inference_op(name: str, arg_names: tuple[str, ...], written: str |
             return op.redispatch(keyset & torch._C._after_ADInplaceOrView_keyset, *args)
 
     def autograd(keyset: torch._C.DispatchKeySet, *args: Any) -> Any:
+        _refuse_dual(name, arg_names, args)
         if torch.is_grad_enabled():
             tensors = [(n, t) for n, t in zip(arg_names, args) if isinstance(t, Tensor)]
             for arg_name, t in tensors:
