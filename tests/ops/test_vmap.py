@@ -244,3 +244,114 @@ def test_bad_batched_weight_is_refused() -> None:
     x, w = batched((4, 6), 0, "cpu"), batched((5,), 0, "cpu")
     with pytest.raises(RuntimeError, match="weight has 5 elements but x's last dim is 6"):
         torch.vmap(lambda x, w: hotloop.rms_norm(x, w, 1e-6))(x, w)
+
+
+# Every batching rule checks each sample as eager checks it (issue 27): the kernels take
+# any number of leading dims, so a batch of 0-d samples would otherwise be normalised as one
+# row, across the batch.
+ZERO_DIM = "expected x to have at least 1 dimension"
+SCALE = torch.tensor(0.05)
+
+
+def _fused(x: torch.Tensor) -> None:
+    hotloop.fused_add_rms_norm(x, x.clone(), torch.ones(()), 1e-6)
+
+
+ZERO_DIM_SAMPLES: dict[str, Callable[[torch.Tensor], Any]] = {
+    "rms_norm": lambda s: hotloop.rms_norm(s, None, 1e-6),
+    "rms_norm-weight": lambda s: hotloop.rms_norm(s, torch.ones(()), 1e-6),
+    "rms_norm_backward": lambda s: torch.ops.hotloop.rms_norm_backward(s, s, None, 1e-6),
+    "rms_norm_backward-weight": lambda s: torch.ops.hotloop.rms_norm_backward(
+        s, s, torch.ones(()), 1e-6
+    ),
+    "grad": torch.func.grad(lambda s: hotloop.rms_norm(s, None, 1e-6).sum()),
+    "rms_norm_fp8": lambda s: hotloop.rms_norm_fp8(s, torch.ones(()), SCALE),
+    "rms_norm_fp8_dynamic": lambda s: hotloop.rms_norm_fp8_dynamic(s, torch.ones(())),
+}
+
+
+@pytest.mark.parametrize("case", list(ZERO_DIM_SAMPLES))
+def test_zero_dim_samples_are_refused(case: str) -> None:
+    samples = torch.tensor([1.0, 2.0, 3.0, 4.0])
+    call = ZERO_DIM_SAMPLES[case]
+    with pytest.raises(RuntimeError, match=ZERO_DIM):
+        call(samples[0])  # eager
+    with pytest.raises(RuntimeError, match=ZERO_DIM):
+        torch.vmap(call)(samples)
+
+
+@pytest.mark.parametrize(
+    "op", ["fused_add_rms_norm", "fused_add_rms_norm_fp8", "fused_add_rms_norm_fp8_dynamic"]
+)
+def test_zero_dim_samples_of_the_in_place_ops_are_refused(op: str) -> None:
+    calls: dict[str, Callable[[torch.Tensor, torch.Tensor], Any]] = {
+        "fused_add_rms_norm": lambda x, r: hotloop.fused_add_rms_norm(x, r, torch.ones(()), 1e-6),
+        "fused_add_rms_norm_fp8": lambda x, r: hotloop.fused_add_rms_norm_fp8(
+            x, r, torch.ones(()), SCALE
+        ),
+        "fused_add_rms_norm_fp8_dynamic": lambda x, r: hotloop.fused_add_rms_norm_fp8_dynamic(
+            x, r, torch.ones(())
+        )[0],
+    }
+    x, residual = torch.tensor([1.0, 2.0, 3.0, 4.0]), torch.tensor([0.5, 0.5, 0.5, 0.5])
+    with pytest.raises(RuntimeError, match=ZERO_DIM):
+        calls[op](x[0].clone(), residual[0].clone())  # eager
+    before = residual.clone()
+    with pytest.raises(RuntimeError, match=ZERO_DIM):
+        torch.vmap(calls[op], out_dims=None if op == "fused_add_rms_norm" else 0)(x, residual)
+    assert torch.equal(residual, before)  # refused before writing
+
+
+# The in-place ops' batching rules check aliasing as eager does (issue 27): the contiguous
+# copies they make for a batch dim that is not the outermost would otherwise hide it.
+SHARED = "refer to a single memory location"
+
+
+def test_fused_add_rms_norm_refuses_x_and_residual_sharing_memory() -> None:
+    b = torch.randn(8, 3)
+    one = b[:, 0].contiguous()
+    with pytest.raises(RuntimeError, match=SHARED):
+        hotloop.fused_add_rms_norm(one, one, torch.ones(8), 1e-6)  # eager
+    before = b.clone()
+
+    def f(a: torch.Tensor, r: torch.Tensor) -> None:
+        hotloop.fused_add_rms_norm(a, r, torch.ones(8), 1e-6)
+
+    for in_dims in [(1, 1), (0, 0)]:
+        shared = b if in_dims == (1, 1) else b.t().contiguous()
+        with pytest.raises(RuntimeError, match=SHARED):
+            torch.vmap(f, in_dims=in_dims, out_dims=None)(shared, shared)
+    assert torch.equal(b, before)
+
+
+@pytest.mark.parametrize("weight_dim", [None, 0], ids=["one-weight", "batched-weight"])
+def test_fused_add_rms_norm_refuses_a_weight_aliasing_residual(weight_dim: int | None) -> None:
+    x, residual = torch.randn(B, 8), torch.randn(B, 8)
+    weight = residual if weight_dim == 0 else residual[0]
+
+    def f(x: torch.Tensor, r: torch.Tensor, w: torch.Tensor) -> None:
+        hotloop.fused_add_rms_norm(x, r, w, 1e-6)
+
+    with pytest.raises(RuntimeError, match=SHARED):
+        torch.vmap(f, in_dims=(0, 0, weight_dim), out_dims=None)(x, residual, weight)
+
+
+@pytest.mark.parametrize("dynamic", [False, True], ids=["static", "dynamic"])
+@pytest.mark.parametrize("shared", ["x", "weight", "scale"])
+def test_fused_fp8_refuses_memory_shared_with_residual(dynamic: bool, shared: str) -> None:
+    if dynamic and shared == "scale":
+        shared = "scale_ub"
+    b = torch.randn(8, B).abs() + 0.5
+    x = b if shared == "x" else torch.randn(8, B)
+    weight = b[:, 0] if shared == "weight" else torch.ones(8)
+    scale = b[0, :1] if shared in ("scale", "scale_ub") else torch.tensor([0.05])
+
+    def f(x: torch.Tensor, r: torch.Tensor) -> Any:
+        if dynamic:
+            return hotloop.fused_add_rms_norm_fp8_dynamic(x, r, weight, 1e-6, scale)[0]
+        return hotloop.fused_add_rms_norm_fp8(x, r, weight, scale, 1e-6)
+
+    before = b.clone()
+    with pytest.raises(RuntimeError, match=f"(?s){SHARED}.*{shared}|{shared}.*{SHARED}"):
+        torch.vmap(f, in_dims=(1, 1))(x, b)
+    assert torch.equal(b, before)

@@ -17,6 +17,7 @@ from torch import Tensor
 
 from hotloop.ops.api import (
     _RMS_NORM,
+    _refuse_none,
     fused_add_rms_norm,
     fused_add_rms_norm_fp8,
     fused_add_rms_norm_fp8_dynamic,
@@ -27,6 +28,7 @@ from hotloop.ops.api import (
 )
 from hotloop.ops.checks import (
     _check_floating,
+    _check_no_overlap,
     _check_norm_weight,
     _check_same_device,
     _check_same_dtype,
@@ -75,6 +77,7 @@ def _sum_rows(t: Tensor) -> Tensor:
 def _muladd_vmap(
     info: Any, in_dims: Sequence[int | None], a: Tensor, b: Tensor, c: float
 ) -> tuple[Tensor, int]:
+    _refuse_none("muladd", ("a", a), ("b", b))
     a_dim, b_dim, _ = in_dims
     a, b = _batch_first(a, a_dim, info.batch_size), _batch_first(b, b_dim, info.batch_size)
     return muladd(a, b, c), 0
@@ -82,6 +85,7 @@ def _muladd_vmap(
 
 @torch.library.register_vmap("hotloop::mul")
 def _mul_vmap(info: Any, in_dims: Sequence[int | None], a: Tensor, b: Tensor) -> tuple[Tensor, int]:
+    _refuse_none("mul", ("a", a), ("b", b))
     a_dim, b_dim = in_dims
     a, b = _batch_first(a, a_dim, info.batch_size), _batch_first(b, b_dim, info.batch_size)
     return mul(a, b), 0
@@ -91,12 +95,15 @@ def _mul_vmap(info: Any, in_dims: Sequence[int | None], a: Tensor, b: Tensor) ->
 def _rms_norm_vmap(
     info: Any, in_dims: Sequence[int | None], x: Tensor, weight: Tensor | None, eps: float
 ) -> tuple[Tensor, int]:
+    _refuse_none("rms_norm", ("x", x))
     x_dim, weight_dim, _ = in_dims
     x = _batch_first(x, x_dim, info.batch_size)
+    # The kernels would take a batch of 0-d samples as one row: every sample is checked
+    # as eager checks it, before the batch becomes rows.
+    _check_batched_norm_input("rms_norm", x)
     if weight is None or weight_dim is None:
         return _RMS_NORM(x, weight, eps), 0
     weight = weight.movedim(weight_dim, 0)
-    _check_batched_norm_input("rms_norm", x)
     _check_norm_weight("rms_norm", weight, x, batched=True)
     return _rms_norm_batched_weight(x, weight, eps), 0
 
@@ -112,8 +119,10 @@ def _rms_norm_backward_vmap(
 ) -> tuple[tuple[Tensor, Tensor], tuple[int, int | None]]:
     grad_dim, x_dim, weight_dim, _ = in_dims
     op = "rms_norm_backward"
+    _refuse_none(op, ("grad_out", grad_out), ("x", x))
     grad_out = _batch_first(grad_out, grad_dim, info.batch_size)
     x = _batch_first(x, x_dim, info.batch_size)
+    _check_batched_norm_input(op, x)
     if weight is None:
         grad_x, no_grad_weight = torch.ops.hotloop.rms_norm_backward.default(grad_out, x, None, eps)
         return (grad_x, no_grad_weight), (0, None)
@@ -124,7 +133,6 @@ def _rms_norm_backward_vmap(
         weight_rows = weight.expand(info.batch_size, *weight.shape)
     else:
         weight_rows = weight.movedim(weight_dim, 0)
-        _check_batched_norm_input(op, x)
         _check_same_device(op, "x", x, "grad_out", grad_out)
         _check_same_dtype(op, "x", x, "grad_out", grad_out)
         _check_same_shape(op, "x", x, "grad_out", grad_out)
@@ -150,6 +158,7 @@ def _fused_add_rms_norm_vmap(
     weight: Tensor,
     eps: float,
 ) -> tuple[None, None]:
+    _refuse_none("fused_add_rms_norm", ("x", x), ("residual", residual), ("weight", weight))
     x_dim, residual_dim, weight_dim, _ = in_dims
     if x_dim is None or residual_dim is None:
         unbatched = [n for n, d in (("x", x_dim), ("residual", residual_dim)) if d is None]
@@ -161,11 +170,16 @@ def _fused_add_rms_norm_vmap(
             "sample would write its own result into the same memory. Give the unbatched "
             "tensor a batch dimension (e.g. t.expand(B, *t.shape).clone()) before vmap"
         )
+    op = "fused_add_rms_norm"
     x_rows, residual_rows = x.movedim(x_dim, 0), residual.movedim(residual_dim, 0)
+    weight_rows = weight if weight_dim is None else weight.movedim(weight_dim, 0)
+    _check_batched_norm_input(op, x_rows)
+    # Before any contiguous copy below, which would hide memory the samples share. The
+    # whole batch is checked, as torch's in-place ops check what their kernels get.
+    _check_no_overlap(op, "x", x_rows, "residual", residual_rows)
+    _check_no_overlap(op, "x", x_rows, "weight", weight_rows)
+    _check_no_overlap(op, "residual", residual_rows, "weight", weight_rows)
     if weight_dim is not None:
-        weight_rows = weight.movedim(weight_dim, 0)
-        op = "fused_add_rms_norm"
-        _check_batched_norm_input(op, x_rows)
         _check_same_device(op, "x", x_rows, "residual", residual_rows)
         _check_same_dtype(op, "x", x_rows, "residual", residual_rows)
         _check_same_shape(op, "x", x_rows, "residual", residual_rows)
@@ -211,8 +225,11 @@ def _refuse_batched(op: str, in_dims: Sequence[int | None], names: Sequence[str]
 def _rms_norm_fp8_vmap(
     info: Any, in_dims: Sequence[int | None], x: Tensor, weight: Tensor, scale: Tensor, eps: float
 ) -> tuple[Tensor, int]:
+    _refuse_none("rms_norm_fp8", ("x", x), ("weight", weight), ("scale", scale))
     _refuse_batched("rms_norm_fp8", in_dims[1:3], ("weight", "scale"))
-    return rms_norm_fp8(_batch_first(x, in_dims[0], info.batch_size), weight, scale, eps), 0
+    x = _batch_first(x, in_dims[0], info.batch_size)
+    _check_batched_norm_input("rms_norm_fp8", x)
+    return rms_norm_fp8(x, weight, scale, eps), 0
 
 
 @torch.library.register_vmap("hotloop::rms_norm_fp8_dynamic")
@@ -225,22 +242,38 @@ def _rms_norm_fp8_dynamic_vmap(
     scale_ub: Tensor | None = None,
 ) -> tuple[tuple[Tensor, Tensor], tuple[int, int]]:
     in_dims = _padded(in_dims, 4)
+    _refuse_none("rms_norm_fp8_dynamic", ("x", x), ("weight", weight))
     _refuse_batched("rms_norm_fp8_dynamic", (in_dims[1], in_dims[3]), ("weight", "scale_ub"))
     x = _batch_first(x, in_dims[0], info.batch_size)
+    _check_batched_norm_input("rms_norm_fp8_dynamic", x)
     return rms_norm_fp8_dynamic(x, weight, eps, scale_ub), (0, 0)
 
 
 def _fused_fp8_rows(
-    op: str, info: Any, in_dims: Sequence[int | None], x: Tensor, residual: Tensor
+    op: str,
+    info: Any,
+    in_dims: Sequence[int | None],
+    x: Tensor,
+    residual: Tensor,
+    read: Sequence[tuple[str, Tensor | None]],
 ) -> tuple[Tensor, Tensor]:
-    """x and residual with the batch first; residual must be batched (it is written)."""
+    """x and residual with the batch first; residual must be batched (it is written), and
+    neither x nor the tensors in ``read`` (weight, scale) may share its memory."""
+    _refuse_none(op, ("x", x), ("residual", residual), *(r for r in read if r[0] != "scale_ub"))
     if in_dims[1] is None:
         raise RuntimeError(
             f"vmap: {op} writes residual in place, so it must be batched, but it is not while "
             "x is: every sample would write its own result into the same memory. Give residual "
             "a batch dimension (e.g. residual.expand(B, *residual.shape).clone()) before vmap"
         )
-    return _batch_first(x, in_dims[0], info.batch_size), residual.movedim(in_dims[1], 0)
+    x_rows = _batch_first(x, in_dims[0], info.batch_size)
+    residual_rows = residual.movedim(in_dims[1], 0)
+    _check_batched_norm_input(op, x_rows)
+    # Before _run_fused_fp8's contiguous copy, which would hide memory they share.
+    for name, t in (("x", x_rows), *read):
+        if t is not None:
+            _check_no_overlap(op, "residual", residual_rows, name, t)
+    return x_rows, residual_rows
 
 
 def _run_fused_fp8(residual_rows: Tensor, run: Any) -> Any:
@@ -266,7 +299,8 @@ def _fused_add_rms_norm_fp8_vmap(
 ) -> tuple[Tensor, int]:
     op = "fused_add_rms_norm_fp8"
     _refuse_batched(op, in_dims[2:4], ("weight", "scale"))
-    x_rows, residual_rows = _fused_fp8_rows(op, info, in_dims, x, residual)
+    read = (("weight", weight), ("scale", scale))
+    x_rows, residual_rows = _fused_fp8_rows(op, info, in_dims, x, residual, read)
     out = _run_fused_fp8(
         residual_rows, lambda r: fused_add_rms_norm_fp8(x_rows, r, weight, scale, eps)
     )
@@ -286,7 +320,8 @@ def _fused_add_rms_norm_fp8_dynamic_vmap(
     op = "fused_add_rms_norm_fp8_dynamic"
     in_dims = _padded(in_dims, 5)
     _refuse_batched(op, (in_dims[2], in_dims[4]), ("weight", "scale_ub"))
-    x_rows, residual_rows = _fused_fp8_rows(op, info, in_dims, x, residual)
+    read = (("weight", weight), ("scale_ub", scale_ub))
+    x_rows, residual_rows = _fused_fp8_rows(op, info, in_dims, x, residual, read)
     outputs = _run_fused_fp8(
         residual_rows, lambda r: fused_add_rms_norm_fp8_dynamic(x_rows, r, weight, eps, scale_ub)
     )
