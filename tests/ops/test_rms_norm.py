@@ -80,8 +80,20 @@ def test_forward_odd_rows_keep_to_themselves(
 def test_forward_matches_torch(device: str, dtype: torch.dtype) -> None:
     x = torch.randn(6, 300, device=device, dtype=dtype)
     weight = torch.rand(300, device=device, dtype=dtype)
-    expected = F.rms_norm(x, (300,), weight)  # eps=None: finfo(dtype).eps, as hotloop
+    expected = F.rms_norm(x, (300,), weight)  # eps=None: torch's default, as hotloop's
     torch.testing.assert_close(hotloop.rms_norm(x, weight), expected, **TOLERANCES[dtype])
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=str)
+def test_default_eps_is_torchs_for_16_bit_inputs(device: str, dtype: torch.dtype) -> None:
+    """eps=None is float32's epsilon for 16-bit x, as in torch: the dtype the norm is
+    computed in. bfloat16's own (0.0078) would swamp the mean square of small activations."""
+    x = (1e-2 * torch.randn(4, 64, device=device)).to(dtype)
+    expected = F.rms_norm(x, (64,))
+    tolerance = {"atol": 0.0, "rtol": torch.finfo(dtype).eps}
+    torch.testing.assert_close(hotloop.rms_norm(x), expected, **tolerance)
+    module = hotloop.RMSNorm(64, elementwise_affine=False, device=device)
+    torch.testing.assert_close(module(x), expected, **tolerance)
 
 
 def rms_norm_backward_reference(
@@ -351,12 +363,86 @@ def test_from_module_without_weight(device: str) -> None:
     torch.testing.assert_close(converted(x), reference(x))
 
 
-def test_from_module_needs_a_size() -> None:
-    class Shapeless(torch.nn.Module):
-        eps = 1e-6
+def llama_style_rms_norm(module: str, qualname: str) -> torch.nn.Module:
+    """A module with transformers' LlamaRMSNorm's code under the given class name."""
 
-    with pytest.raises(ValueError, match="neither a weight nor a normalized_shape"):
-        hotloop.RMSNorm.from_module(Shapeless())
+    class LlamaStyle(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.weight = torch.nn.Parameter(torch.rand(24) + 0.5)
+            self.variance_epsilon = 1e-5
+
+        def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
+            dtype = hidden_states.dtype
+            hidden_states = hidden_states.to(torch.float32)
+            variance = hidden_states.pow(2).mean(-1, keepdim=True)
+            hidden_states = hidden_states * torch.rsqrt(variance + self.variance_epsilon)
+            return self.weight * hidden_states.to(dtype)
+
+    LlamaStyle.__module__, LlamaStyle.__qualname__ = module, qualname
+    return LlamaStyle()
+
+
+@pytest.mark.parametrize(
+    "name", ["llama.modeling_llama.LlamaRMSNorm", "qwen2.modeling_qwen2.Qwen2RMSNorm"]
+)
+def test_from_module_takes_transformers_rms_norms_by_name(name: str) -> None:
+    module, qualname = f"transformers.models.{name}".rsplit(".", 1)
+    reference = llama_style_rms_norm(module, qualname)
+    converted = hotloop.RMSNorm.from_module(reference)
+    assert converted.weight is reference.weight
+    assert converted.eps == 1e-5
+    x = torch.randn(3, 24)
+    torch.testing.assert_close(converted(x), reference(x))
+
+
+class GemmaRMSNorm(torch.nn.Module):
+    """Gemma's form: x_hat * (1 + weight), the weight stored as an offset from one."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.weight = torch.nn.Parameter(torch.zeros(24))
+        self.eps = 1e-6
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x_hat = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps)
+        return x_hat * (1.0 + self.weight)
+
+
+class OverridingRMSNorm(torch.nn.RMSNorm):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return super().forward(x) * 2
+
+
+@pytest.mark.parametrize(
+    ("module", "message"),
+    [
+        (torch.nn.LayerNorm(24), "cannot convert torch.nn.modules.normalization.LayerNorm: it is"),
+        (GemmaRMSNorm(), r"GemmaRMSNorm: Gemma's RMSNorm scales by \(1 \+ weight\)"),
+        (
+            llama_style_rms_norm("transformers.models.gemma.modeling_gemma", "GemmaRMSNorm"),
+            "cannot convert transformers.models.gemma.modeling_gemma.GemmaRMSNorm: Gemma's",
+        ),
+        (llama_style_rms_norm("my_models", "LlamaRMSNorm"), "cannot convert my_models.Llama"),
+        (OverridingRMSNorm(24), "OverridingRMSNorm: it is not known to compute"),
+    ],
+    ids=["LayerNorm", "gemma-style", "transformers-gemma", "lookalike", "overridden-forward"],
+)
+def test_from_module_refuses_what_is_not_known_to_be_an_rms_norm(
+    module: torch.nn.Module, message: str
+) -> None:
+    with pytest.raises(TypeError, match=message):
+        hotloop.RMSNorm.from_module(module)
+
+
+def test_from_module_takes_its_own_and_torch_subclasses() -> None:
+    class Plain(torch.nn.RMSNorm):
+        pass
+
+    for module in (hotloop.RMSNorm(24, eps=1e-5), Plain(24, eps=1e-5)):
+        converted = hotloop.RMSNorm.from_module(module, backend="native")
+        assert converted.weight is module.weight
+        assert converted.backend == "native"
 
 
 def test_module_rejects_multi_dim_shapes() -> None:

@@ -169,10 +169,19 @@ def test_backward_matches_reference(dtype: torch.dtype) -> None:
 def test_matches_torch_and_the_native_backend(dtype: torch.dtype) -> None:
     x = torch.randn(8, 128, 4096, device="cuda", dtype=dtype)
     weight = torch.rand(4096, device="cuda", dtype=dtype)
-    out = hotloop.rms_norm(x, weight, backend="triton")  # eps=None: finfo(dtype).eps
+    out = hotloop.rms_norm(x, weight, backend="triton")  # eps=None: torch's default
     tol = TOLERANCES[dtype]
     torch.testing.assert_close(out, F.rms_norm(x, (4096,), weight), **tol)
     torch.testing.assert_close(out, hotloop.rms_norm(x, weight, backend="native"), **tol)
+
+
+@pytest.mark.gpu
+@requires_cuda
+def test_default_eps_for_bfloat16_is_torchs() -> None:
+    """eps=None is float32's epsilon for bfloat16 x, as in torch, not bfloat16's 0.0078."""
+    x = (1e-2 * torch.randn(4, 256, device="cuda")).bfloat16()
+    for out in (hotloop.rms_norm(x, backend="triton"), triton_rms_norm.rms_norm(x)):
+        torch.testing.assert_close(out, F.rms_norm(x, (256,)), atol=0.0, rtol=2**-8)
 
 
 @pytest.mark.gpu

@@ -95,17 +95,19 @@ def rms_norm(
 ) -> Tensor:
     """RMSNorm over the last dimension, as ``torch.nn.functional.rms_norm(x, (H,), weight, eps)``.
 
-    ``eps=None`` takes ``torch.finfo(x.dtype).eps`` like torch does. ``backend`` picks the
-    kernels: "native" (hotloop's C++ kernels for x's device), "triton", or None for the
-    fastest one available for x's device.
+    ``eps=None`` takes the machine epsilon of the dtype the norm is computed in, float32
+    (float64 for float64 x), as torch does. A ``weight`` of another floating dtype (float32
+    master weights with bfloat16 activations) gives what torch gives: x's dtype, the weight
+    applied in float32 (or the weight's wider dtype) and one rounding, and gradients in each
+    input's own dtype. ``backend`` picks the kernels: "native" (hotloop's C++ kernels for x's
+    device), "triton", or None for the fastest one available for x's device.
     """
     if x is None:  # before x.dtype below, which would fail without naming the op
         raise _missing_tensor("rms_norm", "x")
     if eps is None:
-        # A non-floating x gets no eps of its own: the op refuses it with its own message,
-        # which under torch.compile comes from the fake kernel. (Raising here instead would
-        # surface as Dynamo's "Observed exception" with the message buried in its context.)
-        eps = torch.finfo(x.dtype).eps if x.is_floating_point() else 0.0
+        eps = default_eps(x)
+    if weight is not None and weight.dtype != x.dtype and _both_floating(x, weight):
+        return _rms_norm_mixed(x, weight, eps, backend)
     if _pick_backend(x, backend) == "triton":
         if triton_rms_norm is None:
             raise RuntimeError(
@@ -119,6 +121,44 @@ def rms_norm(
         with torch._C._AutoDispatchBelowAutograd():
             return _RMS_NORM(x, weight, eps)
     return _RMS_NORM(x, weight, eps)
+
+
+def default_eps(x: Tensor) -> float:
+    """torch's eps for ``eps=None``: that of the dtype it computes in, not x's own.
+
+    (rms_norm_composite's opmath type: float32 for float16 and bfloat16 x. bfloat16's own,
+    0.0078, would swamp the mean of squares of small activations.) A non-floating x gets
+    0.0: the op refuses it with its own message, which under torch.compile comes from the
+    fake kernel (raising here would surface as Dynamo's "Observed exception" instead).
+    """
+    if not x.is_floating_point():
+        return 0.0
+    return _EPS_FLOAT64 if x.dtype == torch.float64 else _EPS_FLOAT32
+
+
+_EPS_FLOAT32 = torch.finfo(torch.float32).eps
+_EPS_FLOAT64 = torch.finfo(torch.float64).eps
+
+
+def _both_floating(x: Tensor, weight: Tensor) -> bool:
+    return x.dtype in FLOATING_DTYPES and weight.dtype in FLOATING_DTYPES
+
+
+def _rms_norm_mixed(x: Tensor, weight: Tensor, eps: float, backend: str | None) -> Tensor:
+    """F.rms_norm for a weight whose dtype is not x's, computed as torch computes it.
+
+    torch (rms_norm_composite, 2.11 to 2.15) normalises x in float32 (float64 for float64
+    x), multiplies by the weight in the promoted dtype and rounds once to x's dtype. The
+    kernels do the same on x in that dtype; autograd through the casts then gives x's
+    gradient in x's dtype and the weight's in the weight's (float32 master weights keep
+    their precision).
+    """
+    acc = torch.float64 if x.dtype == torch.float64 else torch.float32
+    if torch.promote_types(acc, weight.dtype) == acc:
+        y = rms_norm(x.to(acc), weight.to(acc), eps, backend)
+    else:  # a float64 weight with a narrower x: normalised in float32, weighted in float64
+        y = rms_norm(x.to(acc), None, eps, backend) * weight
+    return y.to(x.dtype)
 
 
 def fused_add_rms_norm(x: Tensor, residual: Tensor, weight: Tensor, eps: float = 1e-6) -> None:

@@ -15,8 +15,7 @@ _SUPPORTED_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64
 def _check_defined(op: str, name: str, t: Optional[torch.Tensor]) -> None:
     if t is None:
         raise ValueError(
-            f"{op}(backend='triton'): expected a tensor for {name} but got None; {name} is "
-            "required"
+            f"{op}(backend='triton'): expected a tensor for {name} but got None; {name} is required"
         )
 
 
@@ -208,11 +207,13 @@ def rms_norm(
 ) -> torch.Tensor:
     """``F.rms_norm(x, (x.size(-1),), weight, eps)`` through the Triton kernels.
 
-    ``eps=None`` means ``torch.finfo(x.dtype).eps``, as in ``F.rms_norm``. Differentiable
-    in ``x`` and ``weight``; traced by torch.compile without a graph break.
+    ``eps=None`` means the epsilon of the dtype the norm is computed in (float32, float64
+    for float64 x), as in ``F.rms_norm``. Differentiable in ``x`` and ``weight``; traced by
+    torch.compile without a graph break.
     """
     if eps is None:
-        eps = torch.finfo(x.dtype).eps if x.is_floating_point() else 0.0
+        acc = torch.float64 if x.dtype == torch.float64 else torch.float32
+        eps = torch.finfo(acc).eps if x.is_floating_point() else 0.0
     if _plain_eager_call(x, weight):
         if torch.is_grad_enabled() and (
             x.requires_grad or (weight is not None and weight.requires_grad)
