@@ -440,12 +440,39 @@ INTERPRETER_SCRIPT = textwrap.dedent(
     xd = torch.randn(3, 9, dtype=torch.float64, requires_grad=True)
     wd = torch.randn(9, dtype=torch.float64, requires_grad=True)
     assert torch.autograd.gradcheck(lambda a, b: trn.rms_norm(a, b, 1e-6), (xd, wd))
+    __FORWARD_AD_CHECKS__
 
     explained = torch._dynamo.explain(lambda a, b: trn.rms_norm(a, b, 1e-6) * 2)(x, w)
     assert explained.graph_break_count == 0, explained.break_reasons
     print("interpreter checks passed")
     """
 )
+
+
+# Forward-mode AD of the Triton ops (issue 27): real tangents, not dropped ones. Run in the
+# interpreter above and, in the GPU test below, on CUDA tensors (DEVICE).
+FORWARD_AD_CHECKS = """
+import torch.nn.functional as F
+xd = torch.randn(3, 9, dtype=torch.float64, device=DEVICE, requires_grad=True)
+wd = torch.randn(9, dtype=torch.float64, device=DEVICE, requires_grad=True)
+assert torch.autograd.gradcheck(
+    lambda a, b: trn.rms_norm(a, b, 1e-6), (xd, wd), check_forward_ad=True
+)
+gd = torch.randn(3, 9, dtype=torch.float64, device=DEVICE, requires_grad=True)
+assert torch.autograd.gradcheck(
+    lambda g, a, b: trn.rms_norm_backward(g, a, b, 1e-6), (gd, xd, wd),
+    check_forward_ad=True, check_backward_ad=False,
+)
+x, t = xd.detach(), torch.randn_like(xd)
+w = wd.detach()
+got = torch.func.jvp(lambda v: hotloop.rms_norm(v, w, 1e-6, backend="triton"), (x,), (t,))[1]
+ref = torch.func.jvp(lambda v: F.rms_norm(v, (9,), w, 1e-6), (x,), (t,))[1]
+torch.testing.assert_close(got, ref)
+hessian = torch.func.hessian(lambda v: hotloop.rms_norm(v, w, 1e-6, backend="triton").pow(2).sum())
+reference = torch.func.hessian(lambda v: F.rms_norm(v, (9,), w, 1e-6).pow(2).sum())
+torch.testing.assert_close(hessian(x[0]), reference(x[0]))
+print("forward AD checks passed")
+"""
 
 
 def version_tuple(version: str) -> tuple[int, int]:
@@ -469,8 +496,11 @@ def interpreter_broken() -> bool:
 def test_kernels_in_triton_interpreter(tmp_path: Path) -> None:
     script = tmp_path / "interpret_rms_norm.py"
     # The tolerance table is op_testing's (the fresh Python imports torch, not the test helpers).
+    forward_ad = f'DEVICE = "cpu"\n{FORWARD_AD_CHECKS}'
     script.write_text(
-        INTERPRETER_SCRIPT.replace("__RELATIVE_TOLERANCES__", repr(RELATIVE_TOLERANCES))
+        INTERPRETER_SCRIPT.replace("__RELATIVE_TOLERANCES__", repr(RELATIVE_TOLERANCES)).replace(
+            "__FORWARD_AD_CHECKS__", forward_ad
+        )
     )
     # The child imports hotloop from wherever this process did (source tree or wheel).
     hotloop_root = str(Path(hotloop.__file__).resolve().parent.parent)
@@ -487,7 +517,18 @@ def test_kernels_in_triton_interpreter(tmp_path: Path) -> None:
         timeout=900,
     )
     assert proc.returncode == 0, f"stdout:\n{proc.stdout}\nstderr:\n{proc.stderr[-6000:]}"
+    assert "forward AD checks passed" in proc.stdout
     assert "interpreter checks passed" in proc.stdout
+
+
+@pytest.mark.gpu
+@requires_cuda
+def test_forward_ad_on_cuda(capsys: pytest.CaptureFixture[str]) -> None:
+    exec(
+        FORWARD_AD_CHECKS,
+        {"torch": torch, "hotloop": hotloop, "trn": triton_rms_norm, "DEVICE": "cuda"},
+    )
+    assert "forward AD checks passed" in capsys.readouterr().out
 
 
 @pytest.mark.parametrize("eps", [1e-6, 1e-5, 0.1, 1e-12, 0.0, 3.0])

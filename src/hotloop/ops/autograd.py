@@ -14,7 +14,7 @@ from torch import Tensor
 from torch._functorch.utils import enable_single_level_autograd_function
 from torch.autograd.forward_ad import _set_fwd_grad_enabled
 
-from hotloop.ops.api import _RMS_NORM, _forward_ad_active
+from hotloop.ops.api import _RMS_NORM, _forward_ad_active, triton_rms_norm
 
 _LIB = torch.library.Library("hotloop", "IMPL")
 
@@ -44,7 +44,9 @@ def _below(op: Any, *args: Any) -> Any:
         return op(*args)
 
 
-def _register_autograd(name: str, function: type[_AutogradFunction]) -> None:
+def _register_autograd(
+    name: str, function: type[_AutogradFunction], keys: tuple[str, ...] = ("Autograd",)
+) -> None:
     op = getattr(torch.ops.hotloop, name).default
 
     def autograd_kernel(keyset: torch._C.DispatchKeySet, *args: Any) -> Any:
@@ -61,7 +63,8 @@ def _register_autograd(name: str, function: type[_AutogradFunction]) -> None:
         with torch._C._AutoDispatchBelowAutograd():
             return op.redispatch(keyset & torch._C._after_autograd_keyset, *args)
 
-    _LIB.impl(name, autograd_kernel, "Autograd", with_keyset=True)
+    for key in keys:
+        _LIB.impl(name, autograd_kernel, key, with_keyset=True)
 
 
 # Forward-mode AD (torch.func.jvp/jacfwd/hessian, torch.autograd.forward_ad): each Function's
@@ -138,30 +141,6 @@ class _MulAddFunction(_AutogradFunction):
     jvp = _MulFunction.jvp  # c is a float: it has no tangent
 
 
-class _RmsNormFunction(_AutogradFunction):
-    @staticmethod
-    def forward(x: Tensor, weight: Tensor | None, eps: float) -> Tensor:
-        return _below(_RMS_NORM, x, weight, eps)
-
-    @staticmethod
-    def setup_context(ctx: Any, inputs: tuple[Any, ...], output: Tensor) -> None:
-        x, weight, eps = inputs
-        ctx.save_for_backward(x, weight)
-        ctx.save_for_forward(x, weight)
-        ctx.eps = eps
-
-    @staticmethod
-    def backward(ctx: Any, grad: Tensor) -> tuple[Tensor, Tensor | None, None]:
-        x, weight = ctx.saved_tensors
-        grad_x, grad_weight = torch.ops.hotloop.rms_norm_backward.default(grad, x, weight, ctx.eps)
-        return grad_x, (grad_weight if weight is not None else None), None
-
-    @staticmethod
-    def jvp(ctx: Any, x_t: Tensor | None, weight_t: Tensor | None, _: None) -> Tensor:
-        x, weight = ctx.saved_tensors
-        return _rms_norm_jvp(x, weight, ctx.eps, x_t, weight_t)
-
-
 def _rms_norm_jvp(
     x: Tensor, weight: Tensor | None, eps: float, x_t: Tensor | None, weight_t: Tensor | None
 ) -> Tensor:
@@ -174,64 +153,113 @@ def _rms_norm_jvp(
     return _zeros_if_none(y_t, x)
 
 
-class _RmsNormBackwardFunction(_AutogradFunction):
-    """Without a formula autograd would pass silently through the backward op."""
-
-    @staticmethod
-    def forward(
-        grad_out: Tensor, x: Tensor, weight: Tensor | None, eps: float
-    ) -> tuple[Tensor, Tensor]:
-        return _below(torch.ops.hotloop.rms_norm_backward.default, grad_out, x, weight, eps)
-
-    @staticmethod
-    def setup_context(ctx: Any, inputs: tuple[Any, ...], output: Any) -> None:
-        grad_out, x, weight, eps = inputs
-        ctx.save_for_forward(grad_out, x, weight)
-        ctx.eps = eps
-
-    @staticmethod
-    def backward(ctx: Any, *grads: Tensor) -> None:
-        raise RuntimeError(
-            "hotloop.rms_norm: the gradient of its gradient (double backward) is not implemented"
+def _rms_norm_backward_jvp(
+    ctx: Any, grad_t: Tensor | None, x_t: Tensor | None, weight_t: Tensor | None, _: None
+) -> tuple[Tensor, Tensor]:
+    """The tangents of grad_x = rstd * (u - x_hat * c), u = grad_out * w,
+    c = mean(u * x_hat), and of grad_weight = sum over rows of grad_out * x_hat."""
+    grad_out, x, weight = ctx.saved_tensors
+    rstd, x_hat = _normalised(x, ctx.eps)
+    acc = x_hat.dtype
+    g = grad_out.to(acc)
+    w = weight.to(acc) if weight is not None else None
+    u = g if w is None else g * w
+    c = (u * x_hat).mean(-1, keepdim=True)
+    x_hat_t = _x_hat_tangent(rstd, x_hat, x_t)
+    rstd_t = None if x_t is None else -rstd.pow(2) * (x_hat * x_t.to(acc)).mean(-1, keepdim=True)
+    g_t = None if grad_t is None else grad_t.to(acc)
+    u_t = _plus(g_t if w is None else _times(g_t, w), _times(weight_t, g))
+    c_t = _plus(_times(u_t, x_hat), _times(x_hat_t, u))
+    c_t = None if c_t is None else c_t.mean(-1, keepdim=True)
+    grad_x_t = _plus(
+        _times(rstd_t, u - x_hat * c),
+        _times(_plus(_plus(u_t, _times(x_hat_t, -c)), _times(c_t, -x_hat)), rstd),
+    )
+    if weight is None:
+        grad_weight_t = torch.zeros((0,), dtype=x.dtype, device=x.device)
+    else:
+        per_row = _plus(_times(g_t, x_hat), _times(x_hat_t, g))
+        rows = tuple(range(x.dim() - 1))
+        grad_weight_t = _zeros_if_none(
+            None if per_row is None else per_row.sum(rows) if rows else per_row, weight
         )
+    return _zeros_if_none(grad_x_t, x), grad_weight_t
 
-    @staticmethod
-    def jvp(
-        ctx: Any, grad_t: Tensor | None, x_t: Tensor | None, weight_t: Tensor | None, _: None
-    ) -> tuple[Tensor, Tensor]:
-        """The tangents of grad_x = rstd * (u - x_hat * c), u = grad_out * w,
-        c = mean(u * x_hat), and of grad_weight = sum over rows of grad_out * x_hat."""
-        grad_out, x, weight = ctx.saved_tensors
-        rstd, x_hat = _normalised(x, ctx.eps)
-        acc = x_hat.dtype
-        g = grad_out.to(acc)
-        w = weight.to(acc) if weight is not None else None
-        u = g if w is None else g * w
-        c = (u * x_hat).mean(-1, keepdim=True)
-        x_hat_t = _x_hat_tangent(rstd, x_hat, x_t)
-        rstd_t = (
-            None if x_t is None else -rstd.pow(2) * (x_hat * x_t.to(acc)).mean(-1, keepdim=True)
-        )
-        g_t = None if grad_t is None else grad_t.to(acc)
-        u_t = _plus(g_t if w is None else _times(g_t, w), _times(weight_t, g))
-        c_t = _plus(_times(u_t, x_hat), _times(x_hat_t, u))
-        c_t = None if c_t is None else c_t.mean(-1, keepdim=True)
-        grad_x_t = _plus(
-            _times(rstd_t, u - x_hat * c),
-            _times(_plus(_plus(u_t, _times(x_hat_t, -c)), _times(c_t, -x_hat)), rstd),
-        )
-        if weight is None:
-            grad_weight_t = torch.zeros((0,), dtype=x.dtype, device=x.device)
-        else:
-            per_row = _plus(_times(g_t, x_hat), _times(x_hat_t, g))
-            rows = tuple(range(x.dim() - 1))
-            grad_weight_t = _zeros_if_none(
-                None if per_row is None else per_row.sum(rows) if rows else per_row, weight
+
+def _rms_norm_functions(
+    forward_op: Any, backward_op: Any
+) -> tuple[type[_AutogradFunction], type[_AutogradFunction]]:
+    """The Functions of an RMSNorm op and of its backward op: hotloop's C++ pair, or the
+    Triton pair (the same formulas; only the kernels differ)."""
+
+    class RmsNorm(_AutogradFunction):
+        @staticmethod
+        def forward(x: Tensor, weight: Tensor | None, eps: float) -> Tensor:
+            return _below(forward_op, x, weight, eps)
+
+        @staticmethod
+        def setup_context(ctx: Any, inputs: tuple[Any, ...], output: Tensor) -> None:
+            x, weight, eps = inputs
+            ctx.save_for_backward(x, weight)
+            ctx.save_for_forward(x, weight)
+            ctx.eps = eps
+
+        @staticmethod
+        def backward(ctx: Any, grad: Tensor) -> tuple[Tensor, Tensor | None, None]:
+            x, weight = ctx.saved_tensors
+            grad_x, grad_weight = backward_op(grad, x, weight, ctx.eps)
+            return grad_x, (grad_weight if weight is not None else None), None
+
+        @staticmethod
+        def jvp(ctx: Any, x_t: Tensor | None, weight_t: Tensor | None, _: None) -> Tensor:
+            x, weight = ctx.saved_tensors
+            return _rms_norm_jvp(x, weight, ctx.eps, x_t, weight_t)
+
+    class RmsNormBackward(_AutogradFunction):
+        """Without a formula autograd would pass silently through the backward op."""
+
+        @staticmethod
+        def forward(
+            grad_out: Tensor, x: Tensor, weight: Tensor | None, eps: float
+        ) -> tuple[Tensor, Tensor]:
+            return _below(backward_op, grad_out, x, weight, eps)
+
+        @staticmethod
+        def setup_context(ctx: Any, inputs: tuple[Any, ...], output: Any) -> None:
+            grad_out, x, weight, eps = inputs
+            ctx.save_for_forward(grad_out, x, weight)
+            ctx.eps = eps
+
+        @staticmethod
+        def backward(ctx: Any, *grads: Tensor) -> None:
+            raise RuntimeError(
+                "hotloop.rms_norm: the gradient of its gradient (double backward) is not "
+                "implemented"
             )
-        return _zeros_if_none(grad_x_t, x), grad_weight_t
+
+        jvp = staticmethod(_rms_norm_backward_jvp)
+
+    return RmsNorm, RmsNormBackward
 
 
 _register_autograd("mul", _MulFunction)
 _register_autograd("muladd", _MulAddFunction)
+_RmsNormFunction, _RmsNormBackwardFunction = _rms_norm_functions(
+    _RMS_NORM, torch.ops.hotloop.rms_norm_backward.default
+)
 _register_autograd("rms_norm", _RmsNormFunction)
 _register_autograd("rms_norm_backward", _RmsNormBackwardFunction)
+
+if triton_rms_norm is not None:
+    # The Triton ops are torch.library custom ops, whose own Autograd kernel has no jvp: it
+    # passed dual tensors below autograd and dropped their tangents. These kernels, on the
+    # backend keys the Triton ops run on (CPU under TRITON_INTERPRET), take precedence over
+    # that alias-key kernel and give the Triton ops the C++ ops' formulas.
+    _TritonFunction, _TritonBackwardFunction = _rms_norm_functions(
+        torch.ops.hotloop.rms_norm_triton.default,
+        torch.ops.hotloop.rms_norm_triton_backward.default,
+    )
+    _register_autograd("rms_norm_triton", _TritonFunction, ("AutogradCUDA", "AutogradCPU"))
+    _register_autograd(
+        "rms_norm_triton_backward", _TritonBackwardFunction, ("AutogradCUDA", "AutogradCPU")
+    )

@@ -33,7 +33,8 @@ This package imports on a machine without a GPU; kernels compile at their first 
 Modules, one job each: ``kernels`` (the Triton kernels), ``launch_config`` (the tuned
 launch settings as data, and the rules for shapes the tuning did not cover), ``launch``
 (host code that picks the settings and launches the kernels) and ``op`` (the custom ops,
-their fake and autograd kernels, and the Python API; importing it registers the ops).
+their fake kernels, and the Python API; importing it registers the ops; hotloop.ops.autograd
+registers their autograd).
 """
 
 from hotloop.triton_rms_norm.kernels import interpreting

@@ -1,5 +1,6 @@
 """The Triton RMSNorm as custom ops (``torch.library.triton_op``: torch.compile sees the
-kernels themselves), with their checks, fake kernels and autograd, and the Python API.
+kernels themselves), with their checks and fake kernels, and the Python API. Their autograd
+(backward and forward-mode AD) is hotloop.ops.autograd's, the same as the C++ ops'.
 """
 
 from typing import Any, Callable, Optional
@@ -139,23 +140,6 @@ def _rms_norm_triton_backward(
     return _backward_grads(grad_out, x, weight, eps)
 
 
-def _setup_context(ctx: Any, inputs: tuple[Any, ...], output: torch.Tensor) -> None:
-    x, weight, eps = inputs
-    ctx.save_for_backward(x, weight)
-    ctx.eps = eps
-
-
-def _backward(
-    ctx: Any, grad_out: torch.Tensor
-) -> tuple[torch.Tensor, Optional[torch.Tensor], None]:
-    x, weight = ctx.saved_tensors
-    grad_x, grad_weight = rms_norm_backward(grad_out, x, weight, ctx.eps)
-    return grad_x, (grad_weight if weight is not None else None), None
-
-
-torch.library.register_autograd("hotloop::rms_norm_triton", _backward, setup_context=_setup_context)
-
-
 # ------------------------------------------------------------------------ eager calls
 
 
@@ -174,12 +158,14 @@ def _plain_eager_call(x: torch.Tensor, weight: Optional[torch.Tensor]) -> bool:
         and not torch._C._len_torch_dispatch_stack()
         and not torch._C._is_torch_function_mode_enabled()
         and not torch._C._are_functorch_transforms_active()
+        # forward-mode AD (a dual level is open): the op's Autograd kernel gives the tangent
+        and torch.autograd.forward_ad._current_level < 0
     )
 
 
 class _EagerRMSNorm(torch.autograd.Function):
-    """The ops' forward and backward for eager calls that need gradients (what
-    register_autograd gives the op, without the dispatcher around it)."""
+    """The ops' forward and backward for eager calls that need gradients (what the op's
+    Autograd kernel, hotloop.ops.autograd's, gives it, without the dispatcher around it)."""
 
     @staticmethod
     def forward(
