@@ -160,8 +160,13 @@ def enter_command(
     for host_file in (Path("/etc/resolv.conf"), Path("/etc/hosts")):
         if host_file.is_file():
             lines += _bind_lines(rootfs, host_file, writable=False)
+    bound: list[Path] = []
     for path, writable in sorted(binds.items(), key=lambda item: len(str(item[0]))):
-        lines += _bind_lines(rootfs, path, writable)
+        # A path inside one already bound is there (uv in the checkout's .nox, the wheel in
+        # the cache); mounting over it would need a file made inside a read-only bind.
+        if not any(path.is_relative_to(parent) for parent in bound):
+            lines += _bind_lines(rootfs, path, writable)
+            bound.append(path)
     variables = {"PATH": ROOT_PATH, "HOME": "/root", "LANG": "C.UTF-8", **env}
     inner = f"cd {shlex.quote(str(cwd))} && exec {shlex.join(argv)}"
     lines.append(

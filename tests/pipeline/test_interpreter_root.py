@@ -107,6 +107,19 @@ def test_enter_command_mounts_privately_at_the_same_paths(tmp_path: Path) -> Non
     assert f"cd {work} && exec python3.14 -V" in last
 
 
+def test_a_path_inside_a_bound_folder_is_not_bound_again(tmp_path: Path) -> None:
+    """uv lives in the checkout's .nox (bound read-only) under nox: binding it again needed a
+    file made inside the read-only bind, and every root cell failed at once."""
+    rootfs = tmp_path / "rootfs"
+    repo = tmp_path / "repo"
+    uv = repo / ".nox" / "matrix" / "bin" / "uv"
+    uv.parent.mkdir(parents=True)
+    uv.write_text("")
+    script = interpreter_root.enter_command(rootfs, ["uv"], {repo: False, uv: False}, {}, repo)[-1]
+    assert f"mount --bind {repo} {rootfs}{repo}" in script
+    assert f"{rootfs}{uv}" not in script
+
+
 def test_cells_of_a_root_interpreter_run_in_the_root(tmp_path, monkeypatch) -> None:
     ran = []
 
