@@ -470,7 +470,12 @@ ref = torch.func.jvp(lambda v: F.rms_norm(v, (9,), w, 1e-6), (x,), (t,))[1]
 torch.testing.assert_close(got, ref)
 hessian = torch.func.hessian(lambda v: hotloop.rms_norm(v, w, 1e-6, backend="triton").pow(2).sum())
 reference = torch.func.hessian(lambda v: F.rms_norm(v, (9,), w, 1e-6).pow(2).sum())
-torch.testing.assert_close(hessian(x[0]), reference(x[0]))
+import warnings
+with warnings.catch_warnings():
+    # The Triton ops have no batching rules yet: jacfwd's vmap loops over the samples
+    # (correct, slower), and says so.
+    warnings.filterwarnings("ignore", "There is a performance drop", UserWarning)
+    torch.testing.assert_close(hessian(x[0]), reference(x[0]))
 print("forward AD checks passed")
 """
 
