@@ -13,13 +13,15 @@ HOTLOOP_LIBRARY(m) {
   // a * b, elementwise.
   m.def("mul(Tensor a, Tensor b) -> Tensor");
 
-  // torch.nn.functional.rms_norm(x, (x.size(-1),), weight, eps).
-  m.def("rms_norm(Tensor x, Tensor? weight, float eps) -> Tensor");
+  // torch.nn.functional.rms_norm(x, (x.size(-1),), weight, eps) with casting 0; casting 1
+  // rounds x * rstd to x's dtype before the weight (transformers' LlamaRMSNorm), casting 2
+  // multiplies by (offset + weight) in float32 (GemmaRMSNorm). common/norm_casting.h.
+  m.def("rms_norm(Tensor x, Tensor? weight, float eps, int casting=0, float offset=0.) -> Tensor");
   // (grad_x, grad_weight); rstd is recomputed from x. grad_weight is an empty
   // tensor when weight is None.
   m.def(
-      "rms_norm_backward(Tensor grad_out, Tensor x, Tensor? weight, float eps) -> (Tensor, "
-      "Tensor)");
+      "rms_norm_backward(Tensor grad_out, Tensor x, Tensor? weight, float eps, int casting=0, "
+      "float offset=0.) -> (Tensor, Tensor)");
 
   // In place: residual += x (in float32, rounded to the dtype on store), then
   // x = rms_norm(residual) * weight, where the norm reads the *rounded* residual

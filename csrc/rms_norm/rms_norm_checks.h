@@ -2,8 +2,10 @@
 #pragma once
 
 #include <optional>
+#include <tuple>
 
 #include "../common/checks.h"
+#include "../common/norm_casting.h"
 
 namespace hotloop {
 
@@ -23,6 +25,21 @@ inline void check_rms_norm_backward_inputs(const char* op, const Tensor& grad_ou
   check_same_device(op, "x", x, "grad_out", grad_out);
   check_same_dtype(op, "x", x, "grad_out", grad_out);
   check_same_shape(op, "x", x, "grad_out", grad_out);
+}
+
+// The entry point of rms_norm_backward around a device's
+// `into(grad_out, x, weight, eps, mode, offset, grad_x)`, which writes grad_x (contiguous,
+// x's shape) and returns grad_weight.
+template <typename Into>
+std::tuple<Tensor, Tensor> rms_norm_backward_op(const Tensor& grad_out, const Tensor& x,
+                                                const std::optional<Tensor>& weight, double eps,
+                                                int64_t casting, double offset, const Into& into) {
+  constexpr const char* op = "rms_norm_backward";
+  const Casting mode = checked_casting(op, casting, offset);
+  check_rms_norm_backward_inputs(op, grad_out, x, weight);
+  Tensor grad_x = empty_like_contiguous(x);
+  Tensor grad_weight = into(grad_out, x, weight, eps, mode, offset, grad_x);
+  return {grad_x, grad_weight};
 }
 
 // y for rms_norm(x): laid out like x (torch.empty_like's preserve_format, so a

@@ -13,18 +13,46 @@ acc_type<scalar_t> row_rstd(const scalar_t* x, int64_t hidden, acc_type<scalar_t
   return acc_t(1) / std::sqrt(reduce_add(sum_sq) / static_cast<acc_t>(hidden) + eps);
 }
 
-// y = x * rstd [* weight] for rows [row_begin, row_end).
+// v rounded to scalar_t and back (kLlama's normalised value); float32/float64 as they are.
 template <typename scalar_t>
+vec_t<scalar_t> rounded_to(vec_t<scalar_t> v) {
+  if constexpr (std::is_same_v<scalar_t, acc_type<scalar_t>>) {
+    return v;
+  } else {
+    scalar_t lanes[Vec<scalar_t>::kWidth];
+    store(lanes, v);
+    return load(lanes);
+  }
+}
+
+// x * rstd as the weight sees it: rounded to the dtype first in kLlama (norm_casting.h).
+template <typename scalar_t, Casting kCasting>
+vec_t<scalar_t> normed(vec_t<scalar_t> xhat) {
+  return kCasting == Casting::kLlama ? rounded_to<scalar_t>(xhat) : xhat;
+}
+
+// The weight's vector at w as it multiplies: offset + w in kGemma, formed in float32.
+template <typename scalar_t, Casting kCasting>
+vec_t<scalar_t> weight_at(const scalar_t* w, int64_t count, acc_type<scalar_t> offset) {
+  const vec_t<scalar_t> v = load_n(w, count);
+  return kCasting == Casting::kGemma ? offset + v : v;
+}
+
+// y = normed(x * rstd) [* weight] for rows [row_begin, row_end).
+template <typename scalar_t, Casting kCasting>
 void rms_norm_rows(const scalar_t* x, const scalar_t* weight, scalar_t* y, int64_t row_begin,
-                   int64_t row_end, int64_t hidden, double eps) {
+                   int64_t row_end, int64_t hidden, double eps, double offset) {
   using acc_t = acc_type<scalar_t>;
+  const acc_t offset_acc = static_cast<acc_t>(offset);
   for (int64_t row = row_begin; row < row_end; ++row) {
     const scalar_t* x_row = x + row * hidden;
     scalar_t* y_row = y + row * hidden;
     const acc_t rstd = row_rstd(x_row, hidden, static_cast<acc_t>(eps));
     if (weight != nullptr) {
       for_each_vector<scalar_t>(hidden, [&](int64_t j, int64_t count) {
-        store_n(y_row + j, load_n(x_row + j, count) * rstd * load_n(weight + j, count), count);
+        const auto xhat = normed<scalar_t, kCasting>(load_n(x_row + j, count) * rstd);
+        store_n(y_row + j, xhat * weight_at<scalar_t, kCasting>(weight + j, count, offset_acc),
+                count);
       });
     } else {
       for_each_vector<scalar_t>(hidden, [&](int64_t j, int64_t count) {
@@ -35,14 +63,17 @@ void rms_norm_rows(const scalar_t* x, const scalar_t* weight, scalar_t* y, int64
 }
 
 // grad_x = rstd * (g - xhat * mean(g * xhat)), g = grad_out * weight, xhat = x * rstd,
-// for rows [row_begin, row_end); with weight, also weight_partial += grad_out * xhat.
-template <typename scalar_t>
+// for rows [row_begin, row_end); with weight, also weight_partial += grad_out * normed(xhat).
+// In kLlama the weight multiplies a value rounded to the dtype, so g is rounded as autograd's
+// product of two dtype tensors is; in kGemma the weight is offset + weight.
+template <typename scalar_t, Casting kCasting>
 void rms_norm_backward_rows(const scalar_t* grad_out, const scalar_t* x, const scalar_t* weight,
                             scalar_t* grad_x, acc_type<scalar_t>* weight_partial, int64_t row_begin,
-                            int64_t row_end, int64_t hidden, double eps) {
+                            int64_t row_end, int64_t hidden, double eps, double offset) {
   using acc_t = acc_type<scalar_t>;
   using V = vec_t<scalar_t>;
   const acc_t eps_acc = static_cast<acc_t>(eps);
+  const acc_t offset_acc = static_cast<acc_t>(offset);
   const acc_t inv_hidden = acc_t(1) / static_cast<acc_t>(hidden);
   for (int64_t row = row_begin; row < row_end; ++row) {
     const scalar_t* x_row = x + row * hidden;
@@ -50,7 +81,11 @@ void rms_norm_backward_rows(const scalar_t* grad_out, const scalar_t* x, const s
     scalar_t* gx_row = grad_x + row * hidden;
     auto g_at = [&](int64_t j, int64_t count) {
       const V go = load_n(go_row + j, count);
-      return weight != nullptr ? go * load_n(weight + j, count) : go;
+      if (weight == nullptr) {
+        return go;
+      }
+      const V g = go * weight_at<scalar_t, kCasting>(weight + j, count, offset_acc);
+      return kCasting == Casting::kLlama ? rounded_to<scalar_t>(g) : g;
     };
     // sum(x^2) and sum(g * x) in one pass over the row.
     const VecPair<V> sums =
@@ -63,11 +98,13 @@ void rms_norm_backward_rows(const scalar_t* grad_out, const scalar_t* x, const s
     const acc_t mean_g_xhat = reduce_add(sums.second) * rstd * inv_hidden;
     for_each_vector<scalar_t>(hidden, [&](int64_t j, int64_t count) {
       const V xhat = load_n(x_row + j, count) * rstd;
-      store_n(gx_row + j, rstd * (g_at(j, count) - xhat * mean_g_xhat), count);
+      const V go = load_n(go_row + j, count);
+      const V gx = rstd * (g_at(j, count) - xhat * mean_g_xhat);
       if (weight_partial != nullptr) {
         acc_t* dw = weight_partial + j;
-        store_n(dw, load_n(dw, count) + load_n(go_row + j, count) * xhat, count);
+        store_n(dw, load_n(dw, count) + go * normed<scalar_t, kCasting>(xhat), count);
       }
+      store_n(gx_row + j, gx, count);
     });
   }
 }

@@ -22,6 +22,7 @@
 #include <type_traits>
 
 #include "../common/cuda_utils.cuh"
+#include "../common/norm_casting.h"
 #include "../common/row_launch.cuh"
 #include "../common/scalar_rows.cuh"
 #include "../common/staged_rows.cuh"
@@ -48,10 +49,85 @@ constexpr RowKernelLimits kForwardLimits{/*max_vectors_per_thread=*/8, /*target_
                                          /*max_threads=*/kForwardMaxThreadsAt8,
                                          /*min_vectors_per_thread=*/2};
 
-// x * rstd, times the weight's vector `idx` where there is a weight, in the accumulation type.
-template <typename Vec, typename acc_t>
-__device__ __forceinline__ Vec normalized(const Vec& x, acc_t rstd, const Vec* weight_vec,
-                                          int idx) {
+// ---------------------------------------------------------------------------
+// Casting (common/norm_casting.h): where the kernels round to the dtype. Every kernel takes
+// the mode as a template parameter and forms its values through these; kTorch compiles to
+// the arithmetic the kernels had before the modes.
+// ---------------------------------------------------------------------------
+
+__device__ __forceinline__ float mul_rn(float a, float b) { return __fmul_rn(a, b); }
+__device__ __forceinline__ double mul_rn(double a, double b) { return __dmul_rn(a, b); }
+
+// rstd of a row from its sum of squares. kTorch: mean and eps in one FMA. kLlama and kGemma
+// round the mean before adding eps, as the separate mean, add and rsqrt kernels of
+// transformers' norms do (torch's CUDA mean multiplies the sum by 1 / H).
+template <Casting kCasting, typename acc_t>
+__device__ __forceinline__ acc_t row_rstd(acc_t sum_sq, acc_t inv_hidden, acc_t eps) {
+  if constexpr (kCasting == Casting::kTorch) {
+    return rsqrt_acc(sum_sq * inv_hidden + eps);
+  } else {
+    return rsqrt_acc(mul_rn(sum_sq, inv_hidden) + eps);
+  }
+}
+
+// The weight as it multiplies: offset + w, in float32 (float64), in kGemma.
+template <Casting kCasting, typename acc_t>
+__device__ __forceinline__ acc_t weight_value(acc_t w, acc_t offset) {
+  if constexpr (kCasting == Casting::kGemma) {
+    return offset + w;
+  } else {
+    return w;
+  }
+}
+
+// y before its rounding: xhat * w, where kLlama first rounds xhat to the dtype.
+template <Casting kCasting, typename scalar_t, typename acc_t>
+__device__ __forceinline__ acc_t weighted(acc_t xhat, acc_t w, acc_t offset) {
+  if constexpr (kCasting == Casting::kLlama) {
+    return static_cast<acc_t>(static_cast<scalar_t>(xhat)) * w;
+  } else {
+    return xhat * weight_value<kCasting>(w, offset);
+  }
+}
+
+// g = grad_out * weight; rounded to the dtype in kLlama, as autograd's product of two
+// tensors of that dtype is.
+template <Casting kCasting, typename scalar_t, typename acc_t>
+__device__ __forceinline__ acc_t weighted_grad(acc_t go, acc_t w, acc_t offset) {
+  const acc_t g = go * weight_value<kCasting>(w, offset);
+  if constexpr (kCasting == Casting::kLlama) {
+    return static_cast<acc_t>(static_cast<scalar_t>(g));
+  } else {
+    return g;
+  }
+}
+
+// grad_x before its rounding: rstd * g - x * x_coeff (kTorch keeps its association).
+template <Casting kCasting, typename scalar_t, typename acc_t>
+__device__ __forceinline__ acc_t grad_x_value(acc_t go, acc_t w, acc_t x, acc_t rstd,
+                                              acc_t x_coeff, acc_t offset) {
+  if constexpr (kCasting == Casting::kTorch) {
+    return rstd * go * w - x * x_coeff;
+  } else {
+    return rstd * weighted_grad<kCasting, scalar_t>(go, w, offset) - x * x_coeff;
+  }
+}
+
+// One element's share of grad_weight: grad_out * xhat, with xhat rounded as kLlama's
+// weight sees it.
+template <Casting kCasting, typename scalar_t, typename acc_t>
+__device__ __forceinline__ acc_t grad_weight_term(acc_t go, acc_t x, acc_t rstd) {
+  if constexpr (kCasting == Casting::kLlama) {
+    return go * static_cast<acc_t>(static_cast<scalar_t>(x * rstd));
+  } else {
+    return go * x * rstd;
+  }
+}
+
+// x * rstd, times the weight's vector `idx` where there is a weight (as kCasting does it).
+template <Casting kCasting, typename Vec, typename acc_t>
+__device__ __forceinline__ Vec normalized(const Vec& x, acc_t rstd, const Vec* weight_vec, int idx,
+                                          acc_t offset) {
   using scalar_t = std::remove_cv_t<std::remove_reference_t<decltype(x.val[0])>>;
   constexpr int kVec = sizeof(Vec) / sizeof(scalar_t);
   Vec out;
@@ -59,8 +135,8 @@ __device__ __forceinline__ Vec normalized(const Vec& x, acc_t rstd, const Vec* w
     const Vec wv = weight_vec[idx];
 #pragma unroll
     for (int k = 0; k < kVec; ++k) {
-      out.val[k] = static_cast<scalar_t>(static_cast<acc_t>(x.val[k]) * rstd *
-                                         static_cast<acc_t>(wv.val[k]));
+      out.val[k] = static_cast<scalar_t>(weighted<kCasting, scalar_t>(
+          static_cast<acc_t>(x.val[k]) * rstd, static_cast<acc_t>(wv.val[k]), offset));
     }
   } else {
 #pragma unroll
@@ -71,12 +147,12 @@ __device__ __forceinline__ Vec normalized(const Vec& x, acc_t rstd, const Vec* w
   return out;
 }
 
-template <typename scalar_t, int kVectorsPerThread>
+template <typename scalar_t, Casting kCasting, int kVectorsPerThread>
 __global__ void __launch_bounds__(kVectorsPerThread >= 8 ? kForwardMaxThreadsAt8
                                                          : kMaxThreadsPerBlock)
     rms_norm_vector_kernel(const scalar_t* __restrict__ x, const scalar_t* __restrict__ weight,
                            scalar_t* __restrict__ y, int64_t rows, int64_t hidden,
-                           acc_type<scalar_t> eps) {
+                           acc_type<scalar_t> eps, acc_type<scalar_t> offset) {
   using acc_t = acc_type<scalar_t>;
   constexpr int kVec = vector_size<scalar_t>();
   using Vec = AlignedVector<scalar_t, kVec>;
@@ -105,14 +181,14 @@ __global__ void __launch_bounds__(kVectorsPerThread >= 8 ? kForwardMaxThreadsAt8
       }
     }
     row_sum(sum_sq);
-    const acc_t rstd = rsqrt_acc(sum_sq[0] * inv_hidden + eps);
+    const acc_t rstd = row_rstd<kCasting>(sum_sq[0], inv_hidden, eps);
 
     Vec* y_row = reinterpret_cast<Vec*>(y + row * hidden);
 #pragma unroll
     for (int i = 0; i < kVectorsPerThread; ++i) {
       const int idx = threadIdx.x + i * blockDim.x;
       if (row_valid && idx < num_vectors) {
-        const Vec out = normalized(xv[i], rstd, weight_vec, idx);
+        const Vec out = normalized<kCasting>(xv[i], rstd, weight_vec, idx, offset);
         y_row[idx] = out;
       }
     }
@@ -121,11 +197,11 @@ __global__ void __launch_bounds__(kVectorsPerThread >= 8 ? kForwardMaxThreadsAt8
 
 // Rows that the vector kernel cannot take but that fit in registers as scalars
 // (common/scalar_rows.cuh), so x is read once.
-template <typename scalar_t, typename Rows>
+template <typename scalar_t, Casting kCasting, typename Rows>
 __global__ void __launch_bounds__(Rows::kLaunchBound)
     rms_norm_scalar_kernel(const scalar_t* __restrict__ x, const scalar_t* __restrict__ weight,
                            scalar_t* __restrict__ y, int64_t rows, int64_t hidden,
-                           acc_type<scalar_t> eps) {
+                           acc_type<scalar_t> eps, acc_type<scalar_t> offset) {
   constexpr int kElemsPerThread = Rows::kElemsPerThread;
   using acc_t = acc_type<scalar_t>;
   const int hidden_int = static_cast<int>(hidden);
@@ -147,14 +223,14 @@ __global__ void __launch_bounds__(Rows::kLaunchBound)
       sum_sq[0] += xv[i] * xv[i];
     }
     row_sum(sum_sq);
-    const acc_t rstd = rsqrt_acc(sum_sq[0] * inv_hidden + eps);
+    const acc_t rstd = row_rstd<kCasting>(sum_sq[0], inv_hidden, eps);
     scalar_t* y_own = y + row * hidden + threadIdx.x;
 #pragma unroll
     for (int i = 0; i < kElemsPerThread; ++i) {
       if (i * stride < row_columns) {
         acc_t v = xv[i] * rstd;
         if (w_own != nullptr) {
-          v *= static_cast<acc_t>(w_own[i * stride]);
+          v = weighted<kCasting, scalar_t>(v, static_cast<acc_t>(w_own[i * stride]), offset);
         }
         y_own[i * stride] = static_cast<scalar_t>(v);
       }
@@ -325,13 +401,13 @@ __device__ __forceinline__ void store_span_partials(acc_t* partial_row,
 // scalar kernel. Written out rather than through the span helpers above: with them nvcc
 // unpacked each loaded 16-bit vector before it issued the next load (69 % instead of 85 %
 // of copy bandwidth at H = 4095 on an H100, run 36).
-template <typename scalar_t, int kVectorsPerThread>
+template <typename scalar_t, Casting kCasting, int kVectorsPerThread>
 __global__ void __launch_bounds__(kVectorsPerThread >= 8 ? kForwardMaxThreadsAt8
                                                          : kMaxThreadsPerBlock)
     rms_norm_shifted_kernel(const scalar_t* __restrict__ x,
                             const scalar_t* __restrict__ shifted_weight, scalar_t* __restrict__ y,
                             int64_t rows, int64_t hidden, int64_t span_vectors,
-                            acc_type<scalar_t> eps) {
+                            acc_type<scalar_t> eps, acc_type<scalar_t> offset) {
   using acc_t = acc_type<scalar_t>;
   constexpr int kVec = vector_size<scalar_t>();
   using Vec = AlignedVector<scalar_t, kVec>;
@@ -392,7 +468,7 @@ __global__ void __launch_bounds__(kVectorsPerThread >= 8 ? kForwardMaxThreadsAt8
       }
     }
     row_sum(sum_sq);
-    const acc_t rstd = rsqrt_acc(sum_sq[0] * inv_hidden + eps);
+    const acc_t rstd = row_rstd<kCasting>(sum_sq[0], inv_hidden, eps);
 
     scalar_t* y_row = y + row * hidden;
     Vec* y_span = reinterpret_cast<Vec*>(y_row - lead);
@@ -405,7 +481,7 @@ __global__ void __launch_bounds__(kVectorsPerThread >= 8 ? kForwardMaxThreadsAt8
       const int idx = threadIdx.x + i * blockDim.x;
       const int first = idx * kVec - lead;
       if (idx < row_vectors) {
-        const Vec out = normalized(xv[i], rstd, weight_vec, idx);
+        const Vec out = normalized<kCasting>(xv[i], rstd, weight_vec, idx, offset);
         if (first >= 0 && first + kVec <= hidden_int) {
           y_span[idx] = out;
         } else {
@@ -438,11 +514,11 @@ __global__ void shift_weight_kernel(const scalar_t* __restrict__ weight,
 
 // Aligned rows longer than the vector kernel takes, staged in shared memory, each row
 // split over kCluster blocks (common/staged_rows.cuh).
-template <typename scalar_t, int kCluster>
+template <typename scalar_t, Casting kCasting, int kCluster>
 __global__ void __launch_bounds__(kStagedForwardThreads)
     rms_norm_staged_kernel(const scalar_t* __restrict__ x, const scalar_t* __restrict__ weight,
                            scalar_t* __restrict__ y, int64_t rows, int64_t hidden,
-                           acc_type<scalar_t> eps) {
+                           acc_type<scalar_t> eps, acc_type<scalar_t> offset) {
   using acc_t = acc_type<scalar_t>;
   constexpr int kVec = vector_size<scalar_t>();
   using Vec = AlignedVector<scalar_t, kVec>;
@@ -469,7 +545,7 @@ __global__ void __launch_bounds__(kStagedForwardThreads)
     }
     row_sum(sum_sq);
     cluster_sum<kCluster>(sum_sq, exchange, parity);
-    const acc_t rstd = rsqrt_acc(sum_sq[0] * inv_hidden + eps);
+    const acc_t rstd = row_rstd<kCasting>(sum_sq[0], inv_hidden, eps);
     Vec* y_part = part_vectors<Vec>(y, row, hidden, part);
     const int64_t next = next_staged_row(part, row, rows);
     const Vec* x_next = part_vectors<Vec>(x, next, hidden, part);
@@ -480,7 +556,7 @@ __global__ void __launch_bounds__(kStagedForwardThreads)
       for (int k = 0; k < kVec; ++k) {
         acc_t v = static_cast<acc_t>(xv.val[k]) * rstd;
         if (weight_vec != nullptr) {
-          v *= static_cast<acc_t>(weight_vec[idx].val[k]);
+          v = weighted<kCasting, scalar_t>(v, static_cast<acc_t>(weight_vec[idx].val[k]), offset);
         }
         out.val[k] = static_cast<scalar_t>(v);
       }
@@ -494,11 +570,11 @@ __global__ void __launch_bounds__(kStagedForwardThreads)
   leave_cluster<kCluster>();
 }
 
-template <typename scalar_t>
+template <typename scalar_t, Casting kCasting>
 __global__ void __launch_bounds__(kMaxThreadsPerBlock)
     rms_norm_generic_kernel(const scalar_t* __restrict__ x, const scalar_t* __restrict__ weight,
                             scalar_t* __restrict__ y, int64_t rows, int64_t hidden,
-                            acc_type<scalar_t> eps) {
+                            acc_type<scalar_t> eps, acc_type<scalar_t> offset) {
   using acc_t = acc_type<scalar_t>;
   const acc_t inv_hidden = acc_t(1) / static_cast<acc_t>(hidden);
   for (int64_t block_row = static_cast<int64_t>(blockIdx.x) * blockDim.y; block_row < rows;
@@ -512,12 +588,12 @@ __global__ void __launch_bounds__(kMaxThreadsPerBlock)
       sum_sq[0] += v * v;
     }
     row_sum(sum_sq);
-    const acc_t rstd = rsqrt_acc(sum_sq[0] * inv_hidden + eps);
+    const acc_t rstd = row_rstd<kCasting>(sum_sq[0], inv_hidden, eps);
     scalar_t* y_row = y + row * hidden;
     for (int64_t j = threadIdx.x; j < row_hidden; j += blockDim.x) {
       acc_t v = static_cast<acc_t>(x_row[j]) * rstd;
       if (weight != nullptr) {
-        v *= static_cast<acc_t>(weight[j]);
+        v = weighted<kCasting, scalar_t>(v, static_cast<acc_t>(weight[j]), offset);
       }
       y_row[j] = static_cast<scalar_t>(v);
     }
@@ -598,10 +674,10 @@ constexpr int kSpanWeightRegistersMaxThreads = 512;
 
 // Launches rms_norm_shifted_kernel and returns true where it takes the rows: span rows
 // (spans_line_up) with y at x's offset from the vector boundary.
-template <typename scalar_t>
+template <typename scalar_t, Casting kCasting>
 bool launch_shifted_rms_norm(const scalar_t* x, const scalar_t* weight, scalar_t* y, int64_t rows,
-                             int64_t hidden, acc_type<scalar_t> eps, cudaStream_t stream,
-                             const Tensor& like) {
+                             int64_t hidden, acc_type<scalar_t> eps, acc_type<scalar_t> offset,
+                             cudaStream_t stream, const Tensor& like) {
   constexpr int kVec = vector_size<scalar_t>();
   if constexpr (!kScalarRowsInRegisters<scalar_t>) {  // float64 rows: too many registers
     return false;
@@ -621,28 +697,30 @@ bool launch_shifted_rms_norm(const scalar_t* x, const scalar_t* weight, scalar_t
     const scalar_t* shifted_weight = shifted ? const_data<scalar_t>(*shifted) : nullptr;
     const dim3 grid(static_cast<unsigned>(row_blocks(rows, plan)));
     return launch_vector_rows<1, 2>(plan, [&](auto vpt) {
-      rms_norm_shifted_kernel<scalar_t, decltype(vpt)::value><<<grid, plan.block(), 0, stream>>>(
-          x, shifted_weight, y, rows, hidden, span_vectors, eps);
+      rms_norm_shifted_kernel<scalar_t, kCasting, decltype(vpt)::value>
+          <<<grid, plan.block(), 0, stream>>>(x, shifted_weight, y, rows, hidden, span_vectors, eps,
+                                              offset);
     });
   }
 }
 
-template <typename scalar_t>
+template <typename scalar_t, Casting kCasting>
 void launch_rms_norm(const scalar_t* x, const scalar_t* weight, scalar_t* y, int64_t rows,
-                     int64_t hidden, double eps, const Tensor& like) {
+                     int64_t hidden, double eps, double offset, const Tensor& like) {
   using acc_t = acc_type<scalar_t>;
   const bool aligned = is_vector_aligned(x) && is_vector_aligned(y) &&
                        (weight == nullptr || is_vector_aligned(weight));
   const RowLaunch plan = plan_row_launch(hidden, vector_size<scalar_t>(), aligned, kForwardLimits);
   const cudaStream_t stream = current_stream();
   const acc_t eps_acc = static_cast<acc_t>(eps);
+  const acc_t offset_acc = static_cast<acc_t>(offset);
   const dim3 grid(static_cast<unsigned>(row_blocks(rows, plan)));
   const bool vector_launched = launch_vector_rows<2, 4, 8>(plan, [&](auto vpt) {
-    rms_norm_vector_kernel<scalar_t, decltype(vpt)::value>
-        <<<grid, plan.block(), 0, stream>>>(x, weight, y, rows, hidden, eps_acc);
+    rms_norm_vector_kernel<scalar_t, kCasting, decltype(vpt)::value>
+        <<<grid, plan.block(), 0, stream>>>(x, weight, y, rows, hidden, eps_acc, offset_acc);
   });
-  if (vector_launched ||
-      launch_shifted_rms_norm(x, weight, y, rows, hidden, eps_acc, stream, like)) {
+  if (vector_launched || launch_shifted_rms_norm<scalar_t, kCasting>(
+                             x, weight, y, rows, hidden, eps_acc, offset_acc, stream, like)) {
     HOTLOOP_KERNEL_LAUNCH_CHECK();
     return;
   }
@@ -652,23 +730,23 @@ void launch_rms_norm(const scalar_t* x, const scalar_t* weight, scalar_t* y, int
                           ? staged_cluster_size(row_bytes, row_vectors, /*min_blocks_per_sm=*/2)
                           : 0;
   if (cluster > 0) {
-    const auto kernel = cluster == 1 ? rms_norm_staged_kernel<scalar_t, 1>
-                                     : rms_norm_staged_kernel<scalar_t, kStagedCluster>;
+    const auto kernel = cluster == 1 ? rms_norm_staged_kernel<scalar_t, kCasting, 1>
+                                     : rms_norm_staged_kernel<scalar_t, kCasting, kStagedCluster>;
     const StagedLaunch staged =
         plan_staged_launch(kernel, cluster, kStagedForwardThreads, row_bytes / cluster, rows);
-    launch_staged(staged, stream, kernel, x, weight, y, rows, hidden, eps_acc);
+    launch_staged(staged, stream, kernel, x, weight, y, rows, hidden, eps_acc, offset_acc);
     return;
   }
   const ScalarRowLaunch scalar_plan = plan_scalar_row_launch(hidden);
   const dim3 scalar_grid(static_cast<unsigned>(row_blocks(rows, scalar_plan.launch)));
   const bool scalar_launched = launch_scalar_rows<scalar_t>(scalar_plan, [&](auto rows_variant) {
-    rms_norm_scalar_kernel<scalar_t, decltype(rows_variant)>
+    rms_norm_scalar_kernel<scalar_t, kCasting, decltype(rows_variant)>
         <<<scalar_grid, scalar_plan.launch.block(), 0, stream>>>(x, weight, y, rows, hidden,
-                                                                 eps_acc);
+                                                                 eps_acc, offset_acc);
   });
   if (!scalar_launched) {
-    rms_norm_generic_kernel<scalar_t>
-        <<<grid, plan.block(), 0, stream>>>(x, weight, y, rows, hidden, eps_acc);
+    rms_norm_generic_kernel<scalar_t, kCasting>
+        <<<grid, plan.block(), 0, stream>>>(x, weight, y, rows, hidden, eps_acc, offset_acc);
   }
   HOTLOOP_KERNEL_LAUNCH_CHECK();
 }
@@ -688,17 +766,18 @@ void launch_rms_norm(const scalar_t* x, const scalar_t* weight, scalar_t* y, int
 
 // The backward's arithmetic on one 16-byte vector of a row, shared by its kernels: the
 // row sums sum(x^2) and sum(g * x) with g = grad_out * weight ...
-template <typename Vec, typename acc_t>
+template <Casting kCasting, typename Vec, typename acc_t>
 __device__ __forceinline__ void add_backward_sums(const Vec& x, const Vec& grad_out,
                                                   const Vec& weight, bool has_weight,
-                                                  acc_t (&sums)[2]) {
+                                                  acc_t (&sums)[2], acc_t offset) {
+  using scalar_t = std::remove_cv_t<std::remove_reference_t<decltype(x.val[0])>>;
   constexpr int kVec = sizeof(x.val) / sizeof(x.val[0]);
 #pragma unroll
   for (int k = 0; k < kVec; ++k) {
     const acc_t xk = static_cast<acc_t>(x.val[k]);
     acc_t gk = static_cast<acc_t>(grad_out.val[k]);
     if (has_weight) {
-      gk *= static_cast<acc_t>(weight.val[k]);
+      gk = weighted_grad<kCasting, scalar_t>(gk, static_cast<acc_t>(weight.val[k]), offset);
     }
     sums[0] += xk * xk;
     sums[1] += gk * xk;
@@ -707,10 +786,10 @@ __device__ __forceinline__ void add_backward_sums(const Vec& x, const Vec& grad_
 
 // ... and, once the row's rstd and x_coeff = rstd^3 * sum(g * x) / H are known, grad_x of
 // the vector, adding its grad_out * xhat to the thread's grad_weight accumulator dw.
-template <typename Vec, typename acc_t, int kVec>
+template <Casting kCasting, typename Vec, typename acc_t, int kVec>
 __device__ __forceinline__ Vec backward_vector(const Vec& x, const Vec& grad_out, const Vec& weight,
                                                bool has_weight, acc_t rstd, acc_t x_coeff,
-                                               acc_t (&dw)[kVec]) {
+                                               acc_t (&dw)[kVec], acc_t offset) {
   using scalar_t = std::remove_cv_t<std::remove_reference_t<decltype(x.val[0])>>;
   Vec out;
 #pragma unroll
@@ -718,8 +797,8 @@ __device__ __forceinline__ Vec backward_vector(const Vec& x, const Vec& grad_out
     const acc_t xk = static_cast<acc_t>(x.val[k]);
     const acc_t gok = static_cast<acc_t>(grad_out.val[k]);
     const acc_t wk = has_weight ? static_cast<acc_t>(weight.val[k]) : acc_t(1);
-    out.val[k] = static_cast<scalar_t>(rstd * gok * wk - xk * x_coeff);
-    dw[k] += gok * xk * rstd;
+    out.val[k] = static_cast<scalar_t>(grad_x_value<kCasting, scalar_t>(gok, wk, xk, rstd, x_coeff, offset));
+    dw[k] += grad_weight_term<kCasting, scalar_t>(gok, xk, rstd);
   }
   return out;
 }
@@ -742,14 +821,14 @@ constexpr RowKernelLimits kBackwardLimits{/*max_vectors_per_thread=*/kBackwardVe
 
 // The grid only fills the GPU once (every row slot holds a grad_weight accumulator in
 // registers), rows strided over it.
-template <typename scalar_t>
+template <typename scalar_t, Casting kCasting>
 __global__ void __launch_bounds__(kBackwardMaxThreads)
     rms_norm_backward_vector_kernel(const scalar_t* __restrict__ grad_out,
                                     const scalar_t* __restrict__ x,
                                     const scalar_t* __restrict__ weight,
                                     scalar_t* __restrict__ grad_x,
                                     acc_type<scalar_t>* __restrict__ weight_partials, int64_t rows,
-                                    int64_t hidden, acc_type<scalar_t> eps) {
+                                    int64_t hidden, acc_type<scalar_t> eps, acc_type<scalar_t> offset) {
   constexpr int kVectorsPerThread = kBackwardVectors;
   using acc_t = acc_type<scalar_t>;
   constexpr int kVec = vector_size<scalar_t>();
@@ -795,12 +874,12 @@ __global__ void __launch_bounds__(kBackwardMaxThreads)
         if (weight_vec != nullptr) {
           wv = weight_vec[idx];
         }
-        add_backward_sums(xv[i], gov[i], wv, weight_vec != nullptr, sums);
+        add_backward_sums<kCasting>(xv[i], gov[i], wv, weight_vec != nullptr, sums, offset);
       }
     }
     row_sum(sums);
 
-    const acc_t rstd = rsqrt_acc(sums[0] * inv_hidden + eps);
+    const acc_t rstd = row_rstd<kCasting>(sums[0], inv_hidden, eps);
     const acc_t x_coeff = rstd * rstd * rstd * sums[1] * inv_hidden;
 #pragma unroll
     for (int i = 0; i < kVectorsPerThread; ++i) {
@@ -811,7 +890,7 @@ __global__ void __launch_bounds__(kBackwardMaxThreads)
           wv = weight_vec[idx];
         }
         reinterpret_cast<Vec*>(grad_x + row * hidden)[idx] =
-            backward_vector(xv[i], gov[i], wv, weight_vec != nullptr, rstd, x_coeff, dw[i]);
+            backward_vector<kCasting>(xv[i], gov[i], wv, weight_vec != nullptr, rstd, x_coeff, dw[i], offset);
       }
     }
   }
@@ -874,14 +953,14 @@ __global__ void __launch_bounds__(kBackwardMaxThreads)
 // kernel.
 constexpr int kBackwardStagedMaxVectors = 16;
 
-template <typename scalar_t, int kVectorsPerThread, int kCluster>
+template <typename scalar_t, Casting kCasting, int kVectorsPerThread, int kCluster>
 __global__ void __launch_bounds__(kStagedThreads)
     rms_norm_backward_staged_kernel(const scalar_t* __restrict__ grad_out,
                                     const scalar_t* __restrict__ x,
                                     const scalar_t* __restrict__ weight,
                                     scalar_t* __restrict__ grad_x,
                                     acc_type<scalar_t>* __restrict__ weight_partials, int64_t rows,
-                                    int64_t hidden, acc_type<scalar_t> eps) {
+                                    int64_t hidden, acc_type<scalar_t> eps, acc_type<scalar_t> offset) {
   using acc_t = acc_type<scalar_t>;
   constexpr int kVec = vector_size<scalar_t>();
   using Vec = AlignedVector<scalar_t, kVec>;
@@ -919,12 +998,12 @@ __global__ void __launch_bounds__(kStagedThreads)
         if (weight_vec != nullptr) {
           wv = weight_vec[idx];
         }
-        add_backward_sums(staged_x[idx], staged_go[idx], wv, weight_vec != nullptr, sums);
+        add_backward_sums<kCasting>(staged_x[idx], staged_go[idx], wv, weight_vec != nullptr, sums, offset);
       }
     }
     row_sum(sums);
     cluster_sum<kCluster>(sums, exchange, parity);
-    const acc_t rstd = rsqrt_acc(sums[0] * inv_hidden + eps);
+    const acc_t rstd = row_rstd<kCasting>(sums[0], inv_hidden, eps);
     const acc_t x_coeff = rstd * rstd * rstd * sums[1] * inv_hidden;
     Vec* gx_part = part_vectors<Vec>(grad_x, row, hidden, part);
     const int64_t next = next_staged_row(part, row, rows);
@@ -938,8 +1017,8 @@ __global__ void __launch_bounds__(kStagedThreads)
         if (weight_vec != nullptr) {
           wv = weight_vec[idx];
         }
-        gx_part[idx] = backward_vector(staged_x[idx], staged_go[idx], wv, weight_vec != nullptr,
-                                       rstd, x_coeff, dw[i]);
+        gx_part[idx] = backward_vector<kCasting>(staged_x[idx], staged_go[idx], wv, weight_vec != nullptr,
+                                       rstd, x_coeff, dw[i], offset);
         // After the store, which needs both reads: the copies may not overtake them.
         if (next >= 0) {
           stage_vector(staged_x + idx, x_next + idx);
@@ -979,7 +1058,7 @@ __global__ void __launch_bounds__(kStagedThreads)
 // see kSpanWeightRegistersMaxThreads), else it is read again each pass. The grid is a
 // multiple of kVec blocks (or one row a block: span_grid), so every row of a block sits at
 // one offset from the vector boundary.
-template <typename scalar_t, int kVectorsPerThread, bool kWeightInRegisters>
+template <typename scalar_t, Casting kCasting, int kVectorsPerThread, bool kWeightInRegisters>
 __global__ void __launch_bounds__(kMaxThreadsPerBlock)
     rms_norm_backward_span_staged_kernel(const scalar_t* __restrict__ grad_out,
                                          const scalar_t* __restrict__ x,
@@ -987,7 +1066,7 @@ __global__ void __launch_bounds__(kMaxThreadsPerBlock)
                                          scalar_t* __restrict__ grad_x,
                                          acc_type<scalar_t>* __restrict__ weight_partials,
                                          int64_t rows, int64_t hidden, int64_t span_vectors,
-                                         acc_type<scalar_t> eps) {
+                                         acc_type<scalar_t> eps, acc_type<scalar_t> offset) {
   using acc_t = acc_type<scalar_t>;
   constexpr int kVec = vector_size<scalar_t>();
   using Vec = AlignedVector<scalar_t, kVec>;
@@ -1038,11 +1117,11 @@ __global__ void __launch_bounds__(kMaxThreadsPerBlock)
           zero_outside_row(gov, span, idx, hidden_int);
         }
         const Vec wv = span_weight_vectors.get(i, idx);
-        add_backward_sums(xv, gov, wv, weight_vec != nullptr, sums);
+        add_backward_sums<kCasting>(xv, gov, wv, weight_vec != nullptr, sums, offset);
       }
     }
     row_sum(sums);
-    const acc_t rstd = rsqrt_acc(sums[0] * inv_hidden + eps);
+    const acc_t rstd = row_rstd<kCasting>(sums[0], inv_hidden, eps);
     const acc_t x_coeff = rstd * rstd * rstd * sums[1] * inv_hidden;
     const int64_t next = row + gridDim.x;
     const RowSpan next_span = row_span<scalar_t>(lead, next, rows, hidden);
@@ -1055,7 +1134,7 @@ __global__ void __launch_bounds__(kMaxThreadsPerBlock)
         const Vec xv = staged_x[idx];
         const Vec gov = staged_go[idx];
         const Vec wv = span_weight_vectors.get(i, idx);
-        const Vec out = backward_vector(xv, gov, wv, weight_vec != nullptr, rstd, x_coeff, dw[i]);
+        const Vec out = backward_vector<kCasting>(xv, gov, wv, weight_vec != nullptr, rstd, x_coeff, dw[i], offset);
         store_span_vector(grad_x + row * hidden, span, idx, hidden_int, out);
         // After the reads above: the copies may not overtake them.
         if (next < rows) {
@@ -1077,14 +1156,14 @@ __global__ void __launch_bounds__(kMaxThreadsPerBlock)
 // row slot (slot = blockIdx.x * blockDim.y + threadIdx.y) writes its own partial
 // row once at the end, every column of it, so the buffer needs no zeroing and no
 // block-level reduction.
-template <typename scalar_t, typename Rows>
+template <typename scalar_t, Casting kCasting, typename Rows>
 __global__ void __launch_bounds__(Rows::kLaunchBound)
     rms_norm_backward_scalar_kernel(const scalar_t* __restrict__ grad_out,
                                     const scalar_t* __restrict__ x,
                                     const scalar_t* __restrict__ weight,
                                     scalar_t* __restrict__ grad_x,
                                     acc_type<scalar_t>* __restrict__ weight_partials, int64_t rows,
-                                    int64_t hidden, acc_type<scalar_t> eps) {
+                                    int64_t hidden, acc_type<scalar_t> eps, acc_type<scalar_t> offset) {
   constexpr int kElemsPerThread = Rows::kElemsPerThread;
   using acc_t = acc_type<scalar_t>;
   constexpr int kFixedThreads = Rows::kFixedThreads;
@@ -1130,13 +1209,13 @@ __global__ void __launch_bounds__(Rows::kLaunchBound)
       const acc_t xi = static_cast<acc_t>(xv[i]);
       acc_t gi = static_cast<acc_t>(gov[i]);
       if (w_own != nullptr && i * stride < row_columns) {
-        gi *= static_cast<acc_t>(w_own[i * stride]);
+        gi = weighted_grad<kCasting, scalar_t>(gi, static_cast<acc_t>(w_own[i * stride]), offset);
       }
       sums[0] += xi * xi;
       sums[1] += gi * xi;
     }
     row_sum(sums);
-    const acc_t rstd = rsqrt_acc(sums[0] * inv_hidden + eps);
+    const acc_t rstd = row_rstd<kCasting>(sums[0], inv_hidden, eps);
     const acc_t x_coeff = rstd * rstd * rstd * sums[1] * inv_hidden;
     scalar_t* gx_own = grad_x + own_offset;
 #pragma unroll
@@ -1145,8 +1224,8 @@ __global__ void __launch_bounds__(Rows::kLaunchBound)
         const acc_t xi = static_cast<acc_t>(xv[i]);
         const acc_t goi = static_cast<acc_t>(gov[i]);
         const acc_t wi = w_own != nullptr ? static_cast<acc_t>(w_own[i * stride]) : acc_t(1);
-        gx_own[i * stride] = static_cast<scalar_t>(rstd * goi * wi - xi * x_coeff);
-        dw(i) += goi * xi * rstd;
+        gx_own[i * stride] = static_cast<scalar_t>(grad_x_value<kCasting, scalar_t>(goi, wi, xi, rstd, x_coeff, offset));
+        dw(i) += grad_weight_term<kCasting, scalar_t>(goi, xi, rstd);
       }
     }
   }
@@ -1167,14 +1246,14 @@ __global__ void __launch_bounds__(Rows::kLaunchBound)
 // n * blockDim.x of its row slot's partial row (slot = blockIdx.x * blockDim.y +
 // threadIdx.y), so it accumulates there directly (the buffer starts zeroed)
 // without any other thread touching those elements.
-template <typename scalar_t>
+template <typename scalar_t, Casting kCasting>
 __global__ void __launch_bounds__(kMaxThreadsPerBlock)
     rms_norm_backward_generic_kernel(const scalar_t* __restrict__ grad_out,
                                      const scalar_t* __restrict__ x,
                                      const scalar_t* __restrict__ weight,
                                      scalar_t* __restrict__ grad_x,
                                      acc_type<scalar_t>* __restrict__ weight_partials, int64_t rows,
-                                     int64_t hidden, acc_type<scalar_t> eps) {
+                                     int64_t hidden, acc_type<scalar_t> eps, acc_type<scalar_t> offset) {
   using acc_t = acc_type<scalar_t>;
   const acc_t inv_hidden = acc_t(1) / static_cast<acc_t>(hidden);
   const int64_t slot = static_cast<int64_t>(blockIdx.x) * blockDim.y + threadIdx.y;
@@ -1190,22 +1269,22 @@ __global__ void __launch_bounds__(kMaxThreadsPerBlock)
       const acc_t xj = static_cast<acc_t>(x_row[j]);
       acc_t gj = static_cast<acc_t>(go_row[j]);
       if (weight != nullptr) {
-        gj *= static_cast<acc_t>(weight[j]);
+        gj = weighted_grad<kCasting, scalar_t>(gj, static_cast<acc_t>(weight[j]), offset);
       }
       sums[0] += xj * xj;
       sums[1] += gj * xj;
     }
     row_sum(sums);
-    const acc_t rstd = rsqrt_acc(sums[0] * inv_hidden + eps);
+    const acc_t rstd = row_rstd<kCasting>(sums[0], inv_hidden, eps);
     const acc_t x_coeff = rstd * rstd * rstd * sums[1] * inv_hidden;
     scalar_t* gx_row = grad_x + row * hidden;
     for (int64_t j = threadIdx.x; j < row_hidden; j += blockDim.x) {
       const acc_t xj = static_cast<acc_t>(x_row[j]);
       const acc_t goj = static_cast<acc_t>(go_row[j]);
       const acc_t wj = weight != nullptr ? static_cast<acc_t>(weight[j]) : acc_t(1);
-      gx_row[j] = static_cast<scalar_t>(rstd * goj * wj - xj * x_coeff);
+      gx_row[j] = static_cast<scalar_t>(grad_x_value<kCasting, scalar_t>(goj, wj, xj, rstd, x_coeff, offset));
       if (partial_row != nullptr) {
-        partial_row[j] += goj * xj * rstd;
+        partial_row[j] += grad_weight_term<kCasting, scalar_t>(goj, xj, rstd);
       }
     }
   }
@@ -1251,10 +1330,10 @@ int64_t persistent_blocks(Kernel kernel, const RowLaunch& plan, int64_t rows) {
   return std::max<int64_t>(1, std::min(full_gpu, ceil_div(rows, plan.rows_per_block)));
 }
 
-template <typename scalar_t>
+template <typename scalar_t, Casting kCasting>
 void launch_rms_norm_backward(const scalar_t* grad_out, const scalar_t* x, const scalar_t* weight,
                               scalar_t* grad_x, scalar_t* grad_weight, int64_t rows, int64_t hidden,
-                              double eps, const Tensor& like) {
+                              double eps, double offset, const Tensor& like) {
   using acc_t = acc_type<scalar_t>;
   const bool aligned = is_vector_aligned(grad_out) && is_vector_aligned(x) &&
                        is_vector_aligned(grad_x) &&
@@ -1262,6 +1341,7 @@ void launch_rms_norm_backward(const scalar_t* grad_out, const scalar_t* x, const
   const RowLaunch plan = plan_row_launch(hidden, vector_size<scalar_t>(), aligned, kBackwardLimits);
   const cudaStream_t stream = current_stream();
   const acc_t eps_acc = static_cast<acc_t>(eps);
+  const acc_t offset_acc = static_cast<acc_t>(offset);
   const ScalarType acc_dtype = acc_dtype_of(like.scalar_type());
 
   // Runs `run(partials)`, the kernel given num_partials rows of float32 (float64)
@@ -1292,13 +1372,13 @@ void launch_rms_norm_backward(const scalar_t* grad_out, const scalar_t* x, const
         kind == Partials::kPerBlock ? blocks : blocks * launch_plan.rows_per_block;
     with_partials(num_partials, kind == Partials::kPerSlotZeroed, [&](acc_t* partials_ptr) {
       kernel<<<dim3(static_cast<unsigned>(blocks)), launch_plan.block(), 0, stream>>>(
-          grad_out, x, weight, grad_x, partials_ptr, rows, hidden, eps_acc);
+          grad_out, x, weight, grad_x, partials_ptr, rows, hidden, eps_acc, offset_acc);
       HOTLOOP_KERNEL_LAUNCH_CHECK();
     });
   };
 
   const bool vector_launched = launch_vector_rows<kBackwardVectors>(plan, [&](auto) {
-    launch(rms_norm_backward_vector_kernel<scalar_t>, plan, Partials::kPerBlock);
+    launch(rms_norm_backward_vector_kernel<scalar_t, kCasting>, plan, Partials::kPerBlock);
   });
   if (vector_launched) {
     return;
@@ -1319,16 +1399,16 @@ void launch_rms_norm_backward(const scalar_t* grad_out, const scalar_t* x, const
         with_partials(staged.clusters, /*zeroed=*/false, [&](acc_t* partials_ptr) {
           launch_staged(staged, stream, kernel, grad_out, x,
                         copies ? const_data<scalar_t>(*copies) : nullptr, grad_x, partials_ptr,
-                        rows, hidden, span_vectors, eps_acc);
+                        rows, hidden, span_vectors, eps_acc, offset_acc);
         });
       };
       // kSpanStagedLimits plans one or two vectors a thread: both are here.
       launch_vector_rows<1, 2>(span_plan, [&](auto vpt) {
         constexpr int kVectors = decltype(vpt)::value;
         if (span_plan.threads_per_row <= kSpanWeightRegistersMaxThreads) {
-          run(rms_norm_backward_span_staged_kernel<scalar_t, kVectors, true>);
+          run(rms_norm_backward_span_staged_kernel<scalar_t, kCasting, kVectors, true>);
         } else {
-          run(rms_norm_backward_span_staged_kernel<scalar_t, kVectors, false>);
+          run(rms_norm_backward_span_staged_kernel<scalar_t, kCasting, kVectors, false>);
         }
       });
       return;
@@ -1352,13 +1432,14 @@ void launch_rms_norm_backward(const scalar_t* grad_out, const scalar_t* x, const
     const bool staged_launched =
         launch_vector_rows<8, kBackwardStagedMaxVectors>(staged_plan, [&](auto vpt) {
           auto run = [&](auto cluster_size) {
-            const auto kernel = rms_norm_backward_staged_kernel<scalar_t, decltype(vpt)::value,
-                                                                decltype(cluster_size)::value>;
+            const auto kernel =
+                rms_norm_backward_staged_kernel<scalar_t, kCasting, decltype(vpt)::value,
+                                                decltype(cluster_size)::value>;
             const StagedLaunch staged =
                 plan_staged_launch(kernel, cluster, kStagedThreads, staged_bytes / cluster, rows);
             with_partials(staged.clusters, /*zeroed=*/false, [&](acc_t* partials_ptr) {
               launch_staged(staged, stream, kernel, grad_out, x, weight, grad_x, partials_ptr, rows,
-                            hidden, eps_acc);
+                            hidden, eps_acc, offset_acc);
             });
           };
           if (cluster == 1) {
@@ -1373,11 +1454,11 @@ void launch_rms_norm_backward(const scalar_t* grad_out, const scalar_t* x, const
   }
   const ScalarRowLaunch scalar_plan = plan_scalar_row_launch(hidden);
   const bool launched = launch_scalar_rows<scalar_t>(scalar_plan, [&](auto rows_variant) {
-    launch(rms_norm_backward_scalar_kernel<scalar_t, decltype(rows_variant)>, scalar_plan.launch,
-           Partials::kPerSlot);
+    launch(rms_norm_backward_scalar_kernel<scalar_t, kCasting, decltype(rows_variant)>,
+           scalar_plan.launch, Partials::kPerSlot);
   });
   if (!launched) {
-    launch(rms_norm_backward_generic_kernel<scalar_t>, plan, Partials::kPerSlotZeroed);
+    launch(rms_norm_backward_generic_kernel<scalar_t, kCasting>, plan, Partials::kPerSlotZeroed);
   }
 }
 
@@ -1385,7 +1466,9 @@ void launch_rms_norm_backward(const scalar_t* grad_out, const scalar_t* x, const
 // Operators
 // ---------------------------------------------------------------------------
 
-Tensor rms_norm_cuda(const Tensor& x, const std::optional<Tensor>& weight, double eps) {
+Tensor rms_norm_cuda(const Tensor& x, const std::optional<Tensor>& weight, double eps,
+                     int64_t casting, double offset) {
+  const Casting mode = checked_casting("rms_norm", casting, offset);
   check_rms_norm_inputs("rms_norm", x, weight);
   Tensor y = rms_norm_output(x);
   if (x.numel() == 0) {
@@ -1399,26 +1482,27 @@ Tensor rms_norm_cuda(const Tensor& x, const std::optional<Tensor>& weight, doubl
   const int64_t hidden = x.size(-1);
   const int64_t rows = x.numel() / hidden;
   HOTLOOP_DISPATCH_FLOATING(x.scalar_type(), "rms_norm_cuda", [&] {
-    launch_rms_norm<scalar_t>(const_data<scalar_t>(x_contig),
-                              w_contig ? const_data<scalar_t>(*w_contig) : nullptr,
-                              mutable_data<scalar_t>(y_contig), rows, hidden, eps, x);
+    // Without a weight every mode computes the same: the kTorch kernels take those rows.
+    dispatch_casting(w_contig ? mode : Casting::kTorch, [&](auto tag) {
+      launch_rms_norm<scalar_t, decltype(tag)::value>(
+          const_data<scalar_t>(x_contig), w_contig ? const_data<scalar_t>(*w_contig) : nullptr,
+          mutable_data<scalar_t>(y_contig), rows, hidden, eps, offset, x);
+    });
   });
   return finish_rms_norm_output(y, y_contig);
 }
 
-std::tuple<Tensor, Tensor> rms_norm_backward_cuda(const Tensor& grad_out, const Tensor& x,
-                                                  const std::optional<Tensor>& weight, double eps) {
-  constexpr const char* op = "rms_norm_backward";
-  check_rms_norm_backward_inputs(op, grad_out, x, weight);
-
-  Tensor grad_x = empty_like_contiguous(x);
+// Writes grad_x (contiguous, x's shape) and returns grad_weight.
+Tensor rms_norm_backward_cuda_into(const Tensor& grad_out, const Tensor& x,
+                                   const std::optional<Tensor>& weight, double eps, Casting mode,
+                                   double offset, const Tensor& grad_x) {
   Tensor grad_weight = !weight.has_value() ? empty_on(x, {0}, x.scalar_type())
                        // No rows (or hidden == 0): the weight gradient is a sum over nothing.
                        : x.numel() == 0
                            ? zeros_on(*weight, sizes_of(*weight), weight->scalar_type())
                            : empty_on(*weight, sizes_of(*weight), weight->scalar_type());
   if (x.numel() == 0) {
-    return {grad_x, grad_weight};
+    return grad_weight;
   }
   const CudaDeviceGuard guard(x);
   const Tensor x_contig = as_contiguous(x);
@@ -1428,12 +1512,21 @@ std::tuple<Tensor, Tensor> rms_norm_backward_cuda(const Tensor& grad_out, const 
   const int64_t hidden = x.size(-1);
   const int64_t rows = x.numel() / hidden;
   HOTLOOP_DISPATCH_FLOATING(x.scalar_type(), "rms_norm_backward_cuda", [&] {
-    launch_rms_norm_backward<scalar_t>(
-        const_data<scalar_t>(go_contig), const_data<scalar_t>(x_contig),
-        w_contig ? const_data<scalar_t>(*w_contig) : nullptr, mutable_data<scalar_t>(grad_x),
-        w_contig ? mutable_data<scalar_t>(grad_weight) : nullptr, rows, hidden, eps, x);
+    dispatch_casting(w_contig ? mode : Casting::kTorch, [&](auto tag) {
+      launch_rms_norm_backward<scalar_t, decltype(tag)::value>(
+          const_data<scalar_t>(go_contig), const_data<scalar_t>(x_contig),
+          w_contig ? const_data<scalar_t>(*w_contig) : nullptr, mutable_data<scalar_t>(grad_x),
+          w_contig ? mutable_data<scalar_t>(grad_weight) : nullptr, rows, hidden, eps, offset, x);
+    });
   });
-  return {grad_x, grad_weight};
+  return grad_weight;
+}
+
+std::tuple<Tensor, Tensor> rms_norm_backward_cuda(const Tensor& grad_out, const Tensor& x,
+                                                  const std::optional<Tensor>& weight, double eps,
+                                                  int64_t casting, double offset) {
+  return rms_norm_backward_op(grad_out, x, weight, eps, casting, offset,
+                              rms_norm_backward_cuda_into);
 }
 
 }  // namespace

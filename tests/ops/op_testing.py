@@ -57,3 +57,34 @@ def rms_norm_samples(
         (x.requires_grad_(requires_grad), w if w is None else w.requires_grad_(requires_grad), e)
         for x, w, e in samples
     ]
+
+
+# The models' RMSNorm formulas, written out as transformers writes them (models/llama and
+# models/gemma, modeling_*.py): the references of the casting modes where transformers
+# is not installed. Where it is, the tests also run its own classes.
+def llama_rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """transformers' LlamaRMSNorm.forward (Mistral's and Qwen2's are the same)."""
+    input_dtype = x.dtype
+    hidden_states = x.to(torch.float32)
+    variance = hidden_states.pow(2).mean(-1, keepdim=True)
+    hidden_states = hidden_states * torch.rsqrt(variance + eps)
+    return weight * hidden_states.to(input_dtype)
+
+
+def gemma_rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """transformers' GemmaRMSNorm.forward: (1 + weight), everything in float32."""
+    output = x.float()
+    output = output * torch.rsqrt(output.pow(2).mean(-1, keepdim=True) + eps)
+    output = output * (1.0 + weight.float())
+    return output.type_as(x)
+
+
+def exact_square_sums(
+    rows: int, hidden: int, dtype: torch.dtype, device: str, seed: int
+) -> torch.Tensor:
+    """Values k / 8, |k| <= 16: every sum of their squares is exact in float32, so any
+    order of summation gives the same rstd, and kernels and references must then round
+    the rest alike, bit for bit."""
+    gen = torch.Generator(device="cpu").manual_seed(seed)
+    k = torch.randint(-16, 17, (rows, hidden), generator=gen)
+    return (k.to(torch.float32) / 8).to(device=device, dtype=dtype)

@@ -444,6 +444,28 @@ INTERPRETER_SCRIPT = textwrap.dedent(
 
     explained = torch._dynamo.explain(lambda a, b: trn.rms_norm(a, b, 1e-6) * 2)(x, w)
     assert explained.graph_break_count == 0, explained.break_reasons
+
+    # The casting modes of the kernels (CASTING 1 llama, 2 gemma with offset 1), fused and
+    # looped rows, against the models' formulas on inputs whose sums of squares are exact.
+    # float16 only: the interpreter rounds bfloat16 stores toward zero (the default's
+    # kernels differ from torch there too); the GPU run checks bfloat16.
+    def llama(x, w, eps):
+        h = x.float()
+        h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + eps)
+        return w * h.to(x.dtype)
+
+    def gemma(x, w, eps):
+        h = x.float()
+        h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + eps)
+        return (h * (1.0 + w.float())).type_as(x)
+
+    for hidden in (64, 1024, 32768):
+        x = (torch.randint(-16, 17, (3, hidden)).float() / 8).half()
+        w = (1 + 0.1 * torch.randn(hidden)).half()
+        for casting, offset, weight, formula in ((1, 0.0, w, llama), (2, 1.0, w - 1, gemma)):
+            y = torch.empty_like(x)
+            trn.forward_rows(x, weight, y, 1e-6, casting=casting, offset=offset)
+            assert torch.equal(y, formula(x, weight, 1e-6)), (casting, hidden)
     print("interpreter checks passed")
     """
 )

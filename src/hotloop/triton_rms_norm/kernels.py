@@ -66,9 +66,32 @@ def _store_tile(P, rows, row_mask, stride_row, cols, n_cols, v):
     tl.store(P + rows[:, None] * stride_row + cols[None, :], v.to(P.dtype.element_ty), mask=mask)
 
 
+# CASTING (a constexpr; hotloop.ops.CASTINGS names them, csrc/common/norm_casting.h says
+# what each computes): 0 rounds once, after the weight (torch.nn.RMSNorm); 1 rounds x * rstd
+# to the dtype before the weight (transformers' LlamaRMSNorm); 2 multiplies by
+# (offset + weight), formed in float32 (GemmaRMSNorm).
+LLAMA: tl.constexpr = tl.constexpr(1)
+GEMMA: tl.constexpr = tl.constexpr(2)
+
+
 @triton.jit
-def _load_weight(W, cols, n_cols, FP64: tl.constexpr):
-    return _to_acc(tl.load(W + cols, mask=cols < n_cols, other=0.0), FP64)
+def _load_weight(W, cols, n_cols, offset, FP64: tl.constexpr, CASTING: tl.constexpr):
+    # The weight as it multiplies: offset + weight in GEMMA.
+    w = _to_acc(tl.load(W + cols, mask=cols < n_cols, other=0.0), FP64)
+    if CASTING == GEMMA and FP64:
+        w = tl.cast(offset, tl.float64) + w
+    elif CASTING == GEMMA:
+        w = tl.cast(offset, tl.float32) + w
+    return w
+
+
+@triton.jit
+def _llama_rounded(v, P, CASTING: tl.constexpr):
+    # v rounded to P's dtype and back in LLAMA (the value its weight multiplies), else v.
+    if CASTING == LLAMA:
+        return v.to(P.dtype.element_ty).to(v.dtype)
+    else:
+        return v
 
 
 @triton.jit
@@ -82,12 +105,15 @@ def _store_normed(
     n_cols,
     x,
     rstd,
+    offset,
     HAS_WEIGHT: tl.constexpr,
     FP64: tl.constexpr,
+    CASTING: tl.constexpr,
 ):
     y = x * rstd[:, None]
     if HAS_WEIGHT:
-        y = y * _load_weight(W, cols, n_cols, FP64)[None, :]
+        y = _llama_rounded(y, Y, CASTING)
+        y = y * _load_weight(W, cols, n_cols, offset, FP64, CASTING)[None, :]
     _store_tile(Y, rows, row_mask, stride_y_row, cols, n_cols, y)
 
 
@@ -102,8 +128,10 @@ def rms_norm_fwd_kernel(
     stride_y_row,
     eps,
     eps_lo,
+    offset,
     HAS_WEIGHT: tl.constexpr,
     FP64: tl.constexpr,
+    CASTING: tl.constexpr,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_TAIL: tl.constexpr,
@@ -125,10 +153,24 @@ def rms_norm_fwd_kernel(
         x_tail = _to_acc(_load_tile(X, rows, row_mask, stride_x_row, tail, n_cols), FP64)
         sum_sq += tl.sum(x_tail * x_tail, axis=1)
     rstd = _rsqrt(sum_sq / n_cols + _eps(eps, eps_lo, FP64), FP64)
-    _store_normed(Y, W, rows, row_mask, stride_y_row, cols, n_cols, x, rstd, HAS_WEIGHT, FP64)
+    _store_normed(
+        Y, W, rows, row_mask, stride_y_row, cols, n_cols, x, rstd, offset, HAS_WEIGHT, FP64, CASTING
+    )
     if BLOCK_TAIL > 0:
         _store_normed(
-            Y, W, rows, row_mask, stride_y_row, tail, n_cols, x_tail, rstd, HAS_WEIGHT, FP64
+            Y,
+            W,
+            rows,
+            row_mask,
+            stride_y_row,
+            tail,
+            n_cols,
+            x_tail,
+            rstd,
+            offset,
+            HAS_WEIGHT,
+            FP64,
+            CASTING,
         )
 
 
@@ -142,8 +184,10 @@ def rms_norm_fwd_looped_kernel(
     stride_y_row,
     eps,
     eps_lo,
+    offset,
     HAS_WEIGHT: tl.constexpr,
     FP64: tl.constexpr,
+    CASTING: tl.constexpr,
     BLOCK_N: tl.constexpr,
 ):
     # One program per row, for rows wider than MAX_FUSED_BLOCK: a pass for the mean
@@ -166,7 +210,7 @@ def rms_norm_fwd_looped_kernel(
         col_mask = cols < n_cols
         y = _to_acc(tl.load(x_row + cols, mask=col_mask, other=0.0), FP64) * rstd
         if HAS_WEIGHT:
-            y = y * _load_weight(W, cols, n_cols, FP64)
+            y = _llama_rounded(y, Y, CASTING) * _load_weight(W, cols, n_cols, offset, FP64, CASTING)
         tl.store(y_row + cols, y.to(Y.dtype.element_ty), mask=col_mask)
 
 
@@ -184,8 +228,10 @@ def rms_norm_bwd_kernel(
     stride_dx_row,
     eps,
     eps_lo,
+    offset,
     HAS_WEIGHT: tl.constexpr,
     FP64: tl.constexpr,
+    CASTING: tl.constexpr,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_TAIL: tl.constexpr,
@@ -213,12 +259,12 @@ def rms_norm_bwd_kernel(
     # RELOAD_W: wide rows load w in every iteration (from L1/L2) instead of holding it in
     # registers, which would spill.
     if HAS_WEIGHT and not RELOAD_W:
-        w = _load_weight(W, cols, n_cols, FP64)
+        w = _load_weight(W, cols, n_cols, offset, FP64, CASTING)
     dw_acc = _to_acc(tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32), FP64)
     if BLOCK_TAIL > 0:
         tail = BLOCK_N + tl.arange(0, BLOCK_TAIL)
         if HAS_WEIGHT:
-            w_tail = _load_weight(W, tail, n_cols, FP64)
+            w_tail = _load_weight(W, tail, n_cols, offset, FP64, CASTING)
         dw_tail = _to_acc(tl.zeros([BLOCK_M, BLOCK_TAIL], dtype=tl.float32), FP64)
     if PREFETCH:
         rows = (pid * BLOCK_M + tl.arange(0, BLOCK_M)).to(tl.int64)
@@ -254,9 +300,10 @@ def rms_norm_bwd_kernel(
         x = _to_acc(x, FP64)
         dy = _to_acc(dy, FP64)
         if HAS_WEIGHT and RELOAD_W:
-            w = _load_weight(W, cols, n_cols, FP64)
+            w = _load_weight(W, cols, n_cols, offset, FP64, CASTING)
         if HAS_WEIGHT:  # noqa: SIM108 (w exists only when HAS_WEIGHT)
-            g = dy * w[None, :]
+            # LLAMA: autograd's product of two dtype tensors, rounded.
+            g = _llama_rounded(dy * w[None, :], DY, CASTING)
         else:
             g = dy
         sum_sq = tl.sum(x * x, axis=1)
@@ -264,8 +311,8 @@ def rms_norm_bwd_kernel(
         if BLOCK_TAIL > 0:
             x_tail = _to_acc(x_tail, FP64)
             dy_tail = _to_acc(dy_tail, FP64)
-            if HAS_WEIGHT:  # noqa: SIM108
-                g_tail = dy_tail * w_tail[None, :]
+            if HAS_WEIGHT:
+                g_tail = _llama_rounded(dy_tail * w_tail[None, :], DY, CASTING)
             else:
                 g_tail = dy_tail
             sum_sq += tl.sum(x_tail * x_tail, axis=1)
@@ -274,12 +321,16 @@ def rms_norm_bwd_kernel(
         c = sum_gx / n_cols * rstd * rstd
         dx = (g - x * c[:, None]) * rstd[:, None]
         _store_tile(DX, rows, row_mask, stride_dx_row, cols, n_cols, dx)
-        if HAS_WEIGHT:
+        if HAS_WEIGHT and CASTING == LLAMA:
+            dw_acc += dy * _llama_rounded(x * rstd[:, None], X, CASTING)
+        elif HAS_WEIGHT:
             dw_acc += dy * x * rstd[:, None]
         if BLOCK_TAIL > 0:
             dx_tail = (g_tail - x_tail * c[:, None]) * rstd[:, None]
             _store_tile(DX, rows, row_mask, stride_dx_row, tail, n_cols, dx_tail)
-            if HAS_WEIGHT:
+            if HAS_WEIGHT and CASTING == LLAMA:
+                dw_tail += dy_tail * _llama_rounded(x_tail * rstd[:, None], X, CASTING)
+            elif HAS_WEIGHT:
                 dw_tail += dy_tail * x_tail * rstd[:, None]
     if HAS_WEIGHT:
         dw_row = DW_PARTIAL + pid.to(tl.int64) * n_cols
@@ -300,8 +351,10 @@ def rms_norm_bwd_row_stats_kernel(
     stride_x_row,
     eps,
     eps_lo,
+    offset,
     HAS_WEIGHT: tl.constexpr,
     FP64: tl.constexpr,
+    CASTING: tl.constexpr,
     BLOCK_N: tl.constexpr,
 ):
     # Looped backward, step 1, one program per row: rstd and
@@ -315,7 +368,9 @@ def rms_norm_bwd_row_stats_kernel(
         x = _to_acc(tl.load(X + row * stride_x_row + cols, mask=col_mask, other=0.0), FP64)
         g = _to_acc(tl.load(DY + row * stride_dy_row + cols, mask=col_mask, other=0.0), FP64)
         if HAS_WEIGHT:
-            g = g * _load_weight(W, cols, n_cols, FP64)
+            g = _llama_rounded(
+                g * _load_weight(W, cols, n_cols, offset, FP64, CASTING), DY, CASTING
+            )
         sum_sq += x * x
         sum_gx += g * x
     rstd = _rsqrt(tl.sum(sum_sq, axis=0) / n_cols + _eps(eps, eps_lo, FP64), FP64)
@@ -338,8 +393,10 @@ def rms_norm_bwd_looped_kernel(
     stride_dy_row,
     stride_x_row,
     stride_dx_row,
+    offset,
     HAS_WEIGHT: tl.constexpr,
     FP64: tl.constexpr,
+    CASTING: tl.constexpr,
     BLOCK_N: tl.constexpr,
 ):
     # Looped backward, step 2: program (m, n) takes rows m, m + M, m + 2M, ... of the
@@ -348,7 +405,7 @@ def rms_norm_bwd_looped_kernel(
     cols = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
     col_mask = cols < n_cols
     if HAS_WEIGHT:
-        w = _load_weight(W, cols, n_cols, FP64)
+        w = _load_weight(W, cols, n_cols, offset, FP64, CASTING)
     dw_acc = _to_acc(tl.zeros([BLOCK_N], dtype=tl.float32), FP64)
     for row in range(pid_m.to(tl.int64), n_rows, tl.num_programs(0)):
         x = _to_acc(tl.load(X + row * stride_x_row + cols, mask=col_mask, other=0.0), FP64)
@@ -356,13 +413,13 @@ def rms_norm_bwd_looped_kernel(
         rstd = tl.load(RSTD + row)
         coef = tl.load(COEF + row)
         if HAS_WEIGHT:  # noqa: SIM108 (w exists only when HAS_WEIGHT)
-            g = dy * w
+            g = _llama_rounded(dy * w, DY, CASTING)
         else:
             g = dy
         dx = (g - coef * x) * rstd
         tl.store(DX + row * stride_dx_row + cols, dx.to(DX.dtype.element_ty), mask=col_mask)
         if HAS_WEIGHT:
-            dw_acc += _to_acc(dy * x * rstd, FP64)
+            dw_acc += _to_acc(dy * _llama_rounded(x * rstd, X, CASTING), FP64)
     if HAS_WEIGHT:
         tl.store(DW_PARTIAL + pid_m.to(tl.int64) * n_cols + cols, dw_acc, mask=col_mask)
 

@@ -139,6 +139,12 @@ def eps_parts(eps: float) -> tuple[float, float]:
     return high, eps - high
 
 
+def _weighted_casting(casting: int, has_weight: bool) -> int:
+    """The kernels' CASTING: without a weight every mode computes the same, so all share
+    the kernels compiled for 0."""
+    return casting if has_weight else 0
+
+
 def forward_rows(
     x: torch.Tensor,
     weight: Optional[torch.Tensor],
@@ -146,17 +152,21 @@ def forward_rows(
     eps: float,
     config: Optional[FwdConfig] = None,
     eager: bool = False,
+    casting: int = 0,
+    offset: float = 0.0,
 ) -> None:
     """Launch the forward on 2-d (rows, H) tensors with unit column stride: y = RMSNorm(x).
 
     ``config`` overrides the launch settings of the fused kernel (benchmarks/
     tune_triton_rms_norm.py sweeps them); by default they come from fwd_config. ``eager``:
     the caller runs eagerly on real CUDA tensors (no tracing), so launches may skip
-    ``wrap_triton`` and Triton's binding (see _launch_eager).
+    ``wrap_triton`` and Triton's binding (see _launch_eager). ``casting`` and ``offset``
+    are the op's (kernels.py's CASTING).
     """
     launch = _launch_eager if eager else _launch
     n_rows, n_cols = x.shape
     has_weight = weight is not None
+    casting = _weighted_casting(casting, has_weight)
     fp64 = x.dtype == torch.float64
     width = _static(n_cols)
     if fused(width):
@@ -174,8 +184,10 @@ def forward_rows(
             x.stride(0),
             y.stride(0),
             *eps_parts(eps),
+            offset,
             HAS_WEIGHT=has_weight,
             FP64=fp64,
+            CASTING=casting,
             BLOCK_M=config.block_m,
             BLOCK_N=block_n,
             BLOCK_TAIL=block_tail,
@@ -193,8 +205,10 @@ def forward_rows(
             x.stride(0),
             y.stride(0),
             *eps_parts(eps),
+            offset,
             HAS_WEIGHT=has_weight,
             FP64=fp64,
+            CASTING=casting,
             BLOCK_N=LOOPED_BLOCK,
             num_warps=LOOPED_FWD_WARPS,
         )
@@ -208,15 +222,18 @@ def backward_rows(
     eps: float,
     config: Optional[BwdConfig] = None,
     eager: bool = False,
+    casting: int = 0,
+    offset: float = 0.0,
 ) -> Optional[torch.Tensor]:
     """Launch the backward on 2-d (rows, H) tensors with unit column stride: writes grad_x
     and returns the [programs, H] partial sums of grad_weight (None without weight).
 
-    ``config`` and ``eager`` as in forward_rows.
+    ``config``, ``eager``, ``casting`` and ``offset`` as in forward_rows.
     """
     launch = _launch_eager if eager else _launch
     n_rows, n_cols = x.shape
     has_weight = weight is not None
+    casting = _weighted_casting(casting, has_weight)
     fp64 = x.dtype == torch.float64
     acc_dtype = torch.float64 if fp64 else torch.float32
     width = _static(n_cols)
@@ -244,8 +261,10 @@ def backward_rows(
             x.stride(0),
             grad_x.stride(0),
             *eps_parts(eps),
+            offset,
             HAS_WEIGHT=has_weight,
             FP64=fp64,
+            CASTING=casting,
             BLOCK_M=config.block_m,
             BLOCK_N=block_n,
             BLOCK_TAIL=block_tail,
@@ -270,8 +289,10 @@ def backward_rows(
             grad_out.stride(0),
             x.stride(0),
             *eps_parts(eps),
+            offset,
             HAS_WEIGHT=has_weight,
             FP64=fp64,
+            CASTING=casting,
             BLOCK_N=LOOPED_BLOCK,
             num_warps=16,
         )
@@ -296,8 +317,10 @@ def backward_rows(
             grad_out.stride(0),
             x.stride(0),
             grad_x.stride(0),
+            offset,
             HAS_WEIGHT=has_weight,
             FP64=fp64,
+            CASTING=casting,
             BLOCK_N=LOOPED_BLOCK,
             num_warps=16,
         )
