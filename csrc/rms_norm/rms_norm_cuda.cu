@@ -104,8 +104,8 @@ __device__ __forceinline__ acc_t weighted_grad(acc_t go, acc_t w, acc_t offset) 
 
 // grad_x before its rounding: rstd * g - x * x_coeff (kTorch keeps its association).
 template <Casting kCasting, typename scalar_t, typename acc_t>
-__device__ __forceinline__ acc_t grad_x_value(acc_t go, acc_t w, acc_t x, acc_t rstd,
-                                              acc_t x_coeff, acc_t offset) {
+__device__ __forceinline__ acc_t grad_x_value(acc_t go, acc_t w, acc_t x, acc_t rstd, acc_t x_coeff,
+                                              acc_t offset) {
   if constexpr (kCasting == Casting::kTorch) {
     return rstd * go * w - x * x_coeff;
   } else {
@@ -797,7 +797,8 @@ __device__ __forceinline__ Vec backward_vector(const Vec& x, const Vec& grad_out
     const acc_t xk = static_cast<acc_t>(x.val[k]);
     const acc_t gok = static_cast<acc_t>(grad_out.val[k]);
     const acc_t wk = has_weight ? static_cast<acc_t>(weight.val[k]) : acc_t(1);
-    out.val[k] = static_cast<scalar_t>(grad_x_value<kCasting, scalar_t>(gok, wk, xk, rstd, x_coeff, offset));
+    out.val[k] =
+        static_cast<scalar_t>(grad_x_value<kCasting, scalar_t>(gok, wk, xk, rstd, x_coeff, offset));
     dw[k] += grad_weight_term<kCasting, scalar_t>(gok, xk, rstd);
   }
   return out;
@@ -828,7 +829,8 @@ __global__ void __launch_bounds__(kBackwardMaxThreads)
                                     const scalar_t* __restrict__ weight,
                                     scalar_t* __restrict__ grad_x,
                                     acc_type<scalar_t>* __restrict__ weight_partials, int64_t rows,
-                                    int64_t hidden, acc_type<scalar_t> eps, acc_type<scalar_t> offset) {
+                                    int64_t hidden, acc_type<scalar_t> eps,
+                                    acc_type<scalar_t> offset) {
   constexpr int kVectorsPerThread = kBackwardVectors;
   using acc_t = acc_type<scalar_t>;
   constexpr int kVec = vector_size<scalar_t>();
@@ -889,8 +891,8 @@ __global__ void __launch_bounds__(kBackwardMaxThreads)
         if (weight_vec != nullptr) {
           wv = weight_vec[idx];
         }
-        reinterpret_cast<Vec*>(grad_x + row * hidden)[idx] =
-            backward_vector<kCasting>(xv[i], gov[i], wv, weight_vec != nullptr, rstd, x_coeff, dw[i], offset);
+        reinterpret_cast<Vec*>(grad_x + row * hidden)[idx] = backward_vector<kCasting>(
+            xv[i], gov[i], wv, weight_vec != nullptr, rstd, x_coeff, dw[i], offset);
       }
     }
   }
@@ -960,7 +962,8 @@ __global__ void __launch_bounds__(kStagedThreads)
                                     const scalar_t* __restrict__ weight,
                                     scalar_t* __restrict__ grad_x,
                                     acc_type<scalar_t>* __restrict__ weight_partials, int64_t rows,
-                                    int64_t hidden, acc_type<scalar_t> eps, acc_type<scalar_t> offset) {
+                                    int64_t hidden, acc_type<scalar_t> eps,
+                                    acc_type<scalar_t> offset) {
   using acc_t = acc_type<scalar_t>;
   constexpr int kVec = vector_size<scalar_t>();
   using Vec = AlignedVector<scalar_t, kVec>;
@@ -998,7 +1001,8 @@ __global__ void __launch_bounds__(kStagedThreads)
         if (weight_vec != nullptr) {
           wv = weight_vec[idx];
         }
-        add_backward_sums<kCasting>(staged_x[idx], staged_go[idx], wv, weight_vec != nullptr, sums, offset);
+        add_backward_sums<kCasting>(staged_x[idx], staged_go[idx], wv, weight_vec != nullptr, sums,
+                                    offset);
       }
     }
     row_sum(sums);
@@ -1017,8 +1021,8 @@ __global__ void __launch_bounds__(kStagedThreads)
         if (weight_vec != nullptr) {
           wv = weight_vec[idx];
         }
-        gx_part[idx] = backward_vector<kCasting>(staged_x[idx], staged_go[idx], wv, weight_vec != nullptr,
-                                       rstd, x_coeff, dw[i], offset);
+        gx_part[idx] = backward_vector<kCasting>(
+            staged_x[idx], staged_go[idx], wv, weight_vec != nullptr, rstd, x_coeff, dw[i], offset);
         // After the store, which needs both reads: the copies may not overtake them.
         if (next >= 0) {
           stage_vector(staged_x + idx, x_next + idx);
@@ -1134,7 +1138,8 @@ __global__ void __launch_bounds__(kMaxThreadsPerBlock)
         const Vec xv = staged_x[idx];
         const Vec gov = staged_go[idx];
         const Vec wv = span_weight_vectors.get(i, idx);
-        const Vec out = backward_vector<kCasting>(xv, gov, wv, weight_vec != nullptr, rstd, x_coeff, dw[i], offset);
+        const Vec out = backward_vector<kCasting>(xv, gov, wv, weight_vec != nullptr, rstd, x_coeff,
+                                                  dw[i], offset);
         store_span_vector(grad_x + row * hidden, span, idx, hidden_int, out);
         // After the reads above: the copies may not overtake them.
         if (next < rows) {
@@ -1163,7 +1168,8 @@ __global__ void __launch_bounds__(Rows::kLaunchBound)
                                     const scalar_t* __restrict__ weight,
                                     scalar_t* __restrict__ grad_x,
                                     acc_type<scalar_t>* __restrict__ weight_partials, int64_t rows,
-                                    int64_t hidden, acc_type<scalar_t> eps, acc_type<scalar_t> offset) {
+                                    int64_t hidden, acc_type<scalar_t> eps,
+                                    acc_type<scalar_t> offset) {
   constexpr int kElemsPerThread = Rows::kElemsPerThread;
   using acc_t = acc_type<scalar_t>;
   constexpr int kFixedThreads = Rows::kFixedThreads;
@@ -1224,7 +1230,8 @@ __global__ void __launch_bounds__(Rows::kLaunchBound)
         const acc_t xi = static_cast<acc_t>(xv[i]);
         const acc_t goi = static_cast<acc_t>(gov[i]);
         const acc_t wi = w_own != nullptr ? static_cast<acc_t>(w_own[i * stride]) : acc_t(1);
-        gx_own[i * stride] = static_cast<scalar_t>(grad_x_value<kCasting, scalar_t>(goi, wi, xi, rstd, x_coeff, offset));
+        gx_own[i * stride] = static_cast<scalar_t>(
+            grad_x_value<kCasting, scalar_t>(goi, wi, xi, rstd, x_coeff, offset));
         dw(i) += grad_weight_term<kCasting, scalar_t>(goi, xi, rstd);
       }
     }
@@ -1253,7 +1260,8 @@ __global__ void __launch_bounds__(kMaxThreadsPerBlock)
                                      const scalar_t* __restrict__ weight,
                                      scalar_t* __restrict__ grad_x,
                                      acc_type<scalar_t>* __restrict__ weight_partials, int64_t rows,
-                                     int64_t hidden, acc_type<scalar_t> eps, acc_type<scalar_t> offset) {
+                                     int64_t hidden, acc_type<scalar_t> eps,
+                                     acc_type<scalar_t> offset) {
   using acc_t = acc_type<scalar_t>;
   const acc_t inv_hidden = acc_t(1) / static_cast<acc_t>(hidden);
   const int64_t slot = static_cast<int64_t>(blockIdx.x) * blockDim.y + threadIdx.y;
@@ -1282,7 +1290,8 @@ __global__ void __launch_bounds__(kMaxThreadsPerBlock)
       const acc_t xj = static_cast<acc_t>(x_row[j]);
       const acc_t goj = static_cast<acc_t>(go_row[j]);
       const acc_t wj = weight != nullptr ? static_cast<acc_t>(weight[j]) : acc_t(1);
-      gx_row[j] = static_cast<scalar_t>(grad_x_value<kCasting, scalar_t>(goj, wj, xj, rstd, x_coeff, offset));
+      gx_row[j] = static_cast<scalar_t>(
+          grad_x_value<kCasting, scalar_t>(goj, wj, xj, rstd, x_coeff, offset));
       if (partial_row != nullptr) {
         partial_row[j] += grad_weight_term<kCasting, scalar_t>(goj, xj, rstd);
       }
