@@ -165,11 +165,18 @@ def test_backward_matches_reference(device: str, dtype: torch.dtype) -> None:
             f"x {tuple(x.shape)} strides {x.stride()}, weight {weight is not None}, eps {eps} "
             f"(torch.manual_seed({seed}))"
         )
+        # grad_x = rstd * g * w - x * (...): at H = 1 the two cancel, leaving the rounding
+        # error of terms of size |rstd * g * w| (seen on an H200: 4e-5 off 1.35 in float32).
+        x64 = copies[0].detach()
+        rstd = torch.rsqrt(x64.pow(2).mean(-1, keepdim=True) + eps)
+        w64 = 1.0 if weight is None else copies[1].detach()
+        terms = (rstd * grad_out.double() * w64).abs().max().item() if x.numel() else 0.0
         for name, grad, copy in zip(("grad_x", "grad_weight"), got, copies):
+            scaled = dict(tol, atol=tol["atol"] * max(terms, 1.0)) if name == "grad_x" else tol
             torch.testing.assert_close(
                 grad,
                 copy.grad.to(dtype),
-                **tol,
+                **scaled,
                 msg=lambda m, at=f"{name} of {sample}": f"{at}: {m}",
             )
 
