@@ -143,59 +143,67 @@ def run_cell(
     # a folder per Python unless the table promises one abi3 wheel
     folder = row.variant if project.python_abi == "abi3" else per_python
     workdir = toolchain.cache_dir() / "projects" / project.distribution / folder
-    try:
-        cell.stage = "toolchain"
-        tools = toolchain.assemble(row.cuda, row.toolkit, with_cuda=not cpu)
-        cell.stage = "build"
-        result = build_project_wheel(project, row, row.kind, workdir, tools, interp)
-        cell.build_seconds = result.seconds
-        log(f"{name}: built {result.wheel.name} in {result.seconds:.0f}s")
-        cell.stage = "repair/audit"
-        labelled_dir = workdir / "labelled"
-        shutil.rmtree(labelled_dir, ignore_errors=True)
-        labelled = relabel.label_wheel(result.wheel, row.variant, row.requires_torch, labelled_dir)
-        repaired_dir = workdir / "repaired"  # this cell's own work folder: last run's wheel
-        shutil.rmtree(repaired_dir, ignore_errors=True)
-        repaired, report = audit.repair_and_audit(
-            labelled,
-            repaired_dir,
-            row,
-            site_packages(workdir / "venv" / "bin" / "python"),
-            project=project,
-        )
-        cell.wheel, cell.size_bytes = repaired.name, repaired.stat().st_size
-        cell.sha256 = sha256_of_file(repaired)
-        parts = audit.wheel_name_parts(repaired.name)
-        cell.tag = f"{parts['python']}-{parts['abi']}-{parts['platform']}"
-        cell.max_versions, cell.archs = report.max_versions, report.archs
-        cell.audit = "ok (" + ", ".join(sorted(report.max_versions.values())) + ")"
-        log(f"{name}: audit ok: {repaired.name}, GPU code for {' '.join(cell.archs) or 'no arch'}")
-        if project.python_abi == "auto" and parts["abi"] != "abi3":
-            # the build made a per-Python wheel: it serves only the Python that built it
-            cell.variant = per_python
-            test_pythons = {
-                torch: {v: i for v, i in chosen.items() if v == interp.version}
-                for torch, chosen in test_pythons.items()
-            }
-        cell.stage = "test"
-        failed: list[str] = []
-        for served_row in served:
-            chosen = test_pythons[served_row.torch]
-            tests = test_wheel(
-                project, repaired, served_row.torch, chosen, workdir / "tests" / served_row.torch
+    with basics.exclusive_folder(workdir):
+        try:
+            cell.stage = "toolchain"
+            tools = toolchain.assemble(row.cuda, row.toolkit, with_cuda=not cpu)
+            cell.stage = "build"
+            result = build_project_wheel(project, row, row.kind, workdir, tools, interp)
+            cell.build_seconds = result.seconds
+            log(f"{name}: built {result.wheel.name} in {result.seconds:.0f}s")
+            cell.stage = "repair/audit"
+            labelled_dir = workdir / "labelled"
+            shutil.rmtree(labelled_dir, ignore_errors=True)
+            labelled = relabel.label_wheel(
+                result.wheel, row.variant, row.requires_torch, labelled_dir
             )
-            cell.tests += [{**t.as_dict(), "torch": served_row.torch} for t in tests]
-            failed += failures(served_row.torch, tests)
-        if failed:
-            raise RuntimeError(f"{repaired.name}: tests: " + "; ".join(failed))
-        publish(repaired, out_dir)
-        cell.stage, cell.status = "done", "passed"
-    except (BuildError, audit.AuditError, relabel.RelabelError, RuntimeError, OSError) as exc:
-        cell.error = str(exc)
-        log(f"{name}: FAILED at {cell.stage}: {exc}")
-    except Exception as exc:
-        cell.error = f"{type(exc).__name__}: {exc}\n{traceback.format_exc()}"
-        log(f"{name}: FAILED at {cell.stage}: {cell.error}")
+            repaired_dir = workdir / "repaired"  # this cell's own work folder: last run's wheel
+            shutil.rmtree(repaired_dir, ignore_errors=True)
+            repaired, report = audit.repair_and_audit(
+                labelled,
+                repaired_dir,
+                row,
+                site_packages(workdir / "venv" / "bin" / "python"),
+                project=project,
+            )
+            cell.wheel, cell.size_bytes = repaired.name, repaired.stat().st_size
+            cell.sha256 = sha256_of_file(repaired)
+            parts = audit.wheel_name_parts(repaired.name)
+            cell.tag = f"{parts['python']}-{parts['abi']}-{parts['platform']}"
+            cell.max_versions, cell.archs = report.max_versions, report.archs
+            cell.audit = "ok (" + ", ".join(sorted(report.max_versions.values())) + ")"
+            archs = " ".join(cell.archs) or "no arch"
+            log(f"{name}: audit ok: {repaired.name}, GPU code for {archs}")
+            if project.python_abi == "auto" and parts["abi"] != "abi3":
+                # the build made a per-Python wheel: it serves only the Python that built it
+                cell.variant = per_python
+                test_pythons = {
+                    torch: {v: i for v, i in chosen.items() if v == interp.version}
+                    for torch, chosen in test_pythons.items()
+                }
+            cell.stage = "test"
+            failed: list[str] = []
+            for served_row in served:
+                chosen = test_pythons[served_row.torch]
+                tests = test_wheel(
+                    project,
+                    repaired,
+                    served_row.torch,
+                    chosen,
+                    workdir / "tests" / served_row.torch,
+                )
+                cell.tests += [{**t.as_dict(), "torch": served_row.torch} for t in tests]
+                failed += failures(served_row.torch, tests)
+            if failed:
+                raise RuntimeError(f"{repaired.name}: tests: " + "; ".join(failed))
+            publish(repaired, out_dir)
+            cell.stage, cell.status = "done", "passed"
+        except (BuildError, audit.AuditError, relabel.RelabelError, RuntimeError, OSError) as exc:
+            cell.error = str(exc)
+            log(f"{name}: FAILED at {cell.stage}: {exc}")
+        except Exception as exc:
+            cell.error = f"{type(exc).__name__}: {exc}\n{traceback.format_exc()}"
+            log(f"{name}: FAILED at {cell.stage}: {cell.error}")
     cell.total_seconds = time.monotonic() - start
     return cell
 

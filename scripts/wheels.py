@@ -113,77 +113,82 @@ def run_cell(
     cell = CellReport(row.variant, row.torch, row.cuda)
     start = time.monotonic()
     workdir = toolchain.cache_dir() / "work" / row.variant
-    try:
-        cell.stage = "toolchain"
-        wanted = {} if skip_tests else {r.torch: wanted_pythons(r, pythons) for r in test_rows}
-        found = find_interpreters(
-            sorted({p for r in test_rows for p in r.pythons} | set(row.pythons))
-        )
-        interp = build.pick_build_python(row, found)
-        cell.build_python = f"{interp.version} ({interp.path})"
+    with basics.exclusive_folder(workdir):
+        try:
+            cell.stage = "toolchain"
+            wanted = {} if skip_tests else {r.torch: wanted_pythons(r, pythons) for r in test_rows}
+            found = find_interpreters(
+                sorted({p for r in test_rows for p in r.pythons} | set(row.pythons))
+            )
+            interp = build.pick_build_python(row, found)
+            cell.build_python = f"{interp.version} ({interp.path})"
 
-        tools = toolchain.assemble(row.cuda, row.toolkit)
+            tools = toolchain.assemble(row.cuda, row.toolkit)
 
-        cell.stage = "build"
-        result = build.build_wheel(row, workdir, tools, interp)
-        cell.build_seconds = result.seconds
-        cell.compile_seconds = result.compile_seconds
-        for obj, secs in sorted(result.compile_seconds.items()):
-            log(f"{row.variant}: compiled {obj} in {secs:.1f}s")
-        log(f"{row.variant}: built {result.wheel.name} in {result.seconds:.0f}s")
+            cell.stage = "build"
+            result = build.build_wheel(row, workdir, tools, interp)
+            cell.build_seconds = result.seconds
+            cell.compile_seconds = result.compile_seconds
+            for obj, secs in sorted(result.compile_seconds.items()):
+                log(f"{row.variant}: compiled {obj} in {secs:.1f}s")
+            log(f"{row.variant}: built {result.wheel.name} in {result.seconds:.0f}s")
 
-        cell.stage = "repair/audit"
-        site = build.site_packages(workdir / "venv" / "bin" / "python")
-        epoch = int(build.source_date_epoch())
+            cell.stage = "repair/audit"
+            site = build.site_packages(workdir / "venv" / "bin" / "python")
+            epoch = int(build.source_date_epoch())
 
-        def finalize(repaired: Path) -> Path:
-            final_dir = workdir / "final"
-            shutil.rmtree(final_dir, ignore_errors=True)
-            final_dir.mkdir(parents=True)
-            return reproducible.finalize_release(
-                row, repaired, final_dir, tools.cuda_home, tools.sysroot, epoch
+            def finalize(repaired: Path) -> Path:
+                final_dir = workdir / "final"
+                shutil.rmtree(final_dir, ignore_errors=True)
+                final_dir.mkdir(parents=True)
+                return reproducible.finalize_release(
+                    row, repaired, final_dir, tools.cuda_home, tools.sysroot, epoch
+                )
+
+            repaired_dir = workdir / "repaired"  # this cell's own work folder: last run's wheel
+            shutil.rmtree(repaired_dir, ignore_errors=True)
+            repaired, report = audit.repair_and_audit(
+                result.wheel, repaired_dir, row, site, finalize
+            )
+            cell.wheel = repaired.name
+            cell.sha256 = sha256_of_file(repaired)
+            cell.size_bytes = repaired.stat().st_size
+            parts = audit.wheel_name_parts(repaired.name)
+            cell.tag = f"{parts['python']}-{parts['abi']}-{parts['platform']}"
+            cell.max_versions = report.max_versions
+            cell.archs = report.archs
+            cell.auditwheel_output = report.auditwheel_output
+            cell.audit = "ok (" + ", ".join(sorted(report.max_versions.values())) + ")"
+            log(
+                f"{row.variant}: audit ok: {repaired.name} ({cell.size_bytes} bytes), "
+                f"needs {cell.max_versions}, GPU code for {' '.join(cell.archs) or 'no arch'}"
             )
 
-        repaired_dir = workdir / "repaired"  # this cell's own work folder: last run's wheel
-        shutil.rmtree(repaired_dir, ignore_errors=True)
-        repaired, report = audit.repair_and_audit(result.wheel, repaired_dir, row, site, finalize)
-        cell.wheel = repaired.name
-        cell.sha256 = sha256_of_file(repaired)
-        cell.size_bytes = repaired.stat().st_size
-        parts = audit.wheel_name_parts(repaired.name)
-        cell.tag = f"{parts['python']}-{parts['abi']}-{parts['platform']}"
-        cell.max_versions = report.max_versions
-        cell.archs = report.archs
-        cell.auditwheel_output = report.auditwheel_output
-        cell.audit = "ok (" + ", ".join(sorted(report.max_versions.values())) + ")"
-        log(
-            f"{row.variant}: audit ok: {repaired.name} ({cell.size_bytes} bytes), "
-            f"needs {cell.max_versions}, GPU code for {' '.join(cell.archs) or 'no arch'}"
-        )
-
-        cell.stage = "test"
-        failed: list[str] = []
-        for torch_version, versions in wanted.items():
-            chosen = {v: found[v] for v in versions}
-            for v, i in chosen.items():
-                log(
-                    f"{row.variant}: torch {torch_version}, Python {v}: "
-                    + (f"{i.path} (from {i.source})" if i else "not found")
+            cell.stage = "test"
+            failed: list[str] = []
+            for torch_version, versions in wanted.items():
+                chosen = {v: found[v] for v in versions}
+                for v, i in chosen.items():
+                    log(
+                        f"{row.variant}: torch {torch_version}, Python {v}: "
+                        + (f"{i.path} (from {i.source})" if i else "not found")
+                    )
+                tests = run_op_tests(
+                    torch_version, repaired, chosen, workdir / "tests" / torch_version
                 )
-            tests = run_op_tests(torch_version, repaired, chosen, workdir / "tests" / torch_version)
-            cell.tests += [{**t.as_dict(), "torch": torch_version} for t in tests]
-            failed += failures(torch_version, tests)
-        if failed:
-            raise RuntimeError(f"{repaired.name}: tests: " + "; ".join(failed))
-        cell.stage = "done"
-        publish_wheel(repaired, out_dir)
-        cell.status = "passed"
-    except (build.BuildError, audit.AuditError, RuntimeError, OSError, SystemExit) as exc:
-        cell.error = str(exc) + kept_note(out_dir, row.variant)
-        log(f"{row.variant}: FAILED at {cell.stage}: {exc}")
-    except Exception as exc:
-        cell.error = f"{type(exc).__name__}: {exc}\n{traceback.format_exc()}"
-        log(f"{row.variant}: FAILED at {cell.stage}: {cell.error}")
+                cell.tests += [{**t.as_dict(), "torch": torch_version} for t in tests]
+                failed += failures(torch_version, tests)
+            if failed:
+                raise RuntimeError(f"{repaired.name}: tests: " + "; ".join(failed))
+            cell.stage = "done"
+            publish_wheel(repaired, out_dir)
+            cell.status = "passed"
+        except (build.BuildError, audit.AuditError, RuntimeError, OSError, SystemExit) as exc:
+            cell.error = str(exc) + kept_note(out_dir, row.variant)
+            log(f"{row.variant}: FAILED at {cell.stage}: {exc}")
+        except Exception as exc:
+            cell.error = f"{type(exc).__name__}: {exc}\n{traceback.format_exc()}"
+            log(f"{row.variant}: FAILED at {cell.stage}: {cell.error}")
     cell.total_seconds = time.monotonic() - start
     write_cell_json(out_dir, cell)
     return cell

@@ -47,3 +47,34 @@ def test_no_pipeline_module_defines_its_own_log() -> None:
         if isinstance(node, ast.FunctionDef) and node.name == "log"
     ]
     assert own == []
+
+
+def test_a_folder_in_use_by_another_run_is_refused_with_the_holder_named(tmp_path) -> None:
+    # Two `nox -s wheels` on one cache used to rebuild work/<variant> under each other.
+    work = tmp_path / "work" / "stable.cu13"
+    holder = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            "import sys, time; from scripts import basics\n"
+            f"with basics.exclusive_folder(basics.Path({str(work)!r})):\n"
+            "    print('held', flush=True); time.sleep(60)",
+        ],
+        cwd=basics.REPO,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert holder.stdout.readline() == "held\n"
+        with pytest.raises(basics.FolderInUse) as caught, basics.exclusive_folder(work):
+            pass
+        message = str(caught.value)
+        assert str(work) in message
+        assert f"pid {holder.pid}" in message
+        assert "HOTLOOP_CACHE_DIR" in message
+    finally:
+        holder.kill()
+        holder.wait()
+        holder.stdout.close()
+    with basics.exclusive_folder(work):  # the holder is gone: free again
+        assert work.is_dir()

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from scripts import matrix, project, project_build, project_wheels, relabel
+from scripts import basics, matrix, project, project_build, project_wheels, relabel
 from scripts.basics import REPO
 from scripts.build import BuildError
 from scripts.interpreters import Interpreter
@@ -239,3 +239,16 @@ def test_stable_wheel_is_built_against_its_oldest_row_even_unselected(
     project_wheels.run_project(table, [newest], tmp_path, ["3.12"], skip_tests=True, cpu=False)
     assert built == [(newest.build_torch, [newest.torch])]
     assert newest.build_torch != newest.torch
+
+
+def test_a_cell_whose_work_folder_another_run_holds_stops_before_building(
+    rows, monkeypatch, tmp_path
+) -> None:
+    monkeypatch.setenv("HOTLOOP_CACHE_DIR", str(tmp_path / "cache"))
+    table = project.load_project(FIXTURE)
+    row = project_wheels.cpu_row(row_of(rows, "2.14"))
+    interp = Interpreter("3.12", tmp_path / "python3.12", "test")
+    held = project_wheels.toolchain.cache_dir() / "projects" / "anyext" / row.variant
+    with basics.exclusive_folder(held), pytest.raises(basics.FolderInUse, match=str(held)):
+        project_wheels.run_cell(table, row, [row], interp, {}, tmp_path / "out", cpu=True)
+    assert not (tmp_path / "out").exists()

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from scripts import audit, build, wheels, wheeltest
+from scripts import audit, basics, build, toolchain, wheels, wheeltest
 from scripts.interpreters import Interpreter
 
 
@@ -57,6 +57,15 @@ def test_passing_cell_puts_wheel_and_json_in_out(fake_pipeline, tmp_path, newest
     assert (
         json.loads((out / "report.json").read_text())["cells"][0]["variant"] == newest_row.variant
     )
+
+
+def test_a_cell_whose_work_folder_another_run_holds_stops_before_building(
+    fake_pipeline, tmp_path, newest_row
+):
+    held = toolchain.cache_dir() / "work" / newest_row.variant
+    with basics.exclusive_folder(held), pytest.raises(basics.FolderInUse, match="HOTLOOP_CACHE"):
+        wheels.run_cell(newest_row, tmp_path / "out", None, skip_tests=False)
+    assert not (tmp_path / "out").exists()
 
 
 @pytest.mark.parametrize("stage", ["build", "audit", "test"])
