@@ -9,9 +9,10 @@ the binary, which setup.py keeps free of build paths (``-ffile-prefix-map``).
     python -m scripts.reproducible --torch 2.14 [--cpu | --arch-list 9.0] [--work DIR]
 
 builds the row's wheel twice, in two folders with different paths and no compiler cache (both
-in a new ``run-*`` folder under ``--work``, which is never cleared),
+in a new ``run-*`` folder under ``--work``; nothing else there is touched),
 repairs and finalizes both, and exits 1 naming every member that differs (``diffoscope``
-shows how, when it is installed).
+shows how, when it is installed). A reproducible run removes its own ``run-*`` folder unless
+``--keep`` is given; a run that is not reproducible keeps it for comparing.
 """
 
 from __future__ import annotations
@@ -323,6 +324,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         type=Path,
         help="folder for a new run-* folder of this run (default: <cache>/reproducible/<variant>)",
     )
+    parser.add_argument(
+        "--keep", action="store_true", help="keep this run's build folders when it passes too"
+    )
     args = parser.parse_args(argv)
     os.environ.setdefault("UV_PYTHON_DOWNLOADS", "never")
     rows = matrix.load_rows()
@@ -334,11 +338,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     a, b = build_twice(row, work, not args.cpu, args.python)
     print(f"{a.sha256}  {a.wheel}\n{b.sha256}  {b.wheel}")
     diffs = differing_members(a.wheel, b.wheel)
+    run = a.workdir.parent  # the run-* folder build_twice made for both builds
     if not diffs:
         print(
             f"reproducible: {a.wheel.name} sha256 {a.sha256} ({a.seconds:.0f}s, {b.seconds:.0f}s)"
         )
+        if args.keep:
+            log(f"kept both builds in {run}")
+        else:
+            shutil.rmtree(run)
+            log(f"removed this run's builds in {run} (--keep keeps them)")
         return 0
+    log(f"kept both builds in {run} to compare")
     print(f"NOT reproducible: {a.wheel.name} differs in: " + ", ".join(diffs), file=sys.stderr)
     report = diffoscope_report(a.wheel, b.wheel, a.workdir.parent / "diffoscope.txt")
     if report:

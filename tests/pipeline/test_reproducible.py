@@ -234,3 +234,28 @@ def test_build_twice_leaves_what_it_did_not_create(newest_row, tmp_path, monkeyp
     assert len(set(built)) == 4
     assert a.wheel.is_file()
     assert b.wheel.is_file()
+
+
+def test_a_reproducible_run_removes_its_own_build_folders_unless_kept(
+    tmp_path, monkeypatch, capsys
+):
+    # Each run's two cold builds used to stay in the cache for good (hundreds of MB a run).
+    work = tmp_path / "work"
+    (work / "mine.txt").parent.mkdir(parents=True)
+    (work / "mine.txt").write_text("keep")
+    fake_builds(monkeypatch, [])
+    assert reproducible.main(["--cpu", "--work", str(work)]) == 0
+    assert sorted(p.name for p in work.iterdir()) == ["mine.txt"]
+    assert reproducible.main(["--cpu", "--work", str(work), "--keep"]) == 0
+    kept = [p for p in work.iterdir() if p.name.startswith("run-")]
+    assert len(kept) == 1
+    assert str(kept[0]) in capsys.readouterr().err
+
+
+def test_a_run_that_is_not_reproducible_keeps_its_builds_to_compare(tmp_path, monkeypatch):
+    work = tmp_path / "work"
+    fake_builds(monkeypatch, [])
+    monkeypatch.setattr(reproducible, "differing_members", lambda a, b: ["hotloop/_C.so"])
+    monkeypatch.setattr(reproducible, "diffoscope_report", lambda a, b, out: None)
+    assert reproducible.main(["--cpu", "--work", str(work)]) == 1
+    assert [p.name.startswith("run-") for p in work.iterdir()] == [True]
