@@ -5,8 +5,8 @@ project; this table is the project's side. It lives in the project's ``pyproject
 ``[tool.torch-wheels]``, or in a TOML file of its own (same table) with ``checkout`` pointing
 at the project, for a project whose files the maintainer of the release does not control.
 
-Each field below is declared once, with its docstring; ``load_project`` reads and checks the
-table in one place (a bad table is one ``ProjectTableError`` naming the file, the key and the
+Each field below is declared once, with its docstring and rule; ``load_project`` reads and
+checks the table in one place, with the loader the build matrix uses too (:mod:`scripts.typed_toml`) (a bad table is one ``ProjectTableError`` naming the file, the key and the
 value; an unknown key gets the nearest known one as a suggestion), and ``fields_markdown``
 renders the docs' table of fields from the same declarations.
 
@@ -17,20 +17,31 @@ renders the docs' table of fields from the same declarations.
 from __future__ import annotations
 
 import argparse
-import ast
-import difflib
+import dataclasses
 import functools
-import inspect
 import json
 import re
 import string
 import sys
 from collections.abc import Mapping, Sequence
-from dataclasses import MISSING, Field, asdict, dataclass, field, fields
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, get_origin, get_type_hints
+from typing import Any
 
-from scripts.basics import REPO, tomllib
+from scripts.basics import REPO
+from scripts.matrix.model import optional_arch_list
+from scripts.typed_toml import (
+    NOT_A_KEY,
+    TableError,
+    build,
+    dashed,
+    fail,
+    read_document,
+    rule,
+)
+from scripts.typed_toml import (
+    fields_markdown as model_fields_markdown,
+)
 
 TABLE = "torch-wheels"
 KINDS = ("stable", "pinned")
@@ -43,8 +54,48 @@ _NAME = re.compile(r"[A-Za-z0-9]([A-Za-z0-9._-]*[A-Za-z0-9])?")
 _IDENTIFIER = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 
 
-class ProjectTableError(ValueError):
+class ProjectTableError(TableError):
     """A project table that cannot be used: the message names the file, the key and the value."""
+
+
+def _matches(pattern: re.Pattern[str], expected: str) -> Any:
+    def check(value: str) -> str | None:
+        return None if pattern.fullmatch(value) else expected
+
+    return check
+
+
+def _one_of(choices: Sequence[str]) -> Any:
+    def check(value: str) -> str | None:
+        return None if value in choices else f"expected one of {tuple(choices)}"
+
+    return check
+
+
+def _kinds(values: tuple[str, ...]) -> str | None:
+    return None if values and not set(values) - set(KINDS) else f"expected one or both of {KINDS}"
+
+
+def _relative(value: str) -> str | None:
+    return "expected a relative path" if Path(value).is_absolute() else None
+
+
+def _placeholders(text: str) -> list[str]:
+    return [name for _, name, _, _ in string.Formatter().parse(text) if name is not None]
+
+
+def _only_placeholders(known: Sequence[str]) -> Any:
+    """A rule for strings (or the values of a table, or a list) that may name only ``known``."""
+
+    def check(value: Any) -> str | None:
+        texts = value.values() if isinstance(value, Mapping) else value
+        for text in [texts] if isinstance(texts, str) else texts:
+            for name in _placeholders(text):
+                if name not in known:
+                    return f"unknown placeholder {{{name}}} (known: {', '.join(known)})"
+        return None
+
+    return check
 
 
 @dataclass(frozen=True)
@@ -70,49 +121,53 @@ class AuditSettings:
 class Project:
     """``[tool.torch-wheels]``: one package the pipeline builds, audits, tests and indexes."""
 
-    distribution: str
+    distribution: str = rule(_matches(_NAME, "not a valid project name"))
     """Distribution name: the wheel file's first part and its METADATA ``Name``."""
 
-    import_name: str
+    import_name: str = rule(_matches(_IDENTIFIER, "not a Python identifier"))
     """Top-level import package (``import NAME``); the wheel holds files only under it, its
     ``.libs`` folder and its ``.dist-info``."""
 
-    checkout: str = "."
+    checkout: str = rule(_relative, ".")
     """The project's checkout, relative to the file holding the table: set it in a table kept
     outside the project (the project's own ``pyproject.toml`` leaves it at ``.``)."""
 
-    build_dir: str = "."
+    build_dir: str = rule(_relative, ".")
     """Folder of the checkout holding ``setup.py`` or ``pyproject.toml``."""
 
     sources: tuple[str, ...] = ()
     """Files and folders of the checkout that the build reads (copied to a private folder
     before every build; build output and ``.git`` left out). Empty: the whole checkout."""
 
-    build_env: Mapping[str, str] = field(default_factory=dict)
+    build_env: Mapping[str, str] = rule(
+        _only_placeholders(BUILD_PLACEHOLDERS), default_factory=dict
+    )
     """Environment variables the build needs, e.g. ``{ FORCE_CUDA = "{cuda}" }``. Values may
     name ``{kind}`` (stable/pinned), ``{cuda}`` (``1`` for a CUDA build, ``0`` for a CPU one),
     ``{torch}``, ``{cuda_version}`` and ``{arch_list}``. Set here what a setup.py needs to build
     CUDA without a GPU and to build rather than download a prebuilt wheel."""
 
-    kinds: tuple[str, ...] = KINDS
+    kinds: tuple[str, ...] = rule(_kinds, KINDS)
     """Wheel kinds the project ships: ``stable`` (one wheel per CUDA major on the LibTorch
     stable ABI, for every torch from ``stable-floor`` on) and/or ``pinned`` (one wheel per
     torch minor and CUDA version)."""
 
-    python_abi: str = "abi3"
+    python_abi: str = rule(_one_of(PYTHON_ABIS), "abi3")
     """``abi3``: one ``cp39-abi3`` wheel serves every Python (limited API); ``per-python``: one
     ``cpXY-cpXY`` wheel per Python of the row (pybind11 and other full-API modules);
     ``auto``: build on the row's build Python, and per Python only if that wheel is not
     abi3 (for a setup.py that decides by itself, per torch)."""
 
-    stable_floor: str = "2.10"
+    stable_floor: str = rule(
+        _matches(re.compile(r"[0-9]+\.[0-9]+"), "expected a torch minor (2.10)"), "2.10"
+    )
     """The oldest torch minor a stable wheel loads into (its ``TORCH_TARGET_VERSION``)."""
 
-    cuda_archs: str = ""
+    cuda_archs: str = rule(optional_arch_list, "")
     """GPU architectures in torch's syntax (``8.0;9.0+PTX``), set as ``TORCH_CUDA_ARCH_LIST``.
     Empty: the matrix row's list."""
 
-    test_command: tuple[str, ...] = ()
+    test_command: tuple[str, ...] = rule(_only_placeholders(TEST_PLACEHOLDERS), ())
     """The command that tests an installed wheel, run in a fresh venv from an empty folder
     (so the checkout is not imported); ``{project}`` is the checkout. Empty: import only."""
 
@@ -128,7 +183,7 @@ class Project:
     audit: AuditSettings = field(default_factory=AuditSettings)
     """The ``[tool.torch-wheels.audit]`` table."""
 
-    table_file: Path = field(default=Path("pyproject.toml"), compare=False)
+    table_file: Path = field(default=Path("pyproject.toml"), compare=False, metadata=NOT_A_KEY)
     """Not a key: the file the table was read from."""
 
     @property
@@ -168,164 +223,22 @@ class Project:
         return [python if arg == "python" else arg.format(project=where) for arg in args]
 
 
-# -------------------------------------------------------------------------- field docs
-
-
-def key_of(name: str) -> str:
-    """The TOML key of a field: ``build_env`` -> ``build-env``."""
-    return name.replace("_", "-")
-
-
-def field_docs(cls: type) -> dict[str, str]:
-    """Each field's docstring (the string literal after its declaration), by field name."""
-    body = ast.parse(inspect.getsource(cls)).body[0]
-    assert isinstance(body, ast.ClassDef)
-    docs = {}
-    for node, after in zip(body.body, body.body[1:]):
-        if (
-            isinstance(node, ast.AnnAssign)
-            and isinstance(node.target, ast.Name)
-            and isinstance(after, ast.Expr)
-            and isinstance(after.value, ast.Constant)
-            and isinstance(after.value.value, str)
-        ):
-            docs[node.target.id] = " ".join(inspect.cleandoc(after.value.value).split())
-    return docs
-
-
-def _table_fields(cls: type) -> list[Field[Any]]:
-    return [f for f in fields(cls) if f.name != "table_file"]
-
-
-def _required(f: Field[Any]) -> bool:
-    return f.default is MISSING and f.default_factory is MISSING
-
-
-def _default_text(f: Field[Any]) -> str:
-    if _required(f):
-        return "required"
-    value = f.default_factory() if f.default_factory is not MISSING else f.default
-    if isinstance(value, AuditSettings):
-        return "(table below)"
-    if isinstance(value, tuple):
-        value = list(value)
-    if isinstance(value, Mapping):
-        value = dict(value)
-    return "`" + json.dumps(value) + "`"
-
-
 def fields_markdown() -> str:
-    """The Markdown table of every key, its default and its docstring."""
-    lines = ["| key | default | meaning |", "| --- | --- | --- |"]
-    for cls, prefix in ((Project, ""), (AuditSettings, "audit.")):
-        docs = field_docs(cls)
-        for f in _table_fields(cls):
-            lines.append(f"| `{prefix}{key_of(f.name)}` | {_default_text(f)} | {docs[f.name]} |")
-    return "\n".join(lines) + "\n"
+    """The Markdown table of every key, its default and its docstring (docs/any-project.md)."""
+    return model_fields_markdown(((Project, ""), (AuditSettings, "audit.")), dashed)
 
 
 # -------------------------------------------------------------------------- loading
 
 
-def _fail(where: str, key: str, value: Any, why: str) -> ProjectTableError:
-    return ProjectTableError(f"{where}: {key} = {value!r}: {why}")
-
-
-def _convert(where: str, key: str, value: Any, hint: Any) -> Any:
-    """``value`` as the field's type ``hint``, or the one error naming what is wrong."""
-    origin = get_origin(hint)
-    if hint is str:
-        if not isinstance(value, str):
-            raise _fail(where, key, value, "expected a string")
-        return value
-    if hint is bool:
-        if not isinstance(value, bool):
-            raise _fail(where, key, value, "expected true or false")
-        return value
-    if origin is tuple:
-        if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
-            raise _fail(where, key, value, "expected a list of strings")
-        return tuple(value)
-    if origin is Mapping:
-        if not isinstance(value, dict) or not all(isinstance(v, str) for v in value.values()):
-            raise _fail(where, key, value, 'expected a table of strings ({ NAME = "value" })')
-        return dict(value)
-    raise AssertionError(f"no conversion for {hint}")  # a field type this loader lacks
-
-
-def _build(cls: type, table: Any, where: str, prefix: str) -> dict[str, Any]:
-    """The constructor arguments of ``cls`` from ``table``; unknown keys refused with the
-    nearest known one."""
-    if not isinstance(table, dict):
-        raise _fail(where, prefix.rstrip(".") or TABLE, table, "expected a table")
-    hints = get_type_hints(cls)
-    known = {key_of(f.name): f for f in _table_fields(cls)}
-    values: dict[str, Any] = {}
-    for key, value in table.items():
-        if key not in known:
-            near = difflib.get_close_matches(key, known, n=1)
-            hint = f"; did you mean {prefix}{near[0]}?" if near else ""
-            raise _fail(
-                where, prefix + key, value, f"unknown key (known: {', '.join(known)}){hint}"
-            )
-        f = known[key]
-        if hints[f.name] is AuditSettings:
-            values[f.name] = AuditSettings(**_build(AuditSettings, value, where, f"{key}."))
-        else:
-            values[f.name] = _convert(where, prefix + key, value, hints[f.name])
-    for key, f in known.items():
-        if _required(f) and f.name not in values:
-            raise _fail(where, prefix + key, None, "required, not set")
-    return values
-
-
-def _placeholders(text: str) -> list[str]:
-    return [name for _, name, _, _ in string.Formatter().parse(text) if name is not None]
-
-
-def _check_placeholders(
-    where: str, key: str, value: Any, texts: Sequence[str], known: Sequence[str]
-) -> None:
-    for text in texts:
-        for name in _placeholders(text):
-            if name not in known:
-                raise _fail(
-                    where, key, value, f"unknown placeholder {{{name}}} (known: {', '.join(known)})"
-                )
-
-
-def _check(project: Project, where: str) -> None:
-    """The rules no type expresses; each failure names the key and the value."""
-    if not _NAME.fullmatch(project.distribution):
-        raise _fail(where, "distribution", project.distribution, "not a valid project name")
-    if not _IDENTIFIER.fullmatch(project.import_name):
-        raise _fail(where, "import-name", project.import_name, "not a Python identifier")
-    if not project.kinds or set(project.kinds) - set(KINDS):
-        raise _fail(where, "kinds", list(project.kinds), f"expected one or both of {KINDS}")
-    if project.python_abi not in PYTHON_ABIS:
-        raise _fail(where, "python-abi", project.python_abi, f"expected one of {PYTHON_ABIS}")
-    if not re.fullmatch(r"[0-9]+\.[0-9]+", project.stable_floor):
-        raise _fail(where, "stable-floor", project.stable_floor, "expected a torch minor (2.10)")
-    if project.cuda_archs and not re.fullmatch(
-        r"[0-9]+\.[0-9]+[af]?(\+PTX)?(;[0-9]+\.[0-9]+[af]?(\+PTX)?)*", project.cuda_archs
-    ):
-        raise _fail(
-            where, "cuda-archs", project.cuda_archs, 'expected torch\'s syntax, "8.0;9.0+PTX"'
-        )
-    for rel, key in ((project.checkout, "checkout"), (project.build_dir, "build-dir")):
-        if Path(rel).is_absolute():
-            raise _fail(where, key, rel, "expected a relative path")
-    for name, value in project.build_env.items():
-        _check_placeholders(where, f"build-env.{name}", value, [value], BUILD_PLACEHOLDERS)
-    _check_placeholders(
-        where, "test-command", list(project.test_command), project.test_command, TEST_PLACEHOLDERS
-    )
+def _check_build_dir(project: Project) -> None:
+    """The rule no single value expresses: the build folder holds a build."""
     if (
         not (project.build_root / "setup.py").is_file()
         and not (project.build_root / "pyproject.toml").is_file()
     ):
-        raise _fail(
-            where,
+        raise fail(
+            f"[tool.{TABLE}]",
             "build-dir",
             project.build_dir,
             f"{project.build_root} has neither setup.py nor pyproject.toml",
@@ -340,21 +253,19 @@ def table_file_for(path: Path) -> Path:
 def load_project(path: Path = REPO) -> Project:
     """The validated table of the checkout or table file at ``path``."""
     table_file = table_file_for(path).resolve()
-    try:
-        document = tomllib.loads(table_file.read_text())
-    except OSError as exc:
-        raise ProjectTableError(f"{table_file}: cannot read the project table: {exc}") from exc
-    except tomllib.TOMLDecodeError as exc:
-        raise ProjectTableError(f"{table_file}: not valid TOML: {exc}") from exc
+    document = read_document(table_file, "the project table", ProjectTableError)
     table = document.get("tool", {}).get(TABLE)
     if table is None:
         raise ProjectTableError(
             f"{table_file}: no [tool.{TABLE}] table; add one (docs/any-project.md lists its "
             "keys) or point --project at a table file"
         )
-    where = f"{table_file} [tool.{TABLE}]"
-    project = Project(**_build(Project, table, where, ""), table_file=table_file)
-    _check(project, where)
+    try:
+        project: Project = build(Project, table, f"[tool.{TABLE}]", dashed)
+        project = dataclasses.replace(project, table_file=table_file)
+        _check_build_dir(project)
+    except TableError as exc:
+        raise ProjectTableError(f"{table_file}: {exc}") from None
     return project
 
 

@@ -3,7 +3,8 @@
 Each key is a dataclass field below, with its docstring. :func:`load_matrix` reads the file
 and checks every value against its field's type and rule; a bad table is one
 :class:`MatrixTableError` that names the file, the row or table, the key and the value (an
-unknown key gets the nearest known one as a suggestion). Everything after the loader
+unknown key gets the nearest known one as a suggestion), through the loader every table of
+the pipeline shares (:mod:`scripts.typed_toml`). Everything after the loader
 (:mod:`scripts.matrix.table`, the plan, nox, the GitHub matrix) can then trust the table.
 
 Standard library only: the GitHub workflow reads the table with a bare Python.
@@ -11,31 +12,19 @@ Standard library only: the GitHub workflow reads the table with a bare Python.
 
 from __future__ import annotations
 
-import difflib
 import re
-import types
-from collections.abc import Callable, Mapping
-from dataclasses import MISSING, Field, dataclass, field, fields, is_dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Union, get_args, get_origin, get_type_hints
+from typing import Any, ClassVar
 
-from scripts.basics import tomllib
-
-# ``X | None`` is types.UnionType from Python 3.10 on; nox may run on 3.9.
-_UNIONS = (Union, getattr(types, "UnionType", Union))
+from scripts.typed_toml import TOP, Check, TableError, build, describe, fail, read_document
+from scripts.typed_toml import rule as _rule
 
 
-class MatrixTableError(ValueError):
+class MatrixTableError(TableError):
     """A build matrix that cannot be used: the message names the file, the row or table, the
     key and the value."""
-
-
-Check = Callable[[Any], "str | None"]  # a value's problem in words, or None
-
-
-def _rule(check: Check, default: Any = MISSING) -> Any:
-    """A field whose values must also pass ``check`` (beyond the field's type)."""
-    return field(default=default, metadata={"check": check})
 
 
 # -------------------------------------------------------------------------- value rules
@@ -181,6 +170,8 @@ class ToolkitSpec:
 class RowSpec:
     """``[[row]]``: one torch release, as PyPI serves it."""
 
+    LABEL: ClassVar[str] = "torch"  # errors name a row by its torch
+
     torch: str = _rule(final_release)
     """The release (``2.11.0``): ``pip install torch==2.11.0`` from PyPI, one row each."""
 
@@ -211,102 +202,26 @@ class MatrixSpec:
 # -------------------------------------------------------------------------- loading
 
 
-def table_fields(cls: type) -> tuple[Field[Any], ...]:
-    return fields(cls)
-
-
-TOP = "top level"
-
-
-def _fail(where: str, key: str, value: Any, why: str) -> MatrixTableError:
-    return MatrixTableError(f"{where}: {key} = {value!r}: {why}")
-
-
 def row_error(number: int, row: RowSpec, key: str, why: str) -> MatrixTableError:
     """The error for a row that is well formed but wrong next to the others."""
-    return _fail(f"[[row]] {number} (torch {row.torch})", key, getattr(row, key), why)
-
-
-def _dataclass_of(hint: Any) -> type | None:
-    """The dataclass in ``hint`` (``X`` or ``X | None``), if there is one."""
-    optional = get_origin(hint) in _UNIONS
-    for candidate in get_args(hint) if optional else (hint,):
-        if isinstance(candidate, type) and is_dataclass(candidate):
-            return candidate
-    return None
-
-
-def _convert(where: str, key: str, value: Any, hint: Any) -> Any:
-    """``value`` as the field's type ``hint``, or the one error naming what is wrong."""
-    origin = get_origin(hint)
-    table = _dataclass_of(hint)
-    if table is not None:  # a sub-table: [toolkits."12.8".debian]
-        return build(table, value, f"{where[:-1]}.{key}]" if where != TOP else f"[{key}]")
-    if hint is str:
-        if not isinstance(value, str):
-            raise _fail(where, key, value, "expected a string")
-        return value
-    if origin is tuple:
-        item = get_args(hint)[0]
-        if is_dataclass(item):  # [[row]], or an array of inline tables
-            if not isinstance(value, list) or not all(isinstance(v, dict) for v in value):
-                raise _fail(where, key, value, f"expected an array of tables ([[{key}]])")
-            assert isinstance(item, type)
-            name = f"[[{key}]]" if where == TOP else f"{where} {key}"
-            return tuple(build(item, v, f"{name} {i}") for i, v in enumerate(value, 1))
-        if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
-            raise _fail(where, key, value, "expected a list of strings")
-        return tuple(value)
-    if origin is Mapping:  # [toolkits."13.0"]
-        item = get_args(hint)[1]
-        if not isinstance(value, dict) or not all(isinstance(v, dict) for v in value.values()):
-            raise _fail(where, key, value, f'expected tables ([{key}."NAME"])')
-        return {name: build(item, v, f'[{key}."{name}"]') for name, v in value.items()}
-    raise AssertionError(f"no conversion for {hint}")  # a field type this loader lacks
-
-
-def build(cls: type, table: Any, where: str) -> Any:
-    """An instance of ``cls`` from the TOML ``table`` at ``where``: unknown keys refused with
-    the nearest known one, each value converted to its field's type and checked."""
-    if not isinstance(table, dict):
-        raise _fail(where, "", table, "expected a table")
-    if isinstance(table.get("torch"), str):
-        where = f"{where} (torch {table['torch']})"
-    hints = get_type_hints(cls)
-    known = {f.name: f for f in table_fields(cls)}
-    for name, value in table.items():
-        if name not in known:
-            near = difflib.get_close_matches(name, known, n=1)
-            hint = f"; did you mean {near[0]}?" if near else ""
-            raise _fail(where, name, value, f"unknown key (known: {', '.join(known)}){hint}")
-    values: dict[str, Any] = {}
-    for name, f in known.items():
-        if name not in table:
-            if f.default is MISSING and f.default_factory is MISSING:
-                raise _fail(where, name, None, "required, not set")
-            continue
-        values[name] = _convert(where, name, table[name], hints[name])
-        check = f.metadata.get("check")
-        problem = check(values[name]) if check else None
-        if problem:
-            raise _fail(where, name, table[name], problem)
-    return cls(**values)
+    where = f"[[row]] {number} (torch {row.torch})"
+    return MatrixTableError(describe(where, key, getattr(row, key), why))
 
 
 def _check_toolkit(cuda: str, toolkit: ToolkitSpec) -> None:
     where = f'[toolkits."{cuda}"]'
     if _CUDA.fullmatch(cuda) is None:
-        raise _fail(TOP, "toolkits", cuda, 'a toolkit\'s key is a CUDA MAJOR.MINOR ("13.0")')
+        raise fail(TOP, "toolkits", cuda, 'a toolkit\'s key is a CUDA MAJOR.MINOR ("13.0")')
     debs = toolkit.debian.packages if toolkit.debian else ()
     if bool(toolkit.packages) == bool(debs):
-        raise MatrixTableError(
+        raise TableError(
             f"{where}: needs exactly one of packages = [...] (PyPI) or a "
             f'[toolkits."{cuda}".debian] table (Debian); found {len(toolkit.packages)} PyPI and '
             f"{len(debs)} Debian packages"
         )
     nvcc = toolkit.nvcc or cuda
     if release(nvcc)[0] != release(cuda)[0] or release(nvcc) > release(cuda):
-        raise _fail(
+        raise fail(
             where,
             "nvcc",
             toolkit.nvcc,
@@ -321,16 +236,11 @@ def load_matrix(path: Path) -> MatrixSpec:
     Rules across rows that need the variant rule (which row builds which wheel) are
     :func:`scripts.matrix.table.load_rows`'s, with the same kind of error.
     """
-    try:
-        document = tomllib.loads(path.read_text())
-    except OSError as exc:
-        raise MatrixTableError(f"{path}: cannot read the build matrix: {exc}") from exc
-    except tomllib.TOMLDecodeError as exc:
-        raise MatrixTableError(f"{path}: not valid TOML: {exc}") from exc
+    document = read_document(path, "the build matrix", MatrixTableError)
     try:
         spec: MatrixSpec = build(MatrixSpec, document, TOP)
         for cuda, toolkit in spec.toolkits.items():
             _check_toolkit(cuda, toolkit)
-    except MatrixTableError as exc:
+    except TableError as exc:
         raise MatrixTableError(f"{path}: {exc}") from None
     return spec

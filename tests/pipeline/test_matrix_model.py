@@ -9,7 +9,7 @@ import pytest
 
 from scripts import matrix
 from scripts.matrix import model
-from scripts.project import field_docs
+from scripts.typed_toml import field_docs, table_fields
 
 SMALL = """\
 arch_list = "8.0;9.0+PTX"
@@ -241,4 +241,4 @@ def test_the_real_table_is_valid() -> None:
 def test_every_field_has_a_docstring() -> None:
     for cls in (model.MatrixSpec, model.RowSpec, model.ToolkitSpec, model.DebianSpec):
         docs = field_docs(cls)
-        assert set(docs) == {f.name for f in model.table_fields(cls)}, cls
+        assert set(docs) == {f.name for f in table_fields(cls)}, cls
