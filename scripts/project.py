@@ -6,9 +6,10 @@ project; this table is the project's side. It lives in the project's ``pyproject
 at the project, for a project whose files the maintainer of the release does not control.
 
 Each field below is declared once, with its docstring and rule; ``load_project`` reads and
-checks the table in one place, with the loader the build matrix uses too (:mod:`scripts.typed_toml`) (a bad table is one ``ProjectTableError`` naming the file, the key and the
-value; an unknown key gets the nearest known one as a suggestion), and ``fields_markdown``
-renders the docs' table of fields from the same declarations.
+checks the table in one place, with the loader the build matrix uses too
+(:mod:`scripts.typed_toml`): a bad table is one ``ProjectTableError`` naming the file, the
+key and the value, and an unknown key gets the nearest known one as a suggestion.
+``fields_markdown`` renders the docs' table of fields from the same declarations.
 
     python -m scripts.project [PATH]          # the loaded table, as JSON
     python -m scripts.project --fields        # the fields' Markdown table (docs/any-project.md)
