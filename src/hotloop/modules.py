@@ -5,41 +5,53 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
+from hotloop._casting import CASTINGS, casting_index
 from hotloop.ops import _DEPRECATED_BACKENDS, BACKENDS, rms_norm
 
-# transformers' RMSNorm classes read in its source (modeling_<model>.py): each has a 1-D
-# ``weight`` and a ``variance_epsilon``, and its forward is Llama's, x in float32 normalised
-# over the last dim, cast back to x's dtype, times the weight. (They multiply in the
-# promoted dtype after that cast; hotloop.RMSNorm rounds once, as torch.nn.RMSNorm does.)
-TRANSFORMERS_RMS_NORMS = frozenset(
-    f"transformers.models.{package}.modeling_{package}.{name}"
-    for package, name in [
-        ("llama", "LlamaRMSNorm"),
-        ("mistral", "MistralRMSNorm"),
-        ("mixtral", "MixtralRMSNorm"),
-        ("qwen2", "Qwen2RMSNorm"),
-        ("qwen2_moe", "Qwen2MoeRMSNorm"),
-        ("qwen3", "Qwen3RMSNorm"),
-        ("qwen3_moe", "Qwen3MoeRMSNorm"),
-        ("phi3", "Phi3RMSNorm"),
-    ]
+
+def _transformers_classes(*classes: tuple[str, str]) -> frozenset[str]:
+    return frozenset(
+        f"transformers.models.{package}.modeling_{package}.{name}" for package, name in classes
+    )
+
+
+# transformers' RMSNorm classes read in its source (modeling_<model>.py), by the casting mode
+# that gives their bits. Llama's and its copies have a 1-D ``weight`` and a
+# ``variance_epsilon``; their forward normalises x in float32 over the last dim, rounds it
+# to x's dtype, then multiplies by the weight: the "llama" casting.
+TRANSFORMERS_RMS_NORMS = _transformers_classes(
+    ("llama", "LlamaRMSNorm"),
+    ("mistral", "MistralRMSNorm"),
+    ("mixtral", "MixtralRMSNorm"),
+    ("qwen2", "Qwen2RMSNorm"),
+    ("qwen2_moe", "Qwen2MoeRMSNorm"),
+    ("qwen3", "Qwen3RMSNorm"),
+    ("qwen3_moe", "Qwen3MoeRMSNorm"),
+    ("phi3", "Phi3RMSNorm"),
 )
+# Gemma's have a 1-D ``weight`` stored as w in (1 + w) and an ``eps``; their forward computes
+# x_hat * (1 + weight.float()) in float32 and rounds once: the "gemma" casting, offset 1.
+TRANSFORMERS_GEMMA_RMS_NORMS = _transformers_classes(
+    ("gemma", "GemmaRMSNorm"),
+    ("gemma2", "Gemma2RMSNorm"),
+    ("gemma3", "Gemma3RMSNorm"),
+)
+GEMMA_OFFSET = 1.0
+
+
+def _class_names(names: frozenset[str]) -> str:
+    return ", ".join(sorted(n.rsplit(".", 1)[1] for n in names))
 
 
 def _not_convertible(name: str) -> str:
-    prefix = f"hotloop.RMSNorm.from_module: cannot convert {name}"
-    if "gemma" in name.lower():
-        return (
-            f"{prefix}: Gemma's RMSNorm scales by (1 + weight), not by weight, and "
-            "hotloop.RMSNorm has no such offset; converting it would change the results. Keep "
-            "the module as it is"
-        )
     return (
-        f"{prefix}: it is not known to compute x / rms(x) * weight over the last dimension. "
+        f"hotloop.RMSNorm.from_module: cannot convert {name}: it is not known to compute "
+        "x / rms(x) * weight over the last dimension in one of hotloop's casting modes. "
         "from_module takes torch.nn.RMSNorm, hotloop.RMSNorm and transformers' "
-        f"{', '.join(sorted(n.rsplit('.', 1)[1] for n in TRANSFORMERS_RMS_NORMS))}. For "
-        "another module that computes exactly that, build hotloop.RMSNorm(hidden_size, "
-        "eps=...) and assign its weight"
+        f"{_class_names(TRANSFORMERS_RMS_NORMS)} (casting='llama') and "
+        f"{_class_names(TRANSFORMERS_GEMMA_RMS_NORMS)} (casting='gemma', offset=1.0). For "
+        "another module that computes exactly one of those formulas, build "
+        "hotloop.RMSNorm(hidden_size, eps=..., casting=...) and assign its weight"
     )
 
 
@@ -47,9 +59,11 @@ class RMSNorm(nn.RMSNorm):
     """``torch.nn.RMSNorm`` over the last dimension, computed by hotloop's kernels.
 
     A subclass: parameters, state_dict, ``reset_parameters`` and ``isinstance`` checks are
-    torch's. ``backend`` picks the kernels as in :func:`hotloop.rms_norm`. ``from_module``
-    converts an existing ``nn.RMSNorm`` or a Hugging Face ``LlamaRMSNorm`` (and the other
-    classes of ``TRANSFORMERS_RMS_NORMS``) and keeps its weight.
+    torch's. ``backend``, ``casting`` and ``offset`` are :func:`hotloop.rms_norm`'s.
+    ``from_module`` converts an existing ``nn.RMSNorm`` or a Hugging Face ``LlamaRMSNorm``
+    or ``GemmaRMSNorm`` (and the other classes of ``TRANSFORMERS_RMS_NORMS`` and
+    ``TRANSFORMERS_GEMMA_RMS_NORMS``), keeps its weight and picks the casting mode that
+    reproduces its bits.
     """
 
     def __init__(
@@ -60,6 +74,9 @@ class RMSNorm(nn.RMSNorm):
         device: torch.device | str | None = None,
         dtype: torch.dtype | None = None,
         backend: str | None = None,
+        *,
+        casting: str = "torch",
+        offset: float = 0.0,
     ) -> None:
         shape = (
             (normalized_shape,) if isinstance(normalized_shape, int) else tuple(normalized_shape)
@@ -73,33 +90,52 @@ class RMSNorm(nn.RMSNorm):
             raise ValueError(
                 f"hotloop.RMSNorm: backend must be one of {BACKENDS} or None, got {backend!r}"
             )
+        casting_index("hotloop.RMSNorm", casting, offset)  # now, rather than at the first call
         super().__init__(shape[0], eps, elementwise_affine, device=device, dtype=dtype)
         self.backend = backend
+        self.casting = casting
+        self.offset = offset
 
     @classmethod
     def from_module(cls, module: nn.Module, backend: str | None = None) -> RMSNorm:
-        """A hotloop.RMSNorm with the weight and eps of ``module`` (shared, not copied).
+        """A hotloop.RMSNorm with the weight and eps of ``module`` (shared, not copied), in
+        the casting mode that gives ``module``'s bits.
 
-        ``module`` must be known to compute ``x / rms(x) * weight`` over the last dim:
-        ``torch.nn.RMSNorm`` (or a subclass that keeps its ``forward``), a hotloop.RMSNorm,
-        or one of the transformers classes in ``TRANSFORMERS_RMS_NORMS``. Anything else is
-        refused, naming its class: a LayerNorm subtracts the mean and adds a bias, Gemma's
-        norms scale by ``1 + weight``, and a module's attributes cannot tell what it computes.
+        ``module`` must be known to compute ``x / rms(x) * weight`` over the last dim in one
+        of the modes: ``torch.nn.RMSNorm`` (or a subclass that keeps its ``forward``) in
+        "torch", a hotloop.RMSNorm in its own, the transformers classes in
+        ``TRANSFORMERS_RMS_NORMS`` (Llama's and its copies) in "llama", those in
+        ``TRANSFORMERS_GEMMA_RMS_NORMS`` in "gemma" with offset 1. Anything else is refused,
+        naming its class: a LayerNorm subtracts the mean and adds a bias, and a module's
+        attributes cannot tell what it computes.
         """
         kind = type(module)
         name = f"{kind.__module__}.{kind.__qualname__}"
         weight: nn.Parameter | None
         eps: float | None
+        offset = 0.0
+        # (getattr: nn.Module types unknown attributes as Tensor | Module)
         if isinstance(module, nn.RMSNorm) and kind.forward in (nn.RMSNorm.forward, RMSNorm.forward):
             shape = tuple(module.normalized_shape)
             weight, eps = module.weight, module.eps
+            casting = getattr(module, "casting", "torch")
+            offset = getattr(module, "offset", 0.0)
         elif name in TRANSFORMERS_RMS_NORMS:
-            # (getattr: nn.Module types unknown attributes as Tensor | Module)
             weight, eps = getattr(module, "weight"), getattr(module, "variance_epsilon")  # noqa: B009
-            shape = tuple(weight.shape)
+            shape, casting = tuple(weight.shape), "llama"
+        elif name in TRANSFORMERS_GEMMA_RMS_NORMS:
+            weight, eps = getattr(module, "weight"), getattr(module, "eps")  # noqa: B009
+            shape, casting, offset = tuple(weight.shape), "gemma", GEMMA_OFFSET
         else:
             raise TypeError(_not_convertible(name))
-        new = cls(shape, eps=eps, elementwise_affine=False, backend=backend)
+        new = cls(
+            shape,
+            eps=eps,
+            elementwise_affine=False,
+            backend=backend,
+            casting=casting,
+            offset=offset,
+        )
         if weight is not None:
             new.elementwise_affine = True
             new.weight = weight
@@ -126,7 +162,11 @@ class RMSNorm(nn.RMSNorm):
             )
         # A weight of another dtype (float32 master weights, bfloat16 x) goes in as it is:
         # rms_norm computes what torch.nn.RMSNorm does with it, in the weight's precision.
-        return rms_norm(x, self.weight, self.eps, backend=self.backend)
+        return rms_norm(
+            x, self.weight, self.eps, self.backend, casting=self.casting, offset=self.offset
+        )
 
     def extra_repr(self) -> str:
-        return f"{super().extra_repr()}, backend={self.backend}"
+        mode = f", casting={self.casting!r}" if self.casting != CASTINGS[0] else ""
+        mode += f", offset={self.offset}" if self.offset != 0.0 else ""
+        return f"{super().extra_repr()}, backend={self.backend}{mode}"

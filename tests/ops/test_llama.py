@@ -55,3 +55,25 @@ def test_swapped_llama_matches(device: str, compiled: bool) -> None:
     for name, grad in ref_grads.items():
         err = (our_grads[name] - grad).norm() / grad.norm().clamp_min(1e-12)
         assert err < 5e-2, f"{name}: relative gradient error {err:.3g}"
+
+
+def test_swapped_llama_generates_the_stock_tokens(device: str) -> None:
+    # from_module picks the "llama" casting, which rounds where LlamaRMSNorm rounds: greedy
+    # decoding then picks the stock model's tokens. Trained-looking norm weights (not the
+    # initial ones, with which every casting rounds alike).
+    reference = tiny_llama(device)
+    gen = torch.Generator(device="cpu").manual_seed(1)
+    with torch.no_grad():
+        for module in reference.modules():
+            if type(module).__name__ == "LlamaRMSNorm":
+                noise = 0.2 * torch.randn(module.weight.shape, generator=gen)
+                module.weight.add_(noise.to(device=device, dtype=module.weight.dtype))
+    ours = copy.deepcopy(reference)
+    hotloop.RMSNorm.replace_in(ours, "LlamaRMSNorm")
+    assert {m.casting for m in ours.modules() if isinstance(m, hotloop.RMSNorm)} == {"llama"}
+    prompt = torch.randint(0, 256, (4, 8), generator=gen.manual_seed(2)).to(device)
+    settings = {"max_new_tokens": 24, "do_sample": False, "pad_token_id": 0}
+    with torch.no_grad():
+        expected = reference.generate(prompt, attention_mask=torch.ones_like(prompt), **settings)
+        got = ours.generate(prompt, attention_mask=torch.ones_like(prompt), **settings)
+    assert torch.equal(got, expected)

@@ -445,7 +445,7 @@ INTERPRETER_SCRIPT = textwrap.dedent(
     explained = torch._dynamo.explain(lambda a, b: trn.rms_norm(a, b, 1e-6) * 2)(x, w)
     assert explained.graph_break_count == 0, explained.break_reasons
 
-    # The casting modes of the kernels (CASTING 1 llama, 2 gemma with offset 1), fused and
+    # The casting modes (CASTING 1 llama, 2 gemma with offset 1) through the ops, fused and
     # looped rows, against the models' formulas on inputs whose sums of squares are exact.
     # float16 only: the interpreter rounds bfloat16 stores toward zero (the default's
     # kernels differ from torch there too); the GPU run checks bfloat16.
@@ -463,9 +463,21 @@ INTERPRETER_SCRIPT = textwrap.dedent(
         x = (torch.randint(-16, 17, (3, hidden)).float() / 8).half()
         w = (1 + 0.1 * torch.randn(hidden)).half()
         for casting, offset, weight, formula in ((1, 0.0, w, llama), (2, 1.0, w - 1, gemma)):
-            y = torch.empty_like(x)
-            trn.forward_rows(x, weight, y, 1e-6, casting=casting, offset=offset)
+            y = trn.rms_norm(x, weight, 1e-6, casting, offset)
             assert torch.equal(y, formula(x, weight, 1e-6)), (casting, hidden)
+            # The backward against the mode's formula in float64, Llama's rounding of the
+            # normalised value kept (its gradient passes through it, as autograd's cast's).
+            dy = torch.randn(3, hidden).half()
+            dx, dw = trn.rms_norm_backward(dy, x, weight, 1e-6, casting, offset)
+            xr, wr = x.double().requires_grad_(), weight.double().requires_grad_()
+            xhat = xr * torch.rsqrt(xr.pow(2).mean(-1, keepdim=True) + 1e-6)
+            if casting == 1:
+                ref = wr * (xhat + (xhat.half().double() - xhat).detach())
+            else:
+                ref = xhat * (offset + wr)
+            ref_dx, ref_dw = torch.autograd.grad(ref, (xr, wr), dy.double())
+            near(dx, ref_dx, torch.float16, f"dx casting {casting} {hidden}")
+            near(dw, ref_dw, torch.float16, f"dw casting {casting} {hidden}")
     print("interpreter checks passed")
     """
 )

@@ -23,6 +23,7 @@ the dispatcher needs them:
 from hotloop.ops import api, checks, fake, autograd, inplace, vmap  # noqa: F401, I001
 
 # The constants stay importable from hotloop.ops, where the doctor and the tests read them.
+from hotloop._casting import CASTINGS  # noqa: F401
 from hotloop.ops.api import (  # noqa: F401
     _DEPRECATED_BACKENDS,
     BACKENDS,

@@ -9,6 +9,8 @@ import torch
 from torch import Tensor
 from torch.autograd import forward_ad
 
+from hotloop._casting import GEMMA, LLAMA, TORCH, casting_index
+
 try:
     from hotloop import triton_rms_norm
 except ImportError as err:  # Triton ships with CUDA builds of torch only
@@ -92,6 +94,9 @@ def rms_norm(
     weight: Tensor | None = None,
     eps: float | None = None,
     backend: str | None = None,
+    *,
+    casting: str = "torch",
+    offset: float = 0.0,
 ) -> Tensor:
     """RMSNorm over the last dimension, as ``torch.nn.functional.rms_norm(x, (H,), weight, eps)``.
 
@@ -101,26 +106,36 @@ def rms_norm(
     applied in float32 (or the weight's wider dtype) and one rounding, and gradients in each
     input's own dtype. ``backend`` picks the kernels: "native" (hotloop's C++ kernels for x's
     device), "triton", or None for the fastest one available for x's device.
+
+    ``casting`` says where the result is rounded to x's dtype, by the model whose bits it
+    reproduces (:data:`hotloop.ops.CASTINGS`): "torch" (the default, ``torch.nn.RMSNorm``:
+    once, at the end), "llama" (transformers' ``LlamaRMSNorm`` and its copies: the
+    normalised value is rounded before the weight multiplies it) or "gemma"
+    (``GemmaRMSNorm``: times ``offset + weight``, all in float32, rounded once; Gemma's
+    ``offset`` is 1.0, which only "gemma" takes). With a weight of another dtype, "llama"
+    returns ``weight * rms_norm(x)`` in the promoted dtype, as ``LlamaRMSNorm`` does, and
+    "gemma" applies the weight in float32, as ``GemmaRMSNorm`` does.
     """
     if x is None:  # before x.dtype below, which would fail without naming the op
         raise _missing_tensor("rms_norm", "x")
+    mode = casting_index("rms_norm", casting, offset)
     if eps is None:
         eps = default_eps(x)
     if weight is not None and weight.dtype != x.dtype and _both_floating(x, weight):
-        return _rms_norm_mixed(x, weight, eps, backend)
+        return _rms_norm_mixed(x, weight, eps, backend, mode, offset)
     if _pick_backend(x, backend) == "triton":
         if triton_rms_norm is None:
             raise RuntimeError(
                 f"rms_norm(backend='triton'): Triton can't be imported ({_TRITON_MISSING}); "
                 "install a CUDA build of torch, which brings Triton"
             )
-        return triton_rms_norm.rms_norm(x, weight, eps)
+        return triton_rms_norm.rms_norm(x, weight, eps, mode, offset)
     if _autograd_has_nothing_to_do(x, weight) and not torch.is_inference_mode_enabled():
         # (Inference mode keeps the dispatcher out of Autograd kernels already, and the
         # guard costs a decode-sized call about 0.4 us.)
         with torch._C._AutoDispatchBelowAutograd():
-            return _RMS_NORM(x, weight, eps)
-    return _RMS_NORM(x, weight, eps)
+            return _RMS_NORM(x, weight, eps, mode, offset)
+    return _RMS_NORM(x, weight, eps, mode, offset)
 
 
 def default_eps(x: Tensor) -> float:
@@ -144,29 +159,74 @@ def _both_floating(x: Tensor, weight: Tensor) -> bool:
     return x.dtype in FLOATING_DTYPES and weight.dtype in FLOATING_DTYPES
 
 
-def _rms_norm_mixed(x: Tensor, weight: Tensor, eps: float, backend: str | None) -> Tensor:
-    """F.rms_norm for a weight whose dtype is not x's, computed as torch computes it.
+def _rms_norm_mixed(
+    x: Tensor, weight: Tensor, eps: float, backend: str | None, mode: int, offset: float
+) -> Tensor:
+    """rms_norm for a weight whose dtype is not x's, computed as the mode's model computes it.
 
     torch (rms_norm_composite, 2.11 to 2.15) normalises x in float32 (float64 for float64
     x), multiplies by the weight in the promoted dtype and rounds once to x's dtype. The
     kernels do the same on x in that dtype; autograd through the casts then gives x's
     gradient in x's dtype and the weight's in the weight's (float32 master weights keep
-    their precision).
+    their precision). LlamaRMSNorm returns ``weight * x_hat.to(x.dtype)``, in the promoted
+    dtype; GemmaRMSNorm multiplies by ``1 + weight.float()`` and rounds once to x's dtype.
     """
     acc = torch.float64 if x.dtype == torch.float64 else torch.float32
-    if torch.promote_types(acc, weight.dtype) == acc:
+    if mode == LLAMA:
+        return weight * rms_norm(x, None, eps, backend)
+    if mode == GEMMA:
+        y = rms_norm(x.to(acc), weight.to(acc), eps, backend, casting="gemma", offset=offset)
+    elif torch.promote_types(acc, weight.dtype) == acc:
         y = rms_norm(x.to(acc), weight.to(acc), eps, backend)
     else:  # a float64 weight with a narrower x: normalised in float32, weighted in float64
         y = rms_norm(x.to(acc), None, eps, backend) * weight
     return y.to(x.dtype)
 
 
-def fused_add_rms_norm(x: Tensor, residual: Tensor, weight: Tensor, eps: float = 1e-6) -> None:
+# What the fused and FP8 ops' callers run instead for another casting mode than "torch".
+_FP8_UNFUSED = (
+    "y = hotloop.rms_norm({x}, weight, eps, casting={casting!r}, offset={offset}), then "
+    "quantise y.float() * (1 / scale) with torch ops (clamp to +-448, .to(torch.float8_e4m3fn))"
+)
+_UNFUSED = {
+    "fused_add_rms_norm": "residual.add_(x); x.copy_(hotloop.rms_norm(residual, weight, eps, "
+    "casting={casting!r}, offset={offset}))",
+    "rms_norm_fp8": _FP8_UNFUSED.replace("{x}", "x"),
+    "rms_norm_fp8_dynamic": _FP8_UNFUSED.replace("{x}", "x"),
+    "fused_add_rms_norm_fp8": _FP8_UNFUSED.replace("{x}", "residual.add_(x)"),
+    "fused_add_rms_norm_fp8_dynamic": _FP8_UNFUSED.replace("{x}", "residual.add_(x)"),
+}
+
+
+def _refuse_other_castings(op: str, casting: str, offset: float) -> None:
+    """The fused and FP8 ops' kernels round as torch.nn.RMSNorm does, and take no other
+    casting mode: another is refused, naming the unfused calls that compute it."""
+    if casting == "torch" and offset == 0.0:  # first: the common call pays for two comparisons
+        return
+    if casting_index(op, casting, offset) != TORCH:
+        raise NotImplementedError(
+            f"{op}: casting={casting!r} is not implemented by its kernels, which round as "
+            "torch.nn.RMSNorm does (casting='torch'). For that mode's bits run it unfused: "
+            + _UNFUSED[op].format(casting=casting, offset=offset)
+        )
+
+
+def fused_add_rms_norm(
+    x: Tensor,
+    residual: Tensor,
+    weight: Tensor,
+    eps: float = 1e-6,
+    *,
+    casting: str = "torch",
+    offset: float = 0.0,
+) -> None:
     """In place: ``residual += x``, then ``x = rms_norm(residual) * weight``.
 
     The inference step between two transformer blocks, in one pass over memory. It has no
-    backward: call it under ``torch.no_grad()`` or ``torch.inference_mode()``.
+    backward: call it under ``torch.no_grad()`` or ``torch.inference_mode()``. Its kernels
+    round as ``casting="torch"``; another mode is refused, naming the unfused calls.
     """
+    _refuse_other_castings("fused_add_rms_norm", casting, offset)
     if _autograd_has_nothing_to_do(x, residual, weight):
         _bump_versions_in_place("fused_add_rms_norm", ("x", x), ("residual", residual))
         with torch._C._AutoDispatchBelowADInplaceOrView():
@@ -175,7 +235,15 @@ def fused_add_rms_norm(x: Tensor, residual: Tensor, weight: Tensor, eps: float =
     torch.ops.hotloop.fused_add_rms_norm.default(x, residual, weight, eps)
 
 
-def rms_norm_fp8(x: Tensor, weight: Tensor, scale: Tensor, eps: float = 1e-6) -> Tensor:
+def rms_norm_fp8(
+    x: Tensor,
+    weight: Tensor,
+    scale: Tensor,
+    eps: float = 1e-6,
+    *,
+    casting: str = "torch",
+    offset: float = 0.0,
+) -> Tensor:
     """RMSNorm quantised to float8_e4m3fn with a static per-tensor scale, for FP8 GEMMs.
 
     ``out = e4m3(rms_norm(x) * weight / scale)``: the norm in float32 (float64 for
@@ -183,12 +251,21 @@ def rms_norm_fp8(x: Tensor, weight: Tensor, scale: Tensor, eps: float = 1e-6) ->
     rounded to nearest even and saturated to +-448. ``scale`` is a float32 tensor of one
     element on x's device (read there: no host synchronisation); ``out.float() * scale``
     dequantises. CUDA needs compute capability 8.9 or newer. Inference only: no backward.
+    The FP8 ops' kernels round as ``casting="torch"``; another mode is refused, naming the
+    unfused calls.
     """
+    _refuse_other_castings("rms_norm_fp8", casting, offset)
     return torch.ops.hotloop.rms_norm_fp8.default(x, weight, scale, eps)
 
 
 def rms_norm_fp8_dynamic(
-    x: Tensor, weight: Tensor, eps: float = 1e-6, scale_ub: Tensor | None = None
+    x: Tensor,
+    weight: Tensor,
+    eps: float = 1e-6,
+    scale_ub: Tensor | None = None,
+    *,
+    casting: str = "torch",
+    offset: float = 0.0,
 ) -> tuple[Tensor, Tensor]:
     """RMSNorm quantised to float8_e4m3fn with one scale per row (per token).
 
@@ -198,12 +275,20 @@ def rms_norm_fp8_dynamic(
     ``out = e4m3(y / scales)`` as in :func:`rms_norm_fp8`; values above ``scale_ub``
     saturate. ``out.float() * scales`` dequantises.
     """
+    _refuse_other_castings("rms_norm_fp8_dynamic", casting, offset)
     out, scales = torch.ops.hotloop.rms_norm_fp8_dynamic.default(x, weight, eps, scale_ub)
     return out, scales
 
 
 def fused_add_rms_norm_fp8(
-    x: Tensor, residual: Tensor, weight: Tensor, scale: Tensor, eps: float = 1e-6
+    x: Tensor,
+    residual: Tensor,
+    weight: Tensor,
+    scale: Tensor,
+    eps: float = 1e-6,
+    *,
+    casting: str = "torch",
+    offset: float = 0.0,
 ) -> Tensor:
     """In place ``residual += x``, then :func:`rms_norm_fp8` of the new residual.
 
@@ -211,6 +296,7 @@ def fused_add_rms_norm_fp8(
     equals ``residual.add_(x); rms_norm_fp8(residual, weight, scale, eps)``. x is only
     read. Call it under ``torch.no_grad()`` or ``torch.inference_mode()``.
     """
+    _refuse_other_castings("fused_add_rms_norm_fp8", casting, offset)
     return torch.ops.hotloop.fused_add_rms_norm_fp8.default(x, residual, weight, scale, eps)
 
 
@@ -220,8 +306,12 @@ def fused_add_rms_norm_fp8_dynamic(
     weight: Tensor,
     eps: float = 1e-6,
     scale_ub: Tensor | None = None,
+    *,
+    casting: str = "torch",
+    offset: float = 0.0,
 ) -> tuple[Tensor, Tensor]:
     """In place ``residual += x``, then :func:`rms_norm_fp8_dynamic` of the new residual."""
+    _refuse_other_castings("fused_add_rms_norm_fp8_dynamic", casting, offset)
     out, scales = torch.ops.hotloop.fused_add_rms_norm_fp8_dynamic.default(
         x, residual, weight, eps, scale_ub
     )

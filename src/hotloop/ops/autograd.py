@@ -14,6 +14,7 @@ from torch import Tensor
 from torch._functorch.utils import enable_single_level_autograd_function
 from torch.autograd.forward_ad import _set_fwd_grad_enabled
 
+from hotloop._casting import GEMMA, LLAMA
 from hotloop.ops.api import _RMS_NORM, _forward_ad_active, triton_rms_norm
 
 _LIB = torch.library.Library("hotloop", "IMPL")
@@ -71,7 +72,9 @@ def _register_autograd(
 # jvp is its op's derivative in closed form, written in torch ops so that it is itself
 # differentiable (hessian = jacfwd(jacrev): the JVP of the backward op) and batchable.
 # The norms' tangents are computed in float32 (float64 for float64 x), like the kernels,
-# and rounded once to the output's dtype.
+# and rounded once to the output's dtype. In the "llama" casting the weight multiplies
+# x_hat rounded to x's dtype, a rounding whose derivative is taken as one (autograd's
+# cast); in "gemma" it is offset + weight.
 
 
 def _plus(a: Tensor | None, b: Tensor | None) -> Tensor | None:
@@ -102,6 +105,17 @@ def _x_hat_tangent(rstd: Tensor, x_hat: Tensor, x_t: Tensor | None) -> Tensor | 
 
 def _zeros_if_none(t: Tensor | None, like: Tensor) -> Tensor:
     return torch.zeros_like(like) if t is None else t.to(like.dtype)
+
+
+def _rounded_in(casting: int, t: Tensor, dtype: torch.dtype) -> Tensor:
+    """t rounded to dtype and back in the "llama" casting (the value its weight multiplies)."""
+    return t.to(dtype).to(t.dtype) if casting == LLAMA else t
+
+
+def _weight_as_applied(weight: Tensor, dtype: torch.dtype, casting: int, offset: float) -> Tensor:
+    """The weight as it multiplies, in dtype: offset + weight in the "gemma" casting."""
+    w = weight.to(dtype)
+    return w + offset if casting == GEMMA else w
 
 
 class _MulFunction(_AutogradFunction):
@@ -142,28 +156,36 @@ class _MulAddFunction(_AutogradFunction):
 
 
 def _rms_norm_jvp(
-    x: Tensor, weight: Tensor | None, eps: float, x_t: Tensor | None, weight_t: Tensor | None
+    x: Tensor,
+    weight: Tensor | None,
+    eps: float,
+    casting: int,
+    offset: float,
+    x_t: Tensor | None,
+    weight_t: Tensor | None,
 ) -> Tensor:
     """d(x_hat * w) = d x_hat * w + x_hat * d w."""
     rstd, x_hat = _normalised(x, eps)
     x_hat_t = _x_hat_tangent(rstd, x_hat, x_t)
     if weight is not None:
-        x_hat_t = _times(x_hat_t, weight.to(x_hat.dtype))
-    y_t = _plus(x_hat_t, _times(weight_t, x_hat))
+        x_hat_t = _times(x_hat_t, _weight_as_applied(weight, x_hat.dtype, casting, offset))
+    y_t = _plus(x_hat_t, _times(weight_t, _rounded_in(casting, x_hat, x.dtype)))
     return _zeros_if_none(y_t, x)
 
 
 def _rms_norm_backward_jvp(
-    ctx: Any, grad_t: Tensor | None, x_t: Tensor | None, weight_t: Tensor | None, _: None
+    ctx: Any, grad_t: Tensor | None, x_t: Tensor | None, weight_t: Tensor | None, *_: None
 ) -> tuple[Tensor, Tensor]:
     """The tangents of grad_x = rstd * (u - x_hat * c), u = grad_out * w,
-    c = mean(u * x_hat), and of grad_weight = sum over rows of grad_out * x_hat."""
+    c = mean(u * x_hat), and of grad_weight = sum over rows of grad_out * x_hat
+    (x_hat rounded to x's dtype in the "llama" casting, w = offset + weight in "gemma")."""
     grad_out, x, weight = ctx.saved_tensors
+    casting, offset = ctx.casting, ctx.offset
     rstd, x_hat = _normalised(x, ctx.eps)
     acc = x_hat.dtype
     g = grad_out.to(acc)
-    w = weight.to(acc) if weight is not None else None
-    u = g if w is None else g * w
+    w = _weight_as_applied(weight, acc, casting, offset) if weight is not None else None
+    u = g if w is None else _rounded_in(casting, g * w, x.dtype)
     c = (u * x_hat).mean(-1, keepdim=True)
     x_hat_t = _x_hat_tangent(rstd, x_hat, x_t)
     rstd_t = None if x_t is None else -rstd.pow(2) * (x_hat * x_t.to(acc)).mean(-1, keepdim=True)
@@ -178,12 +200,18 @@ def _rms_norm_backward_jvp(
     if weight is None:
         grad_weight_t = torch.zeros((0,), dtype=x.dtype, device=x.device)
     else:
-        per_row = _plus(_times(g_t, x_hat), _times(x_hat_t, g))
+        per_row = _plus(_times(g_t, _rounded_in(casting, x_hat, x.dtype)), _times(x_hat_t, g))
         rows = tuple(range(x.dim() - 1))
         grad_weight_t = _zeros_if_none(
             None if per_row is None else per_row.sum(rows) if rows else per_row, weight
         )
     return _zeros_if_none(grad_x_t, x), grad_weight_t
+
+
+def _save_mode(ctx: Any, eps: float, casting: int = 0, offset: float = 0.0) -> None:
+    """The non-tensor arguments of a norm op, on ctx. The dispatcher leaves out trailing
+    arguments that equal their schema's defaults, so casting and offset may be missing."""
+    ctx.eps, ctx.casting, ctx.offset = eps, casting, offset
 
 
 def _rms_norm_functions(
@@ -194,41 +222,41 @@ def _rms_norm_functions(
 
     class RmsNorm(_AutogradFunction):
         @staticmethod
-        def forward(x: Tensor, weight: Tensor | None, eps: float) -> Tensor:
-            return _below(forward_op, x, weight, eps)
+        def forward(x: Tensor, weight: Tensor | None, *mode: Any) -> Tensor:
+            return _below(forward_op, x, weight, *mode)
 
         @staticmethod
         def setup_context(ctx: Any, inputs: tuple[Any, ...], output: Tensor) -> None:
-            x, weight, eps = inputs
+            x, weight, *mode = inputs
+            _save_mode(ctx, *mode)
             ctx.save_for_backward(x, weight)
             ctx.save_for_forward(x, weight)
-            ctx.eps = eps
 
         @staticmethod
-        def backward(ctx: Any, grad: Tensor) -> tuple[Tensor, Tensor | None, None]:
+        def backward(ctx: Any, grad: Tensor) -> tuple[Tensor | None, ...]:
             x, weight = ctx.saved_tensors
-            grad_x, grad_weight = backward_op(grad, x, weight, ctx.eps)
-            return grad_x, (grad_weight if weight is not None else None), None
+            grad_x, grad_weight = backward_op(grad, x, weight, ctx.eps, ctx.casting, ctx.offset)
+            return grad_x, (grad_weight if weight is not None else None), None, None, None
 
         @staticmethod
-        def jvp(ctx: Any, x_t: Tensor | None, weight_t: Tensor | None, _: None) -> Tensor:
+        def jvp(ctx: Any, x_t: Tensor | None, weight_t: Tensor | None, *_: None) -> Tensor:
             x, weight = ctx.saved_tensors
-            return _rms_norm_jvp(x, weight, ctx.eps, x_t, weight_t)
+            return _rms_norm_jvp(x, weight, ctx.eps, ctx.casting, ctx.offset, x_t, weight_t)
 
     class RmsNormBackward(_AutogradFunction):
         """Without a formula autograd would pass silently through the backward op."""
 
         @staticmethod
         def forward(
-            grad_out: Tensor, x: Tensor, weight: Tensor | None, eps: float
+            grad_out: Tensor, x: Tensor, weight: Tensor | None, *mode: Any
         ) -> tuple[Tensor, Tensor]:
-            return _below(backward_op, grad_out, x, weight, eps)
+            return _below(backward_op, grad_out, x, weight, *mode)
 
         @staticmethod
         def setup_context(ctx: Any, inputs: tuple[Any, ...], output: Any) -> None:
-            grad_out, x, weight, eps = inputs
+            grad_out, x, weight, *mode = inputs
+            _save_mode(ctx, *mode)
             ctx.save_for_forward(grad_out, x, weight)
-            ctx.eps = eps
 
         @staticmethod
         def backward(ctx: Any, *grads: Tensor) -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from hotloop._casting import check_casting
 from hotloop.ops.api import FP8_DTYPE
 from hotloop.ops.checks import (
     _check_elementwise_inputs,
@@ -36,7 +37,10 @@ def _mul_fake(a: Tensor, b: Tensor) -> Tensor:
 
 
 @torch.library.register_fake("hotloop::rms_norm")
-def _rms_norm_fake(x: Tensor, weight: Tensor | None, eps: float) -> Tensor:
+def _rms_norm_fake(
+    x: Tensor, weight: Tensor | None, eps: float, casting: int = 0, offset: float = 0.0
+) -> Tensor:
+    check_casting("rms_norm", casting, offset)  # first, as the kernels check
     _check_rms_norm_inputs("rms_norm", x, weight)
     # x's memory format (channels_last, a transpose), as torch's own norms keep it.
     return torch.empty_like(x, memory_format=torch.preserve_format)
@@ -44,8 +48,14 @@ def _rms_norm_fake(x: Tensor, weight: Tensor | None, eps: float) -> Tensor:
 
 @torch.library.register_fake("hotloop::rms_norm_backward")
 def _rms_norm_backward_fake(
-    grad_out: Tensor, x: Tensor, weight: Tensor | None, eps: float
+    grad_out: Tensor,
+    x: Tensor,
+    weight: Tensor | None,
+    eps: float,
+    casting: int = 0,
+    offset: float = 0.0,
 ) -> tuple[Tensor, Tensor]:
+    check_casting("rms_norm_backward", casting, offset)
     _check_rms_norm_backward_inputs("rms_norm_backward", grad_out, x, weight)
     grad_x = torch.empty(x.shape, dtype=x.dtype, device=x.device)
     if weight is None:

@@ -4,7 +4,8 @@ Batching rules: each gets the tensors with their batch dims (in_dims) and moves 
 batch to the front. The C++ kernels already take any number of leading dims, so with
 one weight for all samples a batch is just more rows. A batched weight (one per sample)
 is not something the kernels take: those cases compute in float32 (float64) from
-hotloop's weightless norm and torch ops, rounding once at the end as the kernels do.
+hotloop's weightless norm and torch ops, rounding where the casting mode rounds, as the
+kernels do.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from hotloop._casting import GEMMA, LLAMA, check_casting
 from hotloop.ops.api import (
     _RMS_NORM,
     _refuse_none,
@@ -61,10 +63,24 @@ def _check_batched_norm_input(op: str, x: Tensor) -> None:
     _check_floating(op, "x", x)
 
 
-def _rms_norm_batched_weight(x: Tensor, weight: Tensor, eps: float) -> Tensor:
-    acc = _accumulation_dtype(x.dtype)
-    normed = torch.ops.hotloop.rms_norm.default(x.to(acc), None, eps)
-    return (normed * _per_row(weight, x).to(acc)).to(x.dtype)
+def _rms_norm_batched_weight(
+    x: Tensor, weight: Tensor, eps: float, casting: int = 0, offset: float = 0.0
+) -> Tensor:
+    normed = torch.ops.hotloop.rms_norm.default(x.to(_accumulation_dtype(x.dtype)), None, eps)
+    weighted = _llama_rounded(normed, x.dtype, casting) * _weight_rows(weight, x, casting, offset)
+    return weighted.to(x.dtype)
+
+
+def _llama_rounded(t: Tensor, dtype: torch.dtype, casting: int) -> Tensor:
+    """t rounded to dtype and back in the "llama" casting (the value its weight multiplies)."""
+    return t.to(dtype).to(t.dtype) if casting == LLAMA else t
+
+
+def _weight_rows(weight: Tensor, x: Tensor, casting: int, offset: float) -> Tensor:
+    """A (B, H) weight as it multiplies x's rows, in the accumulation dtype (offset + weight
+    in the "gemma" casting)."""
+    w = _per_row(weight, x).to(_accumulation_dtype(x.dtype))
+    return w + offset if casting == GEMMA else w
 
 
 def _sum_rows(t: Tensor) -> Tensor:
@@ -93,19 +109,26 @@ def _mul_vmap(info: Any, in_dims: Sequence[int | None], a: Tensor, b: Tensor) ->
 
 @torch.library.register_vmap("hotloop::rms_norm")
 def _rms_norm_vmap(
-    info: Any, in_dims: Sequence[int | None], x: Tensor, weight: Tensor | None, eps: float
+    info: Any,
+    in_dims: Sequence[int | None],
+    x: Tensor,
+    weight: Tensor | None,
+    eps: float,
+    casting: int = 0,
+    offset: float = 0.0,
 ) -> tuple[Tensor, int]:
+    check_casting("rms_norm", casting, offset)
     _refuse_none("rms_norm", ("x", x))
-    x_dim, weight_dim, _ = in_dims
+    x_dim, weight_dim = in_dims[:2]
     x = _batch_first(x, x_dim, info.batch_size)
     # The kernels would take a batch of 0-d samples as one row: every sample is checked
     # as eager checks it, before the batch becomes rows.
     _check_batched_norm_input("rms_norm", x)
     if weight is None or weight_dim is None:
-        return _RMS_NORM(x, weight, eps), 0
+        return _RMS_NORM(x, weight, eps, casting, offset), 0
     weight = weight.movedim(weight_dim, 0)
     _check_norm_weight("rms_norm", weight, x, batched=True)
-    return _rms_norm_batched_weight(x, weight, eps), 0
+    return _rms_norm_batched_weight(x, weight, eps, casting, offset), 0
 
 
 @torch.library.register_vmap("hotloop::rms_norm_backward")
@@ -116,20 +139,24 @@ def _rms_norm_backward_vmap(
     x: Tensor,
     weight: Tensor | None,
     eps: float,
+    casting: int = 0,
+    offset: float = 0.0,
 ) -> tuple[tuple[Tensor, Tensor], tuple[int, int | None]]:
-    grad_dim, x_dim, weight_dim, _ = in_dims
+    grad_dim, x_dim, weight_dim = in_dims[:3]
     op = "rms_norm_backward"
+    check_casting(op, casting, offset)
     _refuse_none(op, ("grad_out", grad_out), ("x", x))
     grad_out = _batch_first(grad_out, grad_dim, info.batch_size)
     x = _batch_first(x, x_dim, info.batch_size)
     _check_batched_norm_input(op, x)
+    backward = torch.ops.hotloop.rms_norm_backward.default
     if weight is None:
-        grad_x, no_grad_weight = torch.ops.hotloop.rms_norm_backward.default(grad_out, x, None, eps)
+        grad_x, no_grad_weight = backward(grad_out, x, None, eps, casting, offset)
         return (grad_x, no_grad_weight), (0, None)
     # Each sample's weight gradient is a sum over that sample's rows only, which the
     # kernel (one sum over all rows) does not give: it is computed here.
     if weight_dim is None:
-        grad_x, _ = torch.ops.hotloop.rms_norm_backward.default(grad_out, x, weight, eps)
+        grad_x, _ = backward(grad_out, x, weight, eps, casting, offset)
         weight_rows = weight.expand(info.batch_size, *weight.shape)
     else:
         weight_rows = weight.movedim(weight_dim, 0)
@@ -141,10 +168,13 @@ def _rms_norm_backward_vmap(
     x_acc, grad_acc = x.to(acc), grad_out.to(acc)
     rstd = torch.rsqrt(x_acc.pow(2).mean(-1, keepdim=True) + eps)
     x_hat = x_acc * rstd
-    grad_weight = _sum_rows(grad_acc * x_hat).to(weight.dtype)
+    grad_weight = _sum_rows(grad_acc * _llama_rounded(x_hat, x.dtype, casting)).to(weight.dtype)
     if weight_dim is not None:
-        # grad_x = rstd * (g - x_hat * mean(g * x_hat)), g = grad_out * weight
-        g = grad_acc * _per_row(weight_rows, x).to(acc)
+        # grad_x = rstd * (g - x_hat * mean(g * x_hat)), g = grad_out * weight (rounded to
+        # x's dtype in "llama", as autograd's product of two such tensors is)
+        g = _llama_rounded(
+            grad_acc * _weight_rows(weight_rows, x, casting, offset), x.dtype, casting
+        )
         grad_x = (rstd * (g - x_hat * (g * x_hat).mean(-1, keepdim=True))).to(x.dtype)
     return (grad_x, grad_weight), (0, 0)
 

@@ -3,15 +3,19 @@
 Two ops, both made with ``torch.library.triton_op`` so that torch.compile sees the
 Triton kernels themselves (``wrap_triton``) instead of an opaque call:
 
-* ``hotloop::rms_norm_triton(Tensor x, Tensor? weight, float eps) -> Tensor``
+* ``hotloop::rms_norm_triton(Tensor x, Tensor? weight, float eps, int casting=0,
+  float offset=0.) -> Tensor``
 * ``hotloop::rms_norm_triton_backward(Tensor grad_out, Tensor x, Tensor? weight,
-  float eps) -> (Tensor grad_x, Tensor grad_weight)``; ``grad_weight`` is an empty
-  ``(0,)`` tensor when ``weight`` is None, as for the C++ ``hotloop::rms_norm_backward``.
+  float eps, int casting=0, float offset=0.) -> (Tensor grad_x, Tensor grad_weight)``;
+  ``grad_weight`` is an empty ``(0,)`` tensor when ``weight`` is None, as for the C++
+  ``hotloop::rms_norm_backward``.
 
-Semantics are those of ``torch.nn.functional.rms_norm(x, (x.size(-1),), weight, eps)``
-and of the C++ ops: the mean of squares, the normalisation and the multiplication by
-the weight happen in float32 (float64 for float64 inputs) and the result is rounded
-once. The backward recomputes ``rstd`` from ``x``.
+Semantics are those of the C++ ops: with casting 0, those of
+``torch.nn.functional.rms_norm(x, (x.size(-1),), weight, eps)``: the mean of squares, the
+normalisation and the multiplication by the weight happen in float32 (float64 for float64
+inputs) and the result is rounded once. Casting 1 (transformers' LlamaRMSNorm) rounds the
+normalised value to the dtype before the weight, 2 (GemmaRMSNorm) multiplies by
+``offset + weight`` (hotloop._casting). The backward recomputes ``rstd`` from ``x``.
 
 The weight gradient is reduced without a second pass over ``x``: the backward runs a
 fixed number of persistent programs (a few per SM), which stride over the row tiles, and

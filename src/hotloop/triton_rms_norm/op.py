@@ -7,6 +7,7 @@ from typing import Any, Callable, Optional
 
 import torch
 
+from hotloop._casting import check_casting
 from hotloop.triton_rms_norm.kernels import interpreting
 from hotloop.triton_rms_norm.launch import backward_rows, forward_rows
 
@@ -78,21 +79,41 @@ def _as_rows(t: torch.Tensor, n_cols: int) -> torch.Tensor:
 
 
 def _forward(
-    x: torch.Tensor, weight: Optional[torch.Tensor], eps: float, eager: bool = False
+    x: torch.Tensor,
+    weight: Optional[torch.Tensor],
+    eps: float,
+    casting: int,
+    offset: float,
+    eager: bool = False,
 ) -> torch.Tensor:
+    check_casting("rms_norm", casting, offset)
     _check_inputs("rms_norm", x, weight)
     y = torch.empty(x.shape, dtype=x.dtype, device=x.device)
     if x.numel() == 0:
         return y
     n_cols = x.shape[-1]
     w = weight.reshape(-1).contiguous() if weight is not None else None
-    forward_rows(_as_rows(x, n_cols), w, y.view(-1, n_cols), eps, eager=eager)
+    forward_rows(
+        _as_rows(x, n_cols),
+        w,
+        y.view(-1, n_cols),
+        eps,
+        eager=eager,
+        casting=casting,
+        offset=offset,
+    )
     return y
 
 
 @define_op("hotloop::rms_norm_triton")
-def _rms_norm_triton(x: torch.Tensor, weight: Optional[torch.Tensor], eps: float) -> torch.Tensor:
-    return _forward(x, weight, eps)
+def _rms_norm_triton(
+    x: torch.Tensor,
+    weight: Optional[torch.Tensor],
+    eps: float,
+    casting: int = 0,
+    offset: float = 0.0,
+) -> torch.Tensor:
+    return _forward(x, weight, eps, casting, offset)
 
 
 def _backward_grads(
@@ -100,8 +121,11 @@ def _backward_grads(
     x: torch.Tensor,
     weight: Optional[torch.Tensor],
     eps: float,
+    casting: int,
+    offset: float,
     eager: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor]:
+    check_casting("rms_norm_backward", casting, offset)
     _check_defined("rms_norm_backward", "grad_out", grad_out)
     _check_inputs("rms_norm_backward", x, weight)
     if grad_out.shape != x.shape or grad_out.dtype != x.dtype or grad_out.device != x.device:
@@ -127,6 +151,8 @@ def _backward_grads(
         grad_x.view(-1, n_cols),
         eps,
         eager=eager,
+        casting=casting,
+        offset=offset,
     )
     if weight is not None and dw_partial is not None:
         grad_weight = dw_partial.sum(0).to(weight.dtype).view(weight.shape)
@@ -135,9 +161,14 @@ def _backward_grads(
 
 @define_op("hotloop::rms_norm_triton_backward")
 def _rms_norm_triton_backward(
-    grad_out: torch.Tensor, x: torch.Tensor, weight: Optional[torch.Tensor], eps: float
+    grad_out: torch.Tensor,
+    x: torch.Tensor,
+    weight: Optional[torch.Tensor],
+    eps: float,
+    casting: int = 0,
+    offset: float = 0.0,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    return _backward_grads(grad_out, x, weight, eps)
+    return _backward_grads(grad_out, x, weight, eps, casting, offset)
 
 
 # ------------------------------------------------------------------------ eager calls
@@ -169,33 +200,44 @@ class _EagerRMSNorm(torch.autograd.Function):
 
     @staticmethod
     def forward(
-        ctx: Any, x: torch.Tensor, weight: Optional[torch.Tensor], eps: float
+        ctx: Any,
+        x: torch.Tensor,
+        weight: Optional[torch.Tensor],
+        eps: float,
+        casting: int,
+        offset: float,
     ) -> torch.Tensor:
         ctx.save_for_backward(x, weight)
-        ctx.eps = eps
-        return _forward(x, weight, eps, eager=True)
+        ctx.eps, ctx.casting, ctx.offset = eps, casting, offset
+        return _forward(x, weight, eps, casting, offset, eager=True)
 
     @staticmethod
     @torch.autograd.function.once_differentiable
-    def backward(
-        ctx: Any, grad_out: torch.Tensor
-    ) -> tuple[torch.Tensor, Optional[torch.Tensor], None]:
+    def backward(ctx: Any, grad_out: torch.Tensor) -> tuple[Optional[torch.Tensor], ...]:
         x, weight = ctx.saved_tensors
-        grad_x, grad_weight = _backward_grads(grad_out, x, weight, ctx.eps, eager=True)
-        return grad_x, (grad_weight if weight is not None else None), None
+        grad_x, grad_weight = _backward_grads(
+            grad_out, x, weight, ctx.eps, ctx.casting, ctx.offset, eager=True
+        )
+        return grad_x, (grad_weight if weight is not None else None), None, None, None
 
 
 # ------------------------------------------------------------------------ Python API
 
 
 def rms_norm(
-    x: torch.Tensor, weight: Optional[torch.Tensor] = None, eps: Optional[float] = None
+    x: torch.Tensor,
+    weight: Optional[torch.Tensor] = None,
+    eps: Optional[float] = None,
+    casting: int = 0,
+    offset: float = 0.0,
 ) -> torch.Tensor:
     """``F.rms_norm(x, (x.size(-1),), weight, eps)`` through the Triton kernels.
 
     ``eps=None`` means the epsilon of the dtype the norm is computed in (float32, float64
-    for float64 x), as in ``F.rms_norm``. Differentiable in ``x`` and ``weight``; traced by
-    torch.compile without a graph break.
+    for float64 x), as in ``F.rms_norm``. ``casting`` and ``offset`` are the ops' (the index
+    of a mode of hotloop._casting.CASTINGS: 0 torch, 1 llama, 2 gemma; hotloop.rms_norm
+    takes the names). Differentiable in ``x`` and ``weight``; traced by torch.compile
+    without a graph break.
     """
     if eps is None:
         acc = torch.float64 if x.dtype == torch.float64 else torch.float32
@@ -204,18 +246,23 @@ def rms_norm(
         if torch.is_grad_enabled() and (
             x.requires_grad or (weight is not None and weight.requires_grad)
         ):
-            y: torch.Tensor = _EagerRMSNorm.apply(x, weight, eps)
+            y: torch.Tensor = _EagerRMSNorm.apply(x, weight, eps, casting, offset)
             return y
-        return _forward(x, weight, eps, eager=True)
-    y = torch.ops.hotloop.rms_norm_triton(x, weight, eps)
+        return _forward(x, weight, eps, casting, offset, eager=True)
+    y = torch.ops.hotloop.rms_norm_triton(x, weight, eps, casting, offset)
     return y
 
 
 def rms_norm_backward(
-    grad_out: torch.Tensor, x: torch.Tensor, weight: Optional[torch.Tensor], eps: float
+    grad_out: torch.Tensor,
+    x: torch.Tensor,
+    weight: Optional[torch.Tensor],
+    eps: float,
+    casting: int = 0,
+    offset: float = 0.0,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """(grad_x, grad_weight) of :func:`rms_norm`; grad_weight is ``(0,)`` without weight."""
     grads: tuple[torch.Tensor, torch.Tensor] = torch.ops.hotloop.rms_norm_triton_backward(
-        grad_out, x, weight, eps
+        grad_out, x, weight, eps, casting, offset
     )
     return grads
