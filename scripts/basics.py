@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import os
+import shutil
 import subprocess
 import sys
 from collections.abc import Callable, Iterator, Sequence
@@ -80,3 +81,11 @@ def exclusive_folder(folder: Path) -> Iterator[Path]:
             yield folder
         finally:
             fcntl.flock(lock, fcntl.LOCK_UN)
+
+
+def require_commands(names: Sequence[str], message: Callable[[list[str]], str]) -> None:
+    """Stop with ``message(missing)`` when any of the commands ``names`` is not on PATH (the
+    message says what to install)."""
+    missing = [name for name in names if shutil.which(name) is None]
+    if missing:
+        raise SystemExit(message(missing))

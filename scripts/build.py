@@ -247,15 +247,27 @@ def build_wheel(
     src = workdir / "src"
     copy_sources(src)
     env = build_env(row, tools, site_packages(py))
-    env["PATH"] = os.pathsep.join([str(py.parent), env.get("PATH", "")])
-    env["VIRTUAL_ENV"] = str(py.parent.parent)
+    wheel, log_path = build_in_venv(py, src, workdir, env, what=row.variant)
+    return BuildResult(wheel, time.monotonic() - start, log_path, compile_times(src / "build"))
+
+
+def build_in_venv(
+    py: Path, src: Path, workdir: Path, env: Mapping[str, str], what: str
+) -> tuple[Path, Path]:
+    """``python -m build --wheel --no-isolation`` of ``src`` with the build venv's ``py`` (first
+    on ``PATH``, and ``VIRTUAL_ENV``) into ``workdir/dist``, emptied first, logged to
+    ``workdir/build.log``; the one wheel and the log. BuildError when it fails."""
+    env = {
+        **env,
+        "PATH": os.pathsep.join([str(py.parent), env.get("PATH", "")]),
+        "VIRTUAL_ENV": str(py.parent.parent),
+    }
     dist = workdir / "dist"
     shutil.rmtree(dist, ignore_errors=True)
     log_path = workdir / "build.log"
-    log(f"{row.variant}: python -m build --wheel --no-isolation (log: {log_path})")
-    run_build(py, src, dist, env, log_path, what=row.variant)
-    wheel = single_wheel(dist, row.variant)
-    return BuildResult(wheel, time.monotonic() - start, log_path, compile_times(src / "build"))
+    log(f"{what}: python -m build --wheel --no-isolation (log: {log_path})")
+    run_build(py, src, dist, env, log_path, what=what)
+    return single_wheel(dist, what), log_path
 
 
 def single_wheel(dist: Path, what: str) -> Path:

@@ -110,13 +110,14 @@ ENGINE_COMMANDS = ("podman", "runc")
 def require_engine() -> None:
     """Stop with the install command when podman or runc is missing (mmdebstrap, the other
     tool the image needs, is brought in by :mod:`scripts.mmdebstrap`)."""
-    missing = [name for name in ENGINE_COMMANDS if shutil.which(name) is None]
-    if missing:
-        raise SystemExit(
+    basics.require_commands(
+        ENGINE_COMMANDS,
+        lambda missing: (
             f"{' and '.join(missing)} not found: apt-get install {' '.join(missing)} (as root; "
             "Debian's packages). The local build image runs in podman with runc "
             "(docs/release.md); on GitHub Actions, cibuildwheel uses PyTorch's builder image"
-        )
+        ),
+    )
 
 
 def podman(*args: str, capture: bool = False) -> subprocess.CompletedProcess[str]:

@@ -37,13 +37,14 @@ def ensure_mmdebstrap() -> Path:
     system = shutil.which("mmdebstrap")
     if system:
         return Path(system)
-    missing = [tool for tool in HOST_TOOLS if shutil.which(tool) is None]
-    if missing:
-        raise SystemExit(
+    basics.require_commands(
+        HOST_TOOLS,
+        lambda missing: (
             f"mmdebstrap not found, and this machine lacks {', '.join(missing)} to bring "
             "Debian's package in (it needs a Debian or Ubuntu host): install it with "
             "`apt-get install mmdebstrap` (as root)"
-        )
+        ),
+    )
     suite = host_suite()
     base = cache_dir() / f"mmdebstrap-{suite}"
     exe = base / "root" / "usr" / "bin" / "mmdebstrap"

@@ -186,17 +186,11 @@ def build_project_wheel(
     src = copy_project(project, workdir / "checkout")
     env = project_build_env(project, row, kind, tools_, build.site_packages(py))
     env.update(extra_env or {})
-    env["PATH"] = os.pathsep.join([str(py.parent), env.get("PATH", "")])
-    env["VIRTUAL_ENV"] = str(py.parent.parent)
-    dist = workdir / "dist"
-    shutil.rmtree(dist, ignore_errors=True)
-    log_path = workdir / "build.log"
-    log(f"{what}: python -m build --wheel --no-isolation (log: {log_path})")
     try:
-        build.run_build(py, src, dist, env, log_path, what=what)
+        wheel, log_path = build.build_in_venv(py, src, workdir, env, what=what)
     except BuildError as exc:
-        raise BuildError(str(exc) + unsupported_in_log(log_path.read_text(), row)) from None
-    wheel = build.single_wheel(dist, what)
+        found = unsupported_in_log((workdir / "build.log").read_text(), row)
+        raise BuildError(str(exc) + found) from None
     return BuildResult(
         wheel, time.monotonic() - start, log_path, build.compile_times(src / "build")
     )

@@ -247,14 +247,10 @@ def build_once(
     if tools.cuda_home is not None:
         wrapper = write_nvcc_wrapper(workdir / "bin" / "nvcc", tools.cuda_home / "bin" / "nvcc")
         env["PYTORCH_NVCC"] = str(wrapper)
-    env["PATH"] = os.pathsep.join([str(py.parent), env.get("PATH", "")])
-    env["VIRTUAL_ENV"] = str(py.parent.parent)
     for var in [v for v in env if v.startswith("CCACHE_")]:
         env.pop(var)
     env.update(provenance or {})
-    dist = workdir / "dist"
-    build.run_build(py, src, dist, env, workdir / "build.log", what=f"build in {workdir}")
-    (wheel,) = sorted(dist.glob("*.whl"))
+    wheel, _ = build.build_in_venv(py, src, workdir, env, what=f"build in {workdir}")
     return wheel, py
 
 

@@ -78,3 +78,12 @@ def test_a_folder_in_use_by_another_run_is_refused_with_the_holder_named(tmp_pat
         holder.stdout.close()
     with basics.exclusive_folder(work):  # the holder is gone: free again
         assert work.is_dir()
+
+
+def test_require_commands_names_only_what_is_missing(monkeypatch) -> None:
+    monkeypatch.setattr(
+        basics.shutil, "which", lambda name: None if name == "b" else f"/bin/{name}"
+    )
+    basics.require_commands(["a", "c"], lambda missing: "never")
+    with pytest.raises(SystemExit, match=r"^missing \['b'\]$"):
+        basics.require_commands(["a", "b"], lambda missing: f"missing {missing}")

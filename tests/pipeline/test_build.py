@@ -95,3 +95,39 @@ def test_every_build_of_a_row_runs_on_one_python(newest_row):
 def test_missing_build_python_is_named(newest_row):
     with pytest.raises(SystemExit, match=r"built on Python 3\.11 .*pyenv install 3\.11"):
         build.pick_build_python(newest_row, {v: None for v in newest_row.pythons})
+
+
+FAKE_BUILD = """#!/bin/sh
+# Stands in for the build venv's python: `python -m build --wheel --no-isolation --outdir D SRC`.
+echo "PATH=$PATH VIRTUAL_ENV=$VIRTUAL_ENV"
+[ -n "$FAIL" ] && { echo "error: the compiler said no"; exit 3; }
+mkdir -p "$6" && touch "$6/pkg-1.0-cp39-abi3-linux_x86_64.whl"
+"""
+
+
+def fake_venv_python(tmp_path: Path) -> Path:
+    py = tmp_path / "venv" / "bin" / "python"
+    py.parent.mkdir(parents=True)
+    py.write_text(FAKE_BUILD)
+    py.chmod(0o755)
+    return py
+
+
+def test_build_in_venv_puts_the_venv_first_and_returns_the_one_wheel(tmp_path):
+    """The tail every build shares (hotloop's, another project's, the reproducible check's)."""
+    py = fake_venv_python(tmp_path)
+    work = tmp_path / "work"
+    (work / "dist").mkdir(parents=True)
+    (work / "dist" / "old-0.1-py3-none-any.whl").write_text("")  # a previous build's
+    wheel, log_path = build.build_in_venv(py, tmp_path, work, {"PATH": "/usr/bin"}, what="t")
+    assert wheel == work / "dist" / "pkg-1.0-cp39-abi3-linux_x86_64.whl"
+    assert sorted(p.name for p in (work / "dist").iterdir()) == [wheel.name]
+    assert log_path == work / "build.log"
+    assert f"PATH={py.parent}:/usr/bin VIRTUAL_ENV={tmp_path / 'venv'}" in log_path.read_text()
+
+
+def test_build_in_venv_failure_shows_the_log_tail(tmp_path):
+    py = fake_venv_python(tmp_path)
+    (tmp_path / "w").mkdir()
+    with pytest.raises(build.BuildError, match="(?s)t: build failed.*the compiler said no"):
+        build.build_in_venv(py, tmp_path, tmp_path / "w", {"FAIL": "1", "PATH": "/bin"}, what="t")
