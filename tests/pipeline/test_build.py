@@ -129,5 +129,5 @@ def test_build_in_venv_puts_the_venv_first_and_returns_the_one_wheel(tmp_path):
 def test_build_in_venv_failure_shows_the_log_tail(tmp_path):
     py = fake_venv_python(tmp_path)
     (tmp_path / "w").mkdir()
-    with pytest.raises(build.BuildError, match="(?s)t: build failed.*the compiler said no"):
+    with pytest.raises(build.BuildError, match=r"(?s)t: build failed.*the compiler said no"):
         build.build_in_venv(py, tmp_path, tmp_path / "w", {"FAIL": "1", "PATH": "/bin"}, what="t")

@@ -8,7 +8,6 @@ from __future__ import annotations
 import re
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 
@@ -34,7 +33,12 @@ CASES = {
         "torch.jit._script",
         "passed",
     ),
-    "torch-script-method-future": (SCRIPT_METHOD_314, "FutureWarning", "torch.jit._script", "passed"),
+    "torch-script-method-future": (
+        SCRIPT_METHOD_314,
+        "FutureWarning",
+        "torch.jit._script",
+        "passed",
+    ),
     "torch-script-deprecation": (SCRIPT_314, "DeprecationWarning", "torch.jit._script", "passed"),
     "torch-script-future": (SCRIPT_314, "FutureWarning", "torch.jit._script", "passed"),
     # The same words from anywhere but torch.jit._script.
