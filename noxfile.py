@@ -164,7 +164,8 @@ def matrix_session(session: nox.Session) -> None:
 
     Writes docs/compatibility.md and .json. Options after ``--``: ``--torch 2.15`` (repeatable),
     ``--python 3.12``, ``--jobs 2``, ``--deadline HH:MM``, ``--dry-run`` (see
-    ``python -m scripts.matrix -h``).
+    ``python -m scripts.matrix -h``). ``--project PATH [--cpu]``: another project's table from
+    its wheelhouse, into build/projects/<name>/matrix (docs/any-project.md).
     """
     session.install(*group("pipeline"))
     session.run("python", "-m", "scripts.matrix", *session.posargs)

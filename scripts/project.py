@@ -270,6 +270,15 @@ def load_project(path: Path = REPO) -> Project:
     return project
 
 
+def other_project(path: Path, own_way: str) -> Project:
+    """The table at ``path`` for a ``--project`` command; ProjectTableError when it is bad, or
+    when it is this repository's own project, whose way is ``own_way``."""
+    table = load_project(path)
+    if table.root == REPO:
+        raise ProjectTableError(f"{path} is this repository's own project: {own_way}")
+    return table
+
+
 @functools.cache
 def own_project() -> Project:
     """This repository's own table: what the pipeline releases by default."""

@@ -48,7 +48,7 @@ log = basics.logger("wheels")
 OWNER_MARK = ".torch-wheels-output"
 
 
-def claim_output(out_dir: Path) -> Path:
+def claim_output(out_dir: Path, by: str = "nox -s wheels -- --project") -> Path:
     """``out_dir``, created and marked as this pipeline's; a folder holding other files that
     an earlier run did not mark is refused (the run replaces the wheels it finds there)."""
     mark = out_dir / OWNER_MARK
@@ -57,7 +57,7 @@ def claim_output(out_dir: Path) -> Path:
             f"--out {out_dir} holds files this pipeline did not write; give an empty or new folder"
         )
     out_dir.mkdir(parents=True, exist_ok=True)
-    mark.write_text("written by `nox -s wheels -- --project`; its wheels are replaced per run\n")
+    mark.write_text(f"written by `{by}`; what it writes is replaced per run\n")
     return out_dir
 
 

@@ -274,16 +274,12 @@ def main(argv: Sequence[str] | None = None) -> int:
 def project_main(args: argparse.Namespace, argv: Sequence[str] | None) -> int:
     """``--project``: another project's wheels (scripts/project_wheels.py)."""
     try:
-        table = project.load_project(args.project)
+        table = project.other_project(
+            args.project,
+            "its release (SBOM, build info, reproducible zip) is `nox -s wheels` without --project",
+        )
     except project.ProjectTableError as exc:
         print(f"wheels: {exc}", file=sys.stderr)
-        return 2
-    if table.root == basics.REPO:
-        print(
-            f"wheels: {args.project} is this repository's own project: its release (SBOM, "
-            "build info, reproducible zip) is `nox -s wheels` without --project",
-            file=sys.stderr,
-        )
         return 2
     rows = matrix.select_rows(matrix.load_rows(), args.torch, args.all)
     if args.pinned:

@@ -1,0 +1,151 @@
+"""``nox -s matrix -- --project``: another project's compatibility table (project_matrix).
+
+The cells, the wheel each one tests and the folder the table lands in, with the fresh-venv
+test replaced by a recorder; the slow test runs the real thing on the fixture's CPU wheel."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from scripts import project, project_matrix, project_wheels
+from scripts.basics import REPO
+from scripts.wheeltest import PythonTestResult
+
+FIXTURE = REPO / "tests" / "fixtures" / "anyext"
+TAIL = "manylinux_2_24_x86_64.manylinux_2_28_x86_64.whl"
+
+
+def wheel(folder: Path, label: str, tag: str = "cp39-abi3") -> Path:
+    path = folder / f"anyext-0.3.0+{label}-{tag}-{TAIL}"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(label.encode())
+    return path
+
+
+def test_the_wheel_of_a_cell_is_its_variant_abi3_or_its_python(tmp_path) -> None:
+    abi3 = wheel(tmp_path, "stable.cpu")
+    cp312 = wheel(tmp_path, "pt29cpu", "cp312-cp312")
+    other = [wheel(tmp_path, "pt29cu128"), tmp_path / f"otherpkg-1.0+pt29cpu-cp39-abi3-{TAIL}"]
+    wheels = [abi3, cp312, *other]
+    assert project_matrix.wheel_for(wheels, "anyext", "stable.cpu", "3.13") == abi3
+    assert project_matrix.wheel_for(wheels, "anyext", "pt29cpu", "3.12") == cp312
+    assert project_matrix.wheel_for(wheels, "anyext", "pt29cpu", "3.11") is None
+
+
+@pytest.fixture
+def recorded(monkeypatch, tmp_path):
+    """The fresh-venv test replaced: each call recorded, Python 3.11 fails, 3.9 is missing."""
+    calls: list[tuple[str, str, list[str]]] = []
+
+    def fake_test(table, wheel_path, torch, interpreters, workdir):
+        calls.append((torch, wheel_path.name, list(interpreters)))
+        results = []
+        for version, interp in interpreters.items():
+            status = "missing" if interp is None else "failed" if version == "3.11" else "passed"
+            results.append(PythonTestResult(version, status, summary=f"{status} on {version}"))
+        return results
+
+    monkeypatch.setattr(project_matrix, "test_wheel", fake_test)
+    monkeypatch.setattr(
+        project_matrix,
+        "find_interpreters",
+        lambda versions: {v: None if v == "3.9" else object() for v in versions},
+    )
+    monkeypatch.setenv("HOTLOOP_CACHE_DIR", str(tmp_path / "cache"))
+    return calls
+
+
+def test_a_run_writes_the_table_into_its_own_folder(tmp_path, recorded) -> None:
+    wheels = tmp_path / "wheelhouse"
+    wheel(wheels, "stable.cpu")
+    wheel(wheels, "pt28cpu")  # 2.9 has no wheel: a "no wheel" row, not a failure of the run
+    out = tmp_path / "out"
+    args = ["--project", str(FIXTURE), "--cpu", "--wheels", str(wheels), "--out", str(out)]
+    status = project_matrix.main([*args, "--torch", "2.8", "--torch", "2.9", "--torch", "2.15"])
+    assert status == 1  # the 3.11 cells failed
+    document = json.loads((out / "compatibility.json").read_text())
+    cells = {(c["torch"], c["python"]): c for c in document["cells"]}
+    assert cells["2.8.0", "3.9"]["status"] == "no python"
+    assert cells["2.8.0", "3.10"]["status"] == "passed"
+    assert cells["2.8.0", "3.11"]["status"] == "failed"
+    assert {c["status"] for k, c in cells.items() if k[0] == "2.9.1"} == {"no wheel"}
+    assert cells["2.15.0", "3.12"]["wheel"].startswith("anyext-0.3.0+stable.cpu-")
+    # one fresh-venv run per (torch, wheel), with that torch
+    assert [(t, w.split("-")[1]) for t, w, _ in recorded] == [
+        ("2.8.0", "0.3.0+pt28cpu"),
+        ("2.15.0", "0.3.0+stable.cpu"),
+    ]
+    markdown = (out / "compatibility.md").read_text()
+    assert "| 2.9.1 | (none) |" in markdown
+    assert "torch 2.8.0, Python 3.11: failed on 3.11" in markdown
+    assert sorted(p.name for p in out.iterdir()) == [
+        project_wheels.OWNER_MARK,
+        "compatibility.json",
+        "compatibility.md",
+    ]
+
+
+def test_an_output_folder_it_did_not_write_is_refused(tmp_path, recorded) -> None:
+    wheels = tmp_path / "wheelhouse"
+    wheel(wheels, "stable.cpu")
+    out = tmp_path / "mine"
+    out.mkdir()
+    (out / "notes.txt").write_text("keep")
+    with pytest.raises(SystemExit, match="did not write"):
+        project_matrix.main(["--project", str(FIXTURE), "--cpu", "--wheels", str(wheels),
+                             "--out", str(out)])  # fmt: skip
+    assert (out / "notes.txt").read_text() == "keep"
+    assert recorded == []
+
+
+def test_no_wheels_says_how_to_build_them(tmp_path, capsys, recorded) -> None:
+    status = project_matrix.main(
+        ["--project", str(FIXTURE), "--cpu", "--wheels", str(tmp_path / "none")]
+    )
+    assert status == 2
+    assert "nox -s wheels -- --project" in capsys.readouterr().err
+
+
+def test_a_stable_only_project_skips_rows_below_its_floor(tmp_path, recorded) -> None:
+    table = tmp_path / "stable.toml"
+    table.write_text(
+        (FIXTURE / "pyproject.toml")
+        .read_text()
+        .split("[tool.torch-wheels]")[1]
+        .join(["[tool.torch-wheels]\ncheckout = 'anyext'\n", ""])
+        .replace('kinds = ["stable", "pinned"]', 'kinds = ["stable"]')
+    )
+    (tmp_path / "anyext").symlink_to(FIXTURE)
+    assert project.load_project(table).kinds == ("stable",)
+    wheels = tmp_path / "wheelhouse"
+    wheel(wheels, "stable.cpu")
+    out = tmp_path / "out"
+    project_matrix.main(["--project", str(table), "--cpu", "--wheels", str(wheels), "--out",
+                         str(out)])  # fmt: skip
+    torches = {c["torch"] for c in json.loads((out / "compatibility.json").read_text())["cells"]}
+    assert min(torches, key=lambda t: tuple(map(int, t.split(".")))) == "2.10.0"
+
+
+@pytest.mark.slow
+def test_the_fixture_cpu_wheel_in_fresh_venvs(tmp_path, monkeypatch) -> None:
+    """The real path: the fixture's stable CPU wheel, built by ``nox -s wheels -- --project
+    tests/fixtures/anyext --cpu``, tested with torch 2.15 on one Python."""
+    monkeypatch.setenv("HOTLOOP_CACHE_DIR", str(tmp_path / "cache"))
+    wheels = tmp_path / "wheelhouse"
+    table = project.load_project(FIXTURE)
+    rows = project_wheels.matrix.select_rows(project_wheels.matrix.load_rows(), "2.15")
+    cells = project_wheels.run_project(table, rows, wheels, ["3.12"], True, True)
+    assert [c.status for c in cells] == ["passed"], cells
+    out = tmp_path / "out"
+    args = ["--project", str(FIXTURE), "--cpu", "--torch", "2.15", "--python", "3.12"]
+    assert project_matrix.main([*args, "--wheels", str(wheels), "--out", str(out)]) == 0
+    (cell,) = json.loads((out / "compatibility.json").read_text())["cells"]
+    assert (cell["torch"], cell["python"], cell["status"]) == ("2.15.0", "3.12", "passed")
+
+
+def test_this_repository_is_not_another_project(capsys) -> None:
+    assert project_matrix.main(["--project", str(REPO)]) == 2
+    assert "own project: its table is `nox -s matrix` without --project" in capsys.readouterr().err
