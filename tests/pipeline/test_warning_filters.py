@@ -64,9 +64,10 @@ def outcomes(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
             f"    warnings.warn_explicit({message!r}, {category}, 'x.py', 1, module={module!r})",
         ]
     (folder / "test_warns.py").write_text("\n".join(lines) + "\n")
+    command = [sys.executable, "-m", "pytest", "test_warns.py", "-q", "-rA", "-pno:cacheprovider"]
+    config = ["-c", str(REPO / "pyproject.toml"), "--rootdir", str(folder)]
     proc = subprocess.run(
-        [sys.executable, "-m", "pytest", "test_warns.py", "-c", str(REPO / "pyproject.toml")]
-        + ["--rootdir", str(folder), "-p", "no:cacheprovider", "-q", "-rA"],
+        [*command, *config],
         cwd=folder,
         capture_output=True,
         text=True,
