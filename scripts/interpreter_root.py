@@ -257,7 +257,7 @@ def run_op_tests_in_root(
         interp.version,
         "passed" if proc.returncode == 0 else "failed",
         str(interp.path),
-        interp.source,
+        interp.origin,
         last_summary_line(output),
         time.monotonic() - start,
         str(log_path),

@@ -59,7 +59,9 @@ def tests_cell(tests: Sequence[dict[str, Any]]) -> str:
     if not tests:
         return "skipped"
     return ", ".join(
-        (f"torch {t['torch']} " if "torch" in t else "") + f"{t['python']} {t['status']}"
+        (f"torch {t['torch']} " if "torch" in t else "")
+        + f"{t['python']} {t['status']}"
+        + (f": {t['source']}" if t.get("source") else "")
         for t in tests
     )
 

@@ -171,7 +171,7 @@ def run_cell(
                 for v, i in chosen.items():
                     log(
                         f"{row.variant}: torch {torch_version}, Python {v}: "
-                        + (f"{i.path} (from {i.source})" if i else "not found")
+                        + (f"{i.path}, {i.origin}" if i else "not found")
                     )
                 tests = run_op_tests(
                     torch_version, repaired, chosen, workdir / "tests" / torch_version

@@ -31,7 +31,7 @@ class PythonTestResult:
     python: str
     status: str  # "passed", "failed", "missing" (no interpreter), "skipped"
     interpreter: str = ""
-    source: str = ""
+    source: str = ""  # where the interpreter comes from (Interpreter.origin): host or container
     summary: str = ""
     seconds: float = 0.0
     log: str = ""
@@ -73,7 +73,7 @@ def run_in_fresh_venv(
             interp.version,
             "failed",
             str(interp.path),
-            interp.source,
+            interp.origin,
             f"Python {interp.version} lives in a Debian root (scripts/interpreter_root.py), "
             "which runs this repository's own suite only; test this wheel on another Python",
         )
@@ -89,7 +89,7 @@ def run_in_fresh_venv(
             interp.version,
             "failed",
             str(interp.path),
-            interp.source,
+            interp.origin,
             f"venv/install failed: {exc}",
             time.monotonic() - start,
             str(log_path),
@@ -107,7 +107,7 @@ def run_in_fresh_venv(
         interp.version,
         status,
         str(interp.path),
-        interp.source,
+        interp.origin,
         last_summary_line(output),
         time.monotonic() - start,
         str(log_path),
@@ -163,7 +163,7 @@ def run_in_venvs(
         for version, future in futures.items():
             res = future.result()
             print(
-                f"[test] Python {version} ({res.interpreter}, from {res.source}): "
+                f"[test] Python {version} ({res.interpreter}, {res.source}): "
                 f"{res.status} - {res.summary}",
                 file=sys.stderr,
                 flush=True,

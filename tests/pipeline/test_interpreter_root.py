@@ -135,6 +135,25 @@ def test_cells_of_a_root_interpreter_run_in_the_root(tmp_path, monkeypatch) -> N
     assert ran == [("torch==2.15.0", "3.14")]
 
 
+def test_a_root_cells_result_says_it_ran_in_the_container(tmp_path, monkeypatch) -> None:
+    """The wheels report and the matrix say where each Python came from: host or container."""
+    ran = []
+    monkeypatch.setattr(interpreter_root.build, "uv_exe", lambda: str(tmp_path / "uv"))
+    monkeypatch.setattr(interpreter_root, "uv_cache", lambda: tmp_path / "uv-root")
+
+    def fake_run(cmd, **kw):
+        ran.append(cmd)
+        return subprocess.CompletedProcess(cmd, 0, "9 passed in 1.0s\n", "")
+
+    monkeypatch.setattr(interpreter_root.subprocess, "run", fake_run)
+    res = interpreter_root.run_op_tests_in_root(
+        "torch==2.15.0", tmp_path / "w.whl", root_interp(tmp_path), tmp_path / "cells"
+    )
+    assert (res.status, res.summary) == ("passed", "9 passed in 1.0s")
+    assert res.source == "container (Debian sid root)"
+    assert ran[0][:2] == ["unshare", "--mount"]
+
+
 def test_a_python_only_the_root_has_is_skipped_by_host_runs(tmp_path) -> None:
     """``nox -s wheels`` tests on the host: a 3.14 it lacks is skipped (``nox -s matrix`` runs
     it in the root); a 3.13 it lacks is missing, a failure as before."""

@@ -52,3 +52,13 @@ def test_helpers():
     assert report.human_size(512) == "512 B"
     assert report.seconds(59.4) == "59s"
     assert report.tests_cell([]) == "skipped"
+
+
+def test_tests_say_where_each_python_came_from():
+    tests = [
+        {"python": "3.12", "status": "passed", "source": "host (pyenv)"},
+        {"python": "3.14", "status": "passed", "source": "container (Debian sid root)"},
+    ]
+    assert report.tests_cell(tests) == (
+        "3.12 passed: host (pyenv), 3.14 passed: container (Debian sid root)"
+    )

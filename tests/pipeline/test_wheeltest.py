@@ -28,3 +28,4 @@ def test_cells_run_in_a_venv_seeded_like_python_m_venv(monkeypatch, tmp_path) ->
     res = wheeltest.run_op_tests_in_venv("torch==2.10.0", tmp_path / "x.whl", interp, tmp_path)
     assert res.status == "passed"
     assert seen["seed"] is True
+    assert res.source == "host (test)"  # where the interpreter came from, for the report
