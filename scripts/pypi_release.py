@@ -1,24 +1,25 @@
 """The PyPI upload: the default variant's wheel under the public version.
 
 ``python -m scripts.pypi_release --wheels wheelhouse --out dist/pypi`` writes
-``hotloop-0.1.0-cp39-abi3-manylinux_2_28_x86_64.whl`` from
-``hotloop-0.1.0+stable.cu13-cp39-abi3-manylinux_2_28_x86_64.whl``.
+``NAME-0.1.0-cp39-abi3-manylinux_2_28_x86_64.whl`` from
+``NAME-0.1.0+stable.cu13-cp39-abi3-manylinux_2_28_x86_64.whl``.
 
 PyPI refuses local version labels, and one PyPI version holds one file per wheel tag: every
-hotloop variant has the same tag (``cp39-abi3-manylinux_2_28_x86_64``), so exactly one variant
-can be ``hotloop 0.1.0`` there. It is the stable CUDA 13 wheel, because PyPI's own torch is a
-CUDA 13 build from 2.11 on (2.11.0 is ``+cu130``, 2.15.0 CUDA 13.2): ``pip install hotloop``
-next to PyPI's torch gets the wheel that loads into it. The CUDA 12 stable wheel and the pinned
-wheels (torch 2.8, 2.9) stay on hotloop's own index, where their labels tell them apart.
+variant has the same tag (``cp39-abi3-manylinux_2_28_x86_64``), so exactly one variant can be
+``NAME 0.1.0`` there. It is the stable CUDA 13 wheel, because PyPI's own torch is a CUDA 13
+build from 2.11 on (2.11.0 is ``+cu130``, 2.15.0 CUDA 13.2): ``pip install NAME`` next to
+PyPI's torch gets the wheel that loads into it. The CUDA 12 stable wheel and the pinned
+wheels (torch 2.8, 2.9) stay on the project's own index, where their labels tell them apart.
 
 Only what the version is written in changes, so that the file describes itself: the
 ``.dist-info`` folder's name, the ``Version:`` line of METADATA, the ``'version'`` entry of
-``hotloop/_build_info.py`` (``hotloop.__version__``; its ``'variant'`` still says
-``stable.cu13``), the SBOM's root component (version, purl, description) and serial number,
-and the RECORD lines of those files. Every other member (the code) keeps its bytes, its date
-and its permissions, and the result passes ``python -m scripts.audit`` as it is. The input's
-RECORD is checked first (a wheel whose files do not match it is refused), nothing is
-overwritten, and the result is checked like the index checks a wheel.
+the build-info module the project table names (``audit.build-info``: the package's
+``__version__``; its ``'variant'`` still says ``stable.cu13``), the SBOM's root component
+(version, purl, description) and serial number, and the RECORD lines of those files. Every
+other member (the code) keeps its bytes, its date and its permissions, and the result passes
+``python -m scripts.audit`` as it is. The input's RECORD is checked first (a wheel whose files
+do not match it is refused), nothing is overwritten, and the result is checked like the index
+checks a wheel.
 """
 
 from __future__ import annotations
@@ -39,11 +40,11 @@ from pathlib import Path
 from scripts import sbom
 from scripts.variant import PYPI_VARIANT
 from scripts.wheelfile import (
-    BUILD_INFO_MEMBER,
     WheelError,
     build_info_of,
     describe_wheel,
     find_wheels,
+    own_build_info_member,
     parse_wheel_name,
 )
 
@@ -126,23 +127,25 @@ def public_metadata(metadata: bytes, version: str, public: str) -> bytes:
 
 
 def public_build_info(source: bytes, version: str, public: str) -> bytes:
-    """``hotloop/_build_info.py`` with its ``'version'`` entry set to ``public``; every other
-    byte unchanged (``variant`` still names the build: the import guard reads that)."""
+    """The build-info module (the table's ``audit.build-info``) with its ``'version'`` entry
+    set to ``public``; every other byte unchanged (``variant`` still names the build: the
+    import guard reads that)."""
+    member = own_build_info_member()
     try:
         text = source.decode("utf-8")
     except UnicodeDecodeError as exc:
-        raise ReleaseError(f"{BUILD_INFO_MEMBER} is not UTF-8 ({exc})") from None
+        raise ReleaseError(f"{member} is not UTF-8 ({exc})") from None
     info = build_info_of(text)
     if info is None or info.get("version") != version or "variant" not in info:
         raise ReleaseError(
-            f"{BUILD_INFO_MEMBER} names version {info and info.get('version')!r} and variant "
+            f"{member} names version {info and info.get('version')!r} and variant "
             f"{info and info.get('variant')!r}, expected {version!r} and a variant: rebuild the "
             "wheel with this checkout's setup.py"
         )
     entry = re.compile(r"(['\"]version['\"]\s*:\s*)(['\"])" + re.escape(version) + r"\2")
     new_text, count = entry.subn(lambda m: f"{m[1]}{m[2]}{public}{m[2]}", text)
     if count != 1 or build_info_of(new_text) != {**info, "version": public}:
-        raise ReleaseError(f"{BUILD_INFO_MEMBER}: found {count} 'version' entries, expected one")
+        raise ReleaseError(f"{member}: found {count} 'version' entries, expected one")
     return new_text.encode("utf-8")
 
 
@@ -159,7 +162,8 @@ def public_wheel(source: Path, out_dir: Path) -> Path:
     new_dist_info = f"{parts.name}-{public}.dist-info/"
     record_name = old_dist_info + "RECORD"
     metadata_name = old_dist_info + "METADATA"
-    sbom_name = old_dist_info + sbom.SBOM_PATH
+    sbom_name = old_dist_info + sbom.sbom_path(parts.name)
+    build_info = own_build_info_member()
 
     def renamed(name: str) -> str:
         return (
@@ -167,7 +171,7 @@ def public_wheel(source: Path, out_dir: Path) -> Path:
         )
 
     with zipfile.ZipFile(source) as zf:
-        needed = (record_name, metadata_name, sbom_name, BUILD_INFO_MEMBER)
+        needed = (record_name, metadata_name, sbom_name, build_info)
         missing = [name for name in needed if name not in zf.namelist()]
         if missing:
             raise ReleaseError(f"no {', '.join(missing)}: not a release wheel of this pipeline")
@@ -175,7 +179,7 @@ def public_wheel(source: Path, out_dir: Path) -> Path:
         # What says which version this is: everything else keeps its bytes.
         described_anew = {
             metadata_name: public_metadata(zf.read(metadata_name), parts.version, public),
-            BUILD_INFO_MEMBER: public_build_info(zf.read(BUILD_INFO_MEMBER), parts.version, public),
+            build_info: public_build_info(zf.read(build_info), parts.version, public),
         }
         try:
             described_anew[sbom_name] = sbom.describe_copy(zf.read(sbom_name), public, target.name)

@@ -146,7 +146,10 @@ def finalize_release(
 
     inputs = sbom.collect_inputs(row, repaired, cuda_home, sysroot, epoch)
     final = finalize_wheel(
-        repaired, dest_dir / repaired.name, epoch, {sbom.SBOM_PATH: sbom.build_sbom(inputs)}
+        repaired,
+        dest_dir / repaired.name,
+        epoch,
+        {sbom.sbom_path(sbom.distribution_of(repaired)): sbom.build_sbom(inputs)},
     )
     problems = sbom.check_sbom(final)
     if problems:

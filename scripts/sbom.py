@@ -9,9 +9,13 @@ from the wheel and ``SOURCE_DATE_EPOCH`` so that the SBOM is as reproducible as 
 * :func:`collect_inputs` / :func:`build_sbom`: make the document for a repaired wheel
   (``scripts.reproducible.finalize_wheel`` adds it).
 * :func:`check_sbom`: the audit rule ``sbom`` (stdlib only): present, parses as CycloneDX,
-  names the torch and CUDA versions and the compilers that ``hotloop/_build_info.py`` names
-  (setup.py records the compilers the build ran), and describes the
-  hotloop version the build info names (version and purl).
+  names the torch and CUDA versions and the compilers that the wheel's build info names (the
+  module of the project table's ``audit.build-info``, where setup.py records the compilers
+  the build ran), and describes the version the build info names (version and purl).
+
+The document's root component is the wheel's distribution, and its properties are named in
+that distribution's namespace (``<name>:torch-version``); :func:`sbom_properties` reads
+them back without it.
 * :func:`describe_copy`: the SBOM of a wheel's copy under another version (the PyPI upload).
 * :func:`read_sboms` / :func:`project_sbom`: the SBOM bytes of a wheel, for the index.
 """
@@ -33,7 +37,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from scripts import tools
-from scripts.wheelfile import BUILD_INFO_MEMBER, SBOM_MEMBER, build_info_of
+from scripts.wheelfile import build_info_of, own_build_info_member, sbom_member
 
 if TYPE_CHECKING:
     from cyclonedx.model.component import Component
@@ -42,14 +46,13 @@ if TYPE_CHECKING:
 
 # The library that writes the SBOM, pinned with the pipeline's other tools.
 TOOLS = tools.SBOM
-# Relative to the .dist-info folder (PEP 770); the index reads it through scripts.wheelfile.
-SBOM_PATH = SBOM_MEMBER
-SBOM_NAME = SBOM_PATH.rpartition("/")[2]
-# Names under which the SBOM states the build info's torch and CUDA versions.
-PROP_TORCH = "hotloop:torch-version"
-PROP_CUDA = "hotloop:cuda-version"
-PROP_ARCH_LIST = "hotloop:cuda-arch-list"
-PROP_ARCHS = "hotloop:compiled-archs"
+# Names under which the SBOM states the build info's torch and CUDA versions (each in the
+# distribution's namespace: ``<name>:torch-version``).
+PROP_TORCH = "torch-version"
+PROP_CUDA = "cuda-version"
+PROP_ARCH_LIST = "cuda-arch-list"
+PROP_ARCHS = "compiled-archs"
+PROP_HASH_OF = "hash-of"
 # A fixed namespace: the serial number is uuid5(NAMESPACE, wheel name + SOURCE_DATE_EPOCH).
 NAMESPACE = uuid.UUID("5d3f1d0e-8f7c-4b0e-9a52-6c1f0d6b8a11")
 
@@ -66,8 +69,25 @@ class Package:
     qualifiers: Mapping[str, str] = field(default_factory=dict)
 
 
+def sbom_path(distribution: str) -> str:
+    """The SBOM's member path relative to the .dist-info folder (PEP 770); the index reads it
+    through scripts.wheelfile."""
+    return sbom_member(distribution)
+
+
+def sbom_name(distribution: str) -> str:
+    """The SBOM's file name under ``.dist-info/sboms/``."""
+    return sbom_path(distribution).rpartition("/")[2]
+
+
+def distribution_of(wheel: Path | str) -> str:
+    """The distribution part of a wheel file name (``my_ext`` of ``my_ext-0.1.0-….whl``)."""
+    return Path(wheel).name.split("-")[0]
+
+
 @dataclass(frozen=True)
 class SbomInputs:
+    name: str  # the distribution: the root component's name and the properties' namespace
     wheel_name: str  # the repaired wheel's file name
     version: str  # the wheel's version (0.1.0+stable.cu13)
     torch_version: str  # build info's torch_version: the headers compiled against
@@ -90,10 +110,11 @@ def _dist_info(names: Sequence[str]) -> str:
     return dirs.pop()
 
 
-def wheel_build_info(zf: zipfile.ZipFile) -> dict[str, Any] | None:
-    """``BUILD_INFO`` of ``hotloop/_build_info.py`` in the wheel, read without importing it."""
+def wheel_build_info(zf: zipfile.ZipFile, member: str | None = None) -> dict[str, Any] | None:
+    """``BUILD_INFO`` of the build-info module ``member`` (default: this repository's table's
+    ``audit.build-info``) in the wheel, read without importing it."""
     try:
-        text = zf.read(BUILD_INFO_MEMBER).decode()
+        text = zf.read(member or own_build_info_member()).decode()
     except KeyError:
         return None
     return build_info_of(text)
@@ -149,24 +170,29 @@ def recorded_compilers(info: Mapping[str, Any]) -> list[tuple[str, str]]:
 
 
 def collect_inputs(
-    row: Row, wheel: Path, cuda_home: Path | None, sysroot: Path | None, epoch: int
+    row: Row,
+    wheel: Path,
+    cuda_home: Path | None,
+    sysroot: Path | None,
+    epoch: int,
+    build_info: str | None = None,
 ) -> SbomInputs:
     """What a wheel built for ``row`` was made from.
 
     ``cuda_home``: the toolkit of a CUDA build (``toolchain.ensure_cuda_toolkit``; its
     ``site-packages`` sibling holds the PyPI packages). ``sysroot``: the glibc sysroot
     (``toolchain.ensure_sysroot``; the ``.deb`` files it was unpacked from lie in its
-    sibling ``debs/``), ``None`` where the image's own glibc is the target.
+    sibling ``debs/``), ``None`` where the image's own glibc is the target. ``build_info``:
+    the build-info module (default: this repository's table's).
     """
     from scripts import toolchain
 
+    member = build_info or own_build_info_member()
     with zipfile.ZipFile(wheel) as zf:
-        info = wheel_build_info(zf)
-        version = Parser().parsestr(zf.read(f"{_dist_info(zf.namelist())}/METADATA").decode())[
-            "Version"
-        ]
+        info = wheel_build_info(zf, member)
+        metadata = Parser().parsestr(zf.read(f"{_dist_info(zf.namelist())}/METADATA").decode())
     if info is None:
-        raise ValueError(f"{wheel.name}: no hotloop/_build_info.py to describe")
+        raise ValueError(f"{wheel.name}: no {member} to describe")
     # The compilers the build ran, as setup.py recorded them: this process's $CXX is not
     # necessarily the build's (the build gets the toolchain's), and may be any command line.
     compilers = recorded_compilers(info)
@@ -181,8 +207,9 @@ def collect_inputs(
         toolkit = installed_distributions(tk_site) if tk_site.is_dir() else []
     debs = sorted((sysroot.parent / "debs").glob("*.deb")) if sysroot is not None else []
     return SbomInputs(
+        name=metadata["Name"],
         wheel_name=wheel.name,
-        version=version,
+        version=metadata["Version"],
         torch_version=info["torch_version"],
         cuda_version=info.get("cuda_version"),
         arch_list=row.arch_list if cuda_home is not None else None,
@@ -197,7 +224,7 @@ def collect_inputs(
 # --------------------------------------------------------------------------- writing
 
 
-def _component(pkg: Package, description: str) -> Component:
+def _component(pkg: Package, description: str, namespace_of_props: str) -> Component:
     from cyclonedx.model import HashAlgorithm, HashType, Property
     from cyclonedx.model.component import Component, ComponentType
     from packageurl import PackageURL
@@ -210,7 +237,8 @@ def _component(pkg: Package, description: str) -> Component:
         version=pkg.version,
         qualifiers=dict(pkg.qualifiers) or None,
     )
-    props = [Property(name="hotloop:hash-of", value=pkg.hash_of)] if pkg.hash_of else []
+    hash_of = f"{namespace_of_props}:{PROP_HASH_OF}"
+    props = [Property(name=hash_of, value=pkg.hash_of)] if pkg.hash_of else []
     return Component(
         name=pkg.name,
         version=pkg.version,
@@ -228,10 +256,12 @@ def serial_number(wheel_name: str, epoch: int) -> uuid.UUID:
     return uuid.uuid5(NAMESPACE, f"{wheel_name}@{epoch}")
 
 
-def package_url(version: str) -> str:
-    """The root component's purl, ``pkg:pypi/hotloop@0.1.0%2Bstable.cu13`` (as packageurl
-    writes it; standard library only, for the audit)."""
-    return f"pkg:pypi/hotloop@{urllib.parse.quote(version, safe='')}"
+def package_url(name: str, version: str) -> str:
+    """The root component's purl, ``pkg:pypi/my-ext@0.1.0%2Bstable.cu13`` (as packageurl
+    writes it: the name lower case, ``_`` and ``.`` as ``-``; standard library only, for the
+    audit)."""
+    purl_name = re.sub(r"[-_.]+", "-", name).lower()
+    return f"pkg:pypi/{purl_name}@{urllib.parse.quote(version, safe='')}"
 
 
 def _render(document: Mapping[str, Any]) -> bytes:
@@ -244,10 +274,17 @@ def describe_copy(data: bytes, version: str, wheel_name: str) -> bytes:
     serial number change; what went into the binary is the same."""
     document = json.loads(data)
     if not isinstance(document, dict) or shape_problems(document):
-        raise ValueError(f"{SBOM_PATH} is not a CycloneDX document this pipeline wrote")
+        raise ValueError(
+            f"{sbom_path(distribution_of(wheel_name))} is not a CycloneDX document this "
+            "pipeline wrote"
+        )
     root = document["metadata"]["component"]
     stamp = datetime.datetime.fromisoformat(document["metadata"]["timestamp"])
-    root.update(version=version, purl=package_url(version), description=f"the wheel {wheel_name}")
+    root.update(
+        version=version,
+        purl=package_url(str(root.get("name")), version),
+        description=f"the wheel {wheel_name}",
+    )
     document["serialNumber"] = serial_number(wheel_name, int(stamp.timestamp())).urn
     return _render(document)
 
@@ -260,19 +297,22 @@ def build_sbom(inputs: SbomInputs) -> bytes:
     from cyclonedx.output.json import JsonV1Dot6
     from packageurl import PackageURL
 
-    props = [Property(name=PROP_TORCH, value=inputs.torch_version)]
+    def prop(key: str, value: str) -> Property:
+        return Property(name=f"{inputs.name}:{key}", value=value)
+
+    props = [prop(PROP_TORCH, inputs.torch_version)]
     if inputs.cuda_version:
-        props.append(Property(name=PROP_CUDA, value=inputs.cuda_version))
+        props.append(prop(PROP_CUDA, inputs.cuda_version))
     if inputs.arch_list:
-        props.append(Property(name=PROP_ARCH_LIST, value=inputs.arch_list))
+        props.append(prop(PROP_ARCH_LIST, inputs.arch_list))
     if inputs.archs:
-        props.append(Property(name=PROP_ARCHS, value=",".join(inputs.archs)))
+        props.append(prop(PROP_ARCHS, ",".join(inputs.archs)))
     root = Component(
-        name="hotloop",
+        name=inputs.name,
         version=inputs.version,
         type=ComponentType.LIBRARY,
-        purl=PackageURL(type="pypi", name="hotloop", version=inputs.version),
-        bom_ref="hotloop",
+        purl=PackageURL(type="pypi", name=inputs.name, version=inputs.version),
+        bom_ref=inputs.name,
         description=f"the wheel {inputs.wheel_name}",
         properties=props,
     )
@@ -298,10 +338,12 @@ def build_sbom(inputs: SbomInputs) -> bytes:
             )
         )
     components += [
-        _component(p, "CUDA toolkit package (compiler, headers)") for p in inputs.toolkit
+        _component(p, "CUDA toolkit package (compiler, headers)", inputs.name)
+        for p in inputs.toolkit
     ]
     components += [
-        _component(p, "glibc sysroot package (headers, link stubs)") for p in inputs.sysroot
+        _component(p, "glibc sysroot package (headers, link stubs)", inputs.name)
+        for p in inputs.sysroot
     ]
     for name, line in inputs.compilers:
         match = re.search(r"(\d+\.\d+(?:\.\d+)?)", line.split(")")[-1]) or re.search(
@@ -348,19 +390,27 @@ def read_sboms(wheel: Path) -> dict[str, bytes]:
 
 
 def project_sbom(wheel: Path) -> bytes:
-    """The bytes of hotloop's own SBOM in ``wheel`` (what the index publishes next to it)."""
+    """The bytes of the project's own SBOM in ``wheel`` (what the index publishes next to it)."""
     sboms = read_sboms(wheel)
-    if SBOM_NAME not in sboms:
+    name = sbom_name(distribution_of(wheel))
+    if name not in sboms:
         raise ValueError(
-            f"{wheel.name}: no .dist-info/{SBOM_PATH} (found {sorted(sboms) or 'no SBOM'}); "
-            "wheels get it from scripts.reproducible.finalize_wheel after auditwheel repair"
+            f"{wheel.name}: no .dist-info/{sbom_path(distribution_of(wheel))} (found "
+            f"{sorted(sboms) or 'no SBOM'}); wheels get it from "
+            "scripts.reproducible.finalize_wheel after auditwheel repair"
         )
-    return sboms[SBOM_NAME]
+    return sboms[name]
 
 
 def sbom_properties(document: Mapping[str, Any]) -> dict[str, str]:
+    """The root component's properties, by name without the root's namespace
+    (``torch-version`` for ``<name>:torch-version``)."""
     component = document.get("metadata", {}).get("component", {})
-    return {p["name"]: p.get("value", "") for p in component.get("properties", [])}
+    prefix = f"{component.get('name')}:"
+    return {
+        p["name"][len(prefix) :] if p["name"].startswith(prefix) else p["name"]: p.get("value", "")
+        for p in component.get("properties", [])
+    }
 
 
 _JSON_KINDS: dict[type, str] = {dict: "an object", list: "a list", str: "a string"}
@@ -410,12 +460,15 @@ def shape_problems(document: Mapping[str, Any]) -> list[str]:
     return problems
 
 
-def check_sbom(wheel: Path) -> list[str]:
+def check_sbom(wheel: Path, build_info: str | None = None) -> list[str]:
     """Audit rule ``sbom``: violations (empty when the wheel's SBOM is present and agrees).
 
     Present under ``.dist-info/sboms/``, parses as a CycloneDX JSON document, and names the
-    torch version and the CUDA version that ``hotloop/_build_info.py`` records.
+    torch version and the CUDA version that the build-info module ``build_info`` records
+    (default: this repository's table's ``audit.build-info``).
     """
+    member = build_info or own_build_info_member()
+    path = sbom_path(distribution_of(wheel))
     try:
         data = project_sbom(wheel)
     except (ValueError, zipfile.BadZipFile) as exc:
@@ -423,17 +476,17 @@ def check_sbom(wheel: Path) -> list[str]:
     try:
         document = json.loads(data)
     except ValueError as exc:
-        return [f"sbom: {SBOM_PATH} is not JSON ({exc}); rebuild the wheel"]
+        return [f"sbom: {path} is not JSON ({exc}); rebuild the wheel"]
     if not isinstance(document, dict) or document.get("bomFormat") != "CycloneDX":
         got = document.get("bomFormat") if isinstance(document, dict) else type(document).__name__
-        return [f"sbom: {SBOM_PATH} is not a CycloneDX document (bomFormat {got!r})"]
+        return [f"sbom: {path} is not a CycloneDX document (bomFormat {got!r})"]
     shape = shape_problems(document)
     if shape:
-        return [f"sbom: {SBOM_PATH} is not a CycloneDX document as written: {p}" for p in shape]
+        return [f"sbom: {path} is not a CycloneDX document as written: {p}" for p in shape]
     with zipfile.ZipFile(wheel) as zf:
-        info = wheel_build_info(zf)
+        info = wheel_build_info(zf, member)
     if info is None:
-        return ["sbom: the wheel has no hotloop/_build_info.py to compare the SBOM with"]
+        return [f"sbom: the wheel has no {member} to compare the SBOM with"]
     props = sbom_properties(document)
     torch_versions = {
         c.get("version") for c in document.get("components", []) if c.get("name") == "torch"
@@ -461,9 +514,10 @@ def check_sbom(wheel: Path) -> list[str]:
         bad.append(f"sbom: names CUDA {props.get(PROP_CUDA)!r}, the build info says {want_cuda!r}")
     root = document.get("metadata", {}).get("component", {})
     want_version = str(info.get("version"))
-    if (root.get("version"), root.get("purl")) != (want_version, package_url(want_version)):
+    want_purl = package_url(str(root.get("name")), want_version)
+    if (root.get("version"), root.get("purl")) != (want_version, want_purl):
         bad.append(
-            f"sbom: describes hotloop {root.get('version')!r} (purl {root.get('purl')!r}), the "
-            f"build info says {want_version!r} ({package_url(want_version)})"
+            f"sbom: describes {root.get('name')} {root.get('version')!r} (purl "
+            f"{root.get('purl')!r}), the build info says {want_version!r} ({want_purl})"
         )
     return bad

@@ -3,7 +3,7 @@
 ``scripts.index``, ``scripts.publish`` and ``scripts.pypi_release`` read wheels through this
 module. Every name that later becomes a path or reaches HTML is checked here: the file name
 against the wheel file name rules (PEP 427) with a canonical PEP 440 version, the local label
-against the variant grammar of ``src/hotloop/_variant.py``, and the wheel's ``Requires-Dist``
+against the variant grammar (:mod:`scripts.variant`), and the wheel's ``Requires-Dist``
 on torch against what its label promises. A wheel is never read into memory: it is hashed in
 chunks and only METADATA is read from the zip. Standard library only.
 """
@@ -69,7 +69,7 @@ class WheelInfo:
     requires_python: str | None
     requires_torch: str | None  # the Requires-Dist on torch, e.g. "torch>=2.10"
     source: Path
-    sbom: bytes | None = None  # the wheel's .dist-info/sboms/hotloop.cdx.json (PEP 770)
+    sbom: bytes | None = None  # the wheel's .dist-info/sboms/<name>.cdx.json (PEP 770)
 
 
 def normalize(name: str) -> str:
@@ -145,8 +145,13 @@ def read_wheel_metadata(path: Path) -> bytes:
     return data
 
 
-# What setup.py records about a build (version, torch, CUDA, archs, commit), as a literal dict.
-BUILD_INFO_MEMBER = "hotloop/_build_info.py"
+def own_build_info_member() -> str:
+    """Where this repository's wheels record their build (version, torch, CUDA, archs, commit)
+    as a literal dict: its project table's ``audit.build-info``."""
+    # Imported here: the table's module imports the matrix, whose toolchain imports this one.
+    from scripts.project import own_project
+
+    return own_project().audit.build_info
 
 
 def build_info_of(source: str) -> dict[str, Any] | None:
@@ -169,17 +174,18 @@ def build_info_of(source: str) -> dict[str, Any] | None:
     return None
 
 
-# hotloop's own SBOM inside a wheel, under its .dist-info folder (scripts/sbom.py writes it).
-SBOM_MEMBER = "sboms/hotloop.cdx.json"
+def sbom_member(distribution: str) -> str:
+    """A project's own SBOM inside its wheel, under the .dist-info folder (PEP 770;
+    scripts/sbom.py writes it), named after the distribution (the wheel file's first part)."""
+    return f"sboms/{distribution}.cdx.json"
 
 
 def read_wheel_sbom(path: Path) -> bytes | None:
     """The wheel's own CycloneDX SBOM, or None for a wheel built without one."""
+    member = sbom_member(path.name.split("-")[0])
     with zipfile.ZipFile(path) as zf:
         names = [
-            n
-            for n in zf.namelist()
-            if n.count("/") == 2 and n.endswith(f".dist-info/{SBOM_MEMBER}")
+            n for n in zf.namelist() if n.count("/") == 2 and n.endswith(f".dist-info/{member}")
         ]
         if len(names) != 1:
             return None

@@ -486,7 +486,7 @@ def check_sbom(it: Inspection) -> Iterator[str]:
     if len(dist_infos) != 1:
         return  # member-paths reports the extra folder; the SBOM's place is ambiguous
     try:
-        problems = sbom.check_sbom(it.wheel.path)
+        problems = sbom.check_sbom(it.wheel.path, it.project.audit.build_info)
     except (zipfile.BadZipFile, ValueError, SyntaxError):
         return  # a member that can't be read is the record and build-info rules' finding
     missing_info = f"sbom: the wheel has no {it.project.audit.build_info}"

@@ -15,7 +15,7 @@ from email.parser import Parser
 from pathlib import Path
 from typing import Any
 
-from scripts.wheelfile import BUILD_INFO_MEMBER, build_info_of
+from scripts.wheelfile import build_info_of, own_build_info_member
 
 # What zipfile raises for a member whose compressed data is cut short or corrupt.
 _MEMBER_ERRORS = (zipfile.BadZipFile, zlib.error, EOFError, OSError)
@@ -154,9 +154,10 @@ class Wheel:
         """``<dist-info>/WHEEL`` as an email message."""
         return Parser().parsestr(self.text(f"{self.dist_info}/WHEEL"))
 
-    def build_info(self, member: str = BUILD_INFO_MEMBER) -> dict[str, Any] | None:
-        """``BUILD_INFO`` from ``member`` (the project table's ``audit.build-info``); None if
-        missing or not a literal dict."""
+    def build_info(self, member: str | None = None) -> dict[str, Any] | None:
+        """``BUILD_INFO`` from ``member`` (the project table's ``audit.build-info``, default
+        this repository's); None if missing or not a literal dict."""
+        member = member or own_build_info_member()
         if not self.has(member):
             return None
         return build_info_of(self.text(member))

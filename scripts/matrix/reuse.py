@@ -26,7 +26,7 @@ from scripts.basics import REPO
 from scripts.matrix.digests import source_digest
 from scripts.matrix.results import NOT_BUILT, NOT_RUN, log
 from scripts.matrix.table import Row, variant_wheels
-from scripts.wheelfile import BUILD_INFO_MEMBER, build_info_of
+from scripts.wheelfile import build_info_of, own_build_info_member
 from scripts.wheelfile import sha256_of_file as file_sha256
 
 BUILT = "built"
@@ -83,11 +83,13 @@ def write_sidecar(wheel: Path, digest: str) -> Path:
 
 
 def read_build_info(wheel: Path) -> dict[str, Any]:
-    """``hotloop/_build_info.py``'s ``BUILD_INFO`` from inside a wheel (without importing it)."""
+    """``BUILD_INFO`` of the build-info module (the table's ``audit.build-info``) from inside a
+    wheel (without importing it)."""
+    member = own_build_info_member()
     with zipfile.ZipFile(wheel) as zf:
-        info = build_info_of(zf.read(BUILD_INFO_MEMBER).decode())
+        info = build_info_of(zf.read(member).decode())
     if info is None:
-        raise ValueError(f"{wheel.name}: no BUILD_INFO in {BUILD_INFO_MEMBER}")
+        raise ValueError(f"{wheel.name}: no BUILD_INFO in {member}")
     return info
 
 

@@ -142,8 +142,8 @@ def sbom_source(row: Row) -> str:
                 "version": version,
                 "purl": f"pkg:pypi/hotloop@{quote(version, safe='')}",
                 "properties": [
-                    {"name": sbom.PROP_TORCH, "value": torch_version},
-                    {"name": sbom.PROP_CUDA, "value": row.cuda},
+                    {"name": f"hotloop:{sbom.PROP_TORCH}", "value": torch_version},
+                    {"name": f"hotloop:{sbom.PROP_CUDA}", "value": row.cuda},
                 ],
             }
         },
@@ -171,7 +171,11 @@ def make_wheel(
     )
     wheel_meta = f"Wheel-Version: 1.0\nGenerator: tests\nRoot-Is-Purelib: false\nTag: {tag}\n"
     contents = {
-        **({f"{dist_info}/{sbom.SBOM_PATH}": sbom_source(row).encode()} if with_sbom else {}),
+        **(
+            {f"{dist_info}/{sbom.sbom_path('hotloop')}": sbom_source(row).encode()}
+            if with_sbom
+            else {}
+        ),
         **{k: v.encode() if isinstance(v, str) else v for k, v in files.items()},
         f"{dist_info}/METADATA": metadata.encode(),
         f"{dist_info}/WHEEL": wheel_meta.encode(),

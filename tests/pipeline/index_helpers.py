@@ -127,13 +127,14 @@ def release_members(variant: str, version: str = PACKAGE_VERSION) -> dict[str, s
     lines = ["BUILD_INFO = {", *(f"    {k!r}: {v!r}," for k, v in info.items()), "}", ""]
     document = sbom.build_sbom(
         sbom.SbomInputs(
+            "hotloop",
             f"hotloop-{full_version}-cp39-abi3-manylinux_2_28_x86_64.whl", full_version,
             info["torch_version"], "13.0", None, (), (), (), (), 1700000000,
         )
     )  # fmt: skip
     return {
         "hotloop/_build_info.py": "\n".join(lines),
-        f"hotloop-{full_version}.dist-info/{sbom.SBOM_PATH}": document,
+        f"hotloop-{full_version}.dist-info/{sbom.sbom_path('hotloop')}": document,
     }
 
 

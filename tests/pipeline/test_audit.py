@@ -836,13 +836,14 @@ def release_wheel(wheel_factory, row, tmp_path: Path) -> Path:
     with zipfile.ZipFile(raw) as zf:
         info = sbom.wheel_build_info(zf)
     inputs = sbom.SbomInputs(
+        "hotloop",
         raw.name, row.version, info["torch_version"], info["cuda_version"], row.arch_list,
         tuple(info["archs"]), (("g++", "g++ (Debian 12.2.0-14+deb12u1) 12.2.0"),), (), (),
         1700000000,
     )  # fmt: skip
     document = sbom.build_sbom(inputs)
     return reproducible.finalize_wheel(
-        raw, tmp_path / "final" / raw.name, 1700000000, {sbom.SBOM_PATH: document}
+        raw, tmp_path / "final" / raw.name, 1700000000, {sbom.sbom_path("hotloop"): document}
     )
 
 
@@ -860,7 +861,9 @@ def test_the_pypi_upload_describes_itself_and_passes_the_audit(wheel_factory, ne
         assert info is not None
         assert (info["version"], info["variant"]) == ("0.1.0", "stable.cu13")
         assert info == {**sbom.wheel_build_info(a), "version": "0.1.0"}
-        root = json.loads(b.read(f"hotloop-0.1.0.dist-info/{sbom.SBOM_PATH}"))["metadata"]
+        root = json.loads(b.read(f"hotloop-0.1.0.dist-info/{sbom.sbom_path('hotloop')}"))[
+            "metadata"
+        ]
         assert root["component"]["version"] == "0.1.0"
         assert root["component"]["purl"] == "pkg:pypi/hotloop@0.1.0"
         assert public.name in root["component"]["description"]

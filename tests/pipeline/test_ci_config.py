@@ -127,6 +127,7 @@ def test_repair_cli_runs_the_nox_repair_and_audit(
     def inputs(row, wheel, cuda_home, sysroot, epoch):
         info = sbom.wheel_build_info(zipfile.ZipFile(wheel))
         return sbom.SbomInputs(
+            "hotloop",
             wheel.name, row.version, info["torch_version"], info["cuda_version"],
             row.arch_list, tuple(info["archs"]), (), (), (), epoch,
         )  # fmt: skip

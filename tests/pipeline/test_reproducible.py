@@ -130,6 +130,7 @@ def test_differing_zip_entry_only(wheel_factory, tmp_path):
 def fake_inputs(torch_version: str):
     def collect(row, wheel, cuda_home, sysroot, epoch):
         return sbom.SbomInputs(
+            "hotloop",
             wheel.name, row.version, torch_version, row.cuda, row.arch_list,
             tuple(row.archs), (), (), (), epoch,
         )  # fmt: skip

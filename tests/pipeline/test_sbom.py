@@ -17,6 +17,7 @@ CUDA = "13.0"
 
 def inputs(**changes: object) -> sbom.SbomInputs:
     base = {
+        "name": "hotloop",
         "wheel_name": "hotloop-0.1.0+stable.cu13-cp39-abi3-manylinux_2_28_x86_64.whl",
         "version": "0.1.0+stable.cu13",
         "torch_version": TORCH,
@@ -122,7 +123,7 @@ def wheel_with_sbom(wheel_factory, tmp_path: Path, document: bytes | None) -> Pa
     """A synthetic wheel (build info of the newest row), finalized with ``document`` as SBOM."""
     raw = wheel_factory(with_sbom=False)
     out = tmp_path / "final" / raw.name
-    extra = {sbom.SBOM_PATH: document} if document is not None else {}
+    extra = {sbom.sbom_path("hotloop"): document} if document is not None else {}
     return reproducible.finalize_wheel(raw, out, 1700000000, extra)
 
 
@@ -141,7 +142,7 @@ def test_check_passes_when_sbom_agrees_with_build_info(wheel_factory, tmp_path):
     wheel = wheel_with_sbom(wheel_factory, tmp_path, document)
     assert sbom.check_sbom(wheel) == []
     assert sbom.project_sbom(wheel) == document
-    assert list(sbom.read_sboms(wheel)) == [sbom.SBOM_NAME]
+    assert list(sbom.read_sboms(wheel)) == [sbom.sbom_name("hotloop")]
 
 
 def test_check_missing_sbom(wheel_factory, tmp_path):
@@ -179,9 +180,12 @@ def test_project_sbom_keeps_others(wheel_factory, tmp_path):
     raw = wheel_factory(with_sbom=False)
     out = tmp_path / "final" / raw.name
     wheel = reproducible.finalize_wheel(
-        raw, out, 1700000000, {sbom.SBOM_PATH: b"{}", "sboms/auditwheel.cdx.json": b"[]"}
+        raw, out, 1700000000, {sbom.sbom_path("hotloop"): b"{}", "sboms/auditwheel.cdx.json": b"[]"}
     )
-    assert sbom.read_sboms(wheel) == {"auditwheel.cdx.json": b"[]", sbom.SBOM_NAME: b"{}"}
+    assert sbom.read_sboms(wheel) == {
+        "auditwheel.cdx.json": b"[]",
+        sbom.sbom_name("hotloop"): b"{}",
+    }
 
 
 def odd(**document: object) -> bytes:
@@ -229,7 +233,7 @@ def test_an_oddly_shaped_sbom_is_a_finding_not_a_crash(
     assert all(p.startswith("sbom: ") for p in problems)
     raw = wheel_factory(with_sbom=False, requires=("torch",))  # a second, unrelated problem
     broken = reproducible.finalize_wheel(
-        raw, tmp_path / "both" / raw.name, 1700000000, {sbom.SBOM_PATH: document}
+        raw, tmp_path / "both" / raw.name, 1700000000, {sbom.sbom_path("hotloop"): document}
     )
     report = audit.check_wheel(broken, newest_row)
     found = {v.split(":", 1)[0] for v in report.violations}
@@ -278,7 +282,7 @@ def test_the_audit_compares_the_sboms_compilers_with_the_build_info(
     other = [["g++", "g++ (GCC) 14.1.0"], BUILT_WITH[1]]
     raw = wheel_factory(with_sbom=False, build_info=build_info_for(newest_row, compilers=other))
     wheel = reproducible.finalize_wheel(
-        raw, tmp_path / "c" / raw.name, 1700000000, {sbom.SBOM_PATH: document}
+        raw, tmp_path / "c" / raw.name, 1700000000, {sbom.sbom_path("hotloop"): document}
     )
     (problem,) = sbom.check_sbom(wheel)
     assert "sbom: names compilers" in problem
@@ -291,10 +295,28 @@ def test_a_damaged_sbom_member_is_a_finding(wheel_factory, newest_row, tmp_path)
         inputs(torch_version=info["torch_version"], cuda_version=info["cuda_version"])
     )
     wheel = wheel_with_sbom(wheel_factory, tmp_path, document)
-    name = f"{reproducible.dist_info_dir(zipfile.ZipFile(wheel).namelist())}/{sbom.SBOM_PATH}"
+    dist_info = reproducible.dist_info_dir(zipfile.ZipFile(wheel).namelist())
+    name = f"{dist_info}/{sbom.sbom_path('hotloop')}"
     corrupt_member(wheel, name, zipfile.ZIP_DEFLATED)
     (problem,) = sbom.check_sbom(wheel)
     assert problem.startswith("sbom: ")
     assert "cannot be read" in problem
     report = audit.check_wheel(wheel, newest_row)
     assert any(v.startswith("sbom: ") for v in report.violations), report.violations
+
+
+def test_another_project_sbom_is_named_after_its_distribution():
+    """No project's name is built in: the root component, its purl and the properties'
+    namespace come from the wheel's distribution, and the audit's purl matches packageurl's."""
+    document = json.loads(
+        sbom.build_sbom(
+            inputs(name="extension_cpp", wheel_name="extension_cpp-0.0.1+pt28cu128-x.whl")
+        )
+    )
+    root = document["metadata"]["component"]
+    assert (root["name"], root["bom-ref"]) == ("extension_cpp", "extension_cpp")
+    assert root["purl"] == sbom.package_url("extension_cpp", "0.1.0+stable.cu13")
+    assert root["purl"].startswith("pkg:pypi/extension-cpp@")
+    assert {p["name"].split(":")[0] for p in root["properties"]} == {"extension_cpp"}
+    assert sbom.sbom_properties(document)[sbom.PROP_TORCH] == TORCH
+    assert sbom.sbom_path("extension_cpp") == "sboms/extension_cpp.cdx.json"

@@ -11,7 +11,7 @@ import pytest
 from index_helpers import corrupt_member, make_tiny_wheel, release_members
 
 from scripts import wheelfile
-from scripts.wheelfile import SBOM_MEMBER, WheelError, describe_wheel
+from scripts.wheelfile import WheelError, describe_wheel, sbom_member
 
 
 def test_build_info_of_reads_the_literal_dict() -> None:
@@ -42,7 +42,9 @@ def test_a_damaged_member_is_a_wheel_error_naming_the_file(
 ) -> None:
     wheel = make_tiny_wheel(tmp_path, "stable.cu13", extra_files=release_members("stable.cu13"))
     dist_info = "hotloop-0.1.0+stable.cu13.dist-info"
-    name = f"{dist_info}/METADATA" if member == "METADATA" else f"{dist_info}/{SBOM_MEMBER}"
+    name = (
+        f"{dist_info}/METADATA" if member == "METADATA" else f"{dist_info}/{sbom_member('hotloop')}"
+    )
     corrupt_member(wheel, name, compression)
     with pytest.raises(
         WheelError, match=rf"{re.escape(wheel.name)}: {re.escape(name)} cannot be read"
