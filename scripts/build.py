@@ -18,6 +18,7 @@ from scripts import basics, matrix, toolchain, tools, wheel_sources
 from scripts.basics import REPO
 from scripts.interpreters import Interpreter, find_interpreters
 from scripts.matrix import Row
+from scripts.project import own_project
 from scripts.toolchain import Toolchain
 
 BUILD_REQUIREMENTS = (*tools.BUILD, "build")
@@ -107,7 +108,7 @@ def git_output(*args: str) -> str:
 def git_commit() -> str:
     try:
         head = git_output("rev-parse", "HEAD")
-        items = (*wheel_sources.CODE, *wheel_sources.METADATA)
+        items = wheel_sources.sources()
         dirty = git_output("status", "--porcelain", "--", *items)
     except (OSError, subprocess.CalledProcessError):
         return "unknown"
@@ -135,7 +136,7 @@ def copy_sources(dest: Path) -> None:
     if not (dest / "README.md").exists() and (dest / "pyproject.toml").exists():
         # pyproject names README.md as the long description; until it exists, don't fail on it.
         log("README.md missing in the repository: using a one-line placeholder for the build")
-        (dest / "README.md").write_text("# hotloop\n")
+        (dest / "README.md").write_text(f"# {own_project().distribution}\n")
 
 
 def wheel_content_env() -> dict[str, str]:

@@ -1,4 +1,4 @@
-"""Which files of the repository a wheel is built from, written once.
+"""Which files of the repository a wheel is built from: its project table's ``sources``.
 
 Two readers: the build copies them to a private folder before it runs setup.py
 (``scripts.build.copy_sources``), and the matrix reuses a built wheel only while the digest
@@ -11,14 +11,24 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from scripts.basics import REPO
+from scripts.project import own_project
 
-# Compiled or packaged into the wheel (setup.py compiles csrc/ and packages src/hotloop/):
-# a change here changes what the wheel does.
-CODE = ("setup.py", "pyproject.toml", "csrc", "src/hotloop")
 # Read into the wheel's metadata only (long description, license, sdist manifest). The
 # build needs them, but a wheel built before they changed still does the same, so the
 # matrix's reuse digest leaves them out.
 METADATA = ("README.md", "LICENSE", "MANIFEST.in")
+
+
+def sources() -> tuple[str, ...]:
+    """Everything the build reads: the project table's ``sources``."""
+    return own_project().sources
+
+
+def code_items() -> tuple[str, ...]:
+    """What is compiled or packaged into the wheel (the ``sources`` that are not
+    :data:`METADATA`): a change here changes what the wheel does."""
+    return tuple(item for item in sources() if item not in METADATA)
+
 
 # What builds leave inside those folders: never a source.
 _OUTPUT_NAMES = ("_build_info.py",)
@@ -52,9 +62,9 @@ def files(items: Sequence[str], repo: Path = REPO) -> list[Path]:
 
 def code_files(repo: Path = REPO) -> list[Path]:
     """What the wheel's code is made from."""
-    return files(CODE, repo)
+    return files(code_items(), repo)
 
 
 def build_inputs(repo: Path = REPO) -> list[Path]:
     """Everything the build reads: the code and the metadata files."""
-    return files((*CODE, *METADATA), repo)
+    return files(sources(), repo)

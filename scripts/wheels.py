@@ -232,7 +232,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return project_main(args, argv)
     if args.cpu:
         parser.error(
-            "--cpu builds another project's wheels (with --project); hotloop's CPU "
+            "--cpu builds another project's wheels (with --project); this repository's CPU "
             "build is `nox -s tests`"
         )
     args.out = args.out or DEFAULT_OUT

@@ -5,8 +5,9 @@ installs (no patched versions):
 
 * where the wheel's ``Requires-Dist`` excludes that torch, real pip (``--no-index``, the venv's
   torch pinned as a user keeping it would) must refuse with a dependency conflict;
-* forced in with ``--no-deps``, ``import hotloop`` must raise the import guard's ImportError
-  naming what it found and the install command, never a raw ``undefined symbol``.
+* forced in with ``--no-deps``, importing the package (the project table's ``import-name``)
+  must raise the import guard's ImportError naming what it found and the install command,
+  never a raw ``undefined symbol``.
 
 The CUDA major and CPU-vs-CUDA are invisible to the metadata (``torch>=2.10`` admits torch
 2.10.0, a CUDA 12.8 build, next to the CUDA 13 wheel): there the guard is the only check.
@@ -28,11 +29,16 @@ from scripts import build, variant
 from scripts.interpreters import Interpreter
 from scripts.matrix.results import FAIL, NOT_RUN, PASS
 from scripts.matrix.table import Row, build_rows
+from scripts.project import own_project
 
 # PyPI's Linux torch wheels are all CUDA builds; the CPU-only ones are on PyTorch's index.
 CPU_INDEX = "https://download.pytorch.org/whl/cpu"
 NEGATIVE_PYTHON = "3.12"  # every torch the pairs install has a wheel for it
-PROBE = "import hotloop\nprint('imported', hotloop.__file__)\n"
+
+
+def probe(import_name: str) -> str:
+    """The script a negative cell runs: import the package, say where from if it loads."""
+    return f"import {import_name}\nprint('imported', {import_name}.__file__)\n"
 
 
 @dataclass(frozen=True)
@@ -170,9 +176,9 @@ def check_pip_refusal(
 
 
 def check_guard_error(output: str, returncode: int, words: Sequence[str]) -> tuple[bool, str]:
-    """``import hotloop`` must raise the guard's ImportError, containing ``words``."""
+    """The import must raise the guard's ImportError, containing ``words``."""
     if returncode == 0:
-        return False, "import hotloop succeeded"
+        return False, f"import {own_project().import_name} succeeded"
     if "undefined symbol" in output:
         return False, "raw undefined symbol error instead of the guard's message"
     missing = [s for s in words if s not in output]
@@ -273,7 +279,11 @@ def run_negative(
     env_py = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}
     env_py["PYTHONDONTWRITEBYTECODE"] = "1"
     proc = subprocess.run(
-        [str(py), "-c", PROBE], env=env_py, cwd=run_dir, capture_output=True, text=True
+        [str(py), "-c", probe(own_project().import_name)],
+        env=env_py,
+        cwd=run_dir,
+        capture_output=True,
+        text=True,
     )
     out = proc.stdout + proc.stderr
     (workdir / "import.log").write_text(out)

@@ -97,7 +97,7 @@ def commit_matches_tree(commit: str, repo: Path = REPO) -> bool:
     """True if ``commit`` is clean and its wheel sources equal the working tree's."""
     if not re.fullmatch(r"[0-9a-f]{7,40}", commit or ""):
         return False  # "unknown" or "<sha>-dirty": built from uncommitted sources
-    paths = wheel_sources.CODE
+    paths = wheel_sources.code_items()
     try:
         diff = subprocess.run(
             ["git", "diff", "--quiet", commit, "--", *paths], cwd=repo, capture_output=True

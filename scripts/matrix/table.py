@@ -128,9 +128,15 @@ class Row:
         }
 
 
-def variant_wheels(folder: Path, variant: str) -> list[Path]:
-    """The hotloop wheels of one variant (local version label) in ``folder``, by name."""
-    return sorted(folder.glob(f"hotloop-*+{variant}-*.whl"))
+def variant_wheels(folder: Path, variant: str, distribution: str | None = None) -> list[Path]:
+    """The wheels of ``distribution`` (default: this repository's project) of one variant
+    (local version label) in ``folder``, by name."""
+    if distribution is None:
+        # Imported here: the project table's module imports this package.
+        from scripts.project import own_project
+
+        distribution = own_project().distribution
+    return sorted(folder.glob(f"{distribution}-*+{variant}-*.whl"))
 
 
 def variant_label(torch_version: str, cuda: str | None) -> str:

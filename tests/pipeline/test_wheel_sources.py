@@ -58,9 +58,9 @@ def test_the_build_copies_what_the_reuse_digest_covers_plus_the_metadata(
 
 def test_every_package_setuptools_finds_is_code() -> None:
     # pyproject.toml's packages.find folders and the package folders under them must lie
-    # inside wheel_sources.CODE, or a packaged module would not count as the wheel's code.
+    # inside wheel_sources.code_items(), or a packaged module would not count as the wheel's code.
     setuptools = tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["setuptools"]
-    code = [REPO / item for item in wheel_sources.CODE]
+    code = [REPO / item for item in wheel_sources.code_items()]
     for where in setuptools["packages"]["find"]["where"]:
         for init in (REPO / where).rglob("__init__.py"):
             if "__pycache__" in init.parts or any(p.endswith(".egg-info") for p in init.parts):
