@@ -304,6 +304,21 @@ def rms_norm_impls(hotloop: Any, LigerRMSNorm: Any) -> dict[str, Callable[..., t
     return impls
 
 
+def casting_impls(hotloop: Any) -> dict[str, Callable[..., torch.Tensor]]:
+    """hotloop's kernels in the "llama" and "gemma" casting modes (issue 31), timed beside
+    the default's rows of the same run. Gemma's offset is 0 here: the kernels add it all the
+    same (its cost), and the float64 reference stays F.rms_norm's."""
+    impls: dict[str, Callable[..., torch.Tensor]] = {}
+    for backend, label in (("native", "CUDA"), ("triton", "Triton")):
+        for casting in ("llama", "gemma"):
+            impls[f"hotloop {label} {casting}"] = (
+                lambda x, w, eps, backend=backend, casting=casting: hotloop.rms_norm(
+                    x, w, eps, backend=backend, casting=casting
+                )
+            )
+    return impls
+
+
 # ------------------------------------------------------------------------- results
 
 
@@ -767,6 +782,69 @@ def bench_muladd(runner: Runner, hotloop: Any, shape: tuple[int, ...], dtype: to
 # ------------------------------------------------------------------------------ main
 
 
+def in_place_backward_memory(
+    hotloop: Any, shape: tuple[int, ...], dtype: torch.dtype
+) -> dict[str, Any]:
+    """Peak GPU memory of a training step through the norm, with and without
+    in_place_backward (backend="triton"; issue 31), each peak above what was allocated before
+    the step. The in-place backward writes grad_x over the gradient the next op's backward
+    made: the norm's backward holds one x-sized tensor less. Two steps: "vector", x -> rms_norm
+    -> @ v (H,) -> sum, where the norm's backward is the step's peak; "linear", x -> rms_norm
+    -> @ proj (H, H) -> sum, where the linear layer's backward (its gradient materialised, its
+    input saved) is."""
+    H = shape[-1]
+    gen = torch.Generator(device=DEVICE).manual_seed(0)
+    x = torch.randn(shape, device=DEVICE, dtype=dtype, generator=gen, requires_grad=True)
+    w = (1.0 + 0.1 * torch.randn(H, device=DEVICE, generator=gen)).to(dtype).requires_grad_()
+    heads = {
+        "vector": torch.randn(H, device=DEVICE, generator=gen).to(dtype),
+        "linear": (torch.randn(H, H, device=DEVICE, generator=gen) / H**0.5).to(dtype),
+    }
+    memory: dict[str, Any] = {
+        "x_bytes": x.numel() * x.element_size(),
+        "shape": list(shape),
+        "dtype": str(dtype).removeprefix("torch."),
+        "how": "torch.cuda.max_memory_allocated over the forward and over the backward of a "
+        "step (x -> rms_norm(backend='triton') -> @ head -> sum), above what was allocated "
+        "before it",
+    }
+    for step, head in heads.items():
+        grads = {}
+        for in_place in (False, True):
+            x.grad = w.grad = None
+            torch.cuda.synchronize()
+            torch.cuda.empty_cache()
+            torch.cuda.reset_peak_memory_stats()
+            base = torch.cuda.memory_allocated()
+            y = hotloop.rms_norm(x, w, EPS, backend="triton", in_place_backward=in_place)
+            loss = (y @ head).sum()
+            del y  # held by the graph only, as in a model
+            forward_peak = torch.cuda.max_memory_allocated() - base
+            torch.cuda.reset_peak_memory_stats()
+            loss.backward()
+            torch.cuda.synchronize()
+            key = f"{step}_{'in_place' if in_place else 'default'}"
+            memory[f"{key}_step_peak_bytes"] = max(
+                forward_peak, torch.cuda.max_memory_allocated() - base
+            )
+            grads[in_place] = (x.grad.clone(), w.grad.clone())
+            del loss
+        memory[f"{step}_saved_bytes"] = (
+            memory[f"{step}_default_step_peak_bytes"] - memory[f"{step}_in_place_step_peak_bytes"]
+        )
+        memory[f"{step}_same_grads"] = all(
+            torch.equal(a, b) for a, b in zip(grads[False], grads[True])
+        )
+        print(
+            f"in_place_backward, {step} step: peak "
+            f"{memory[f'{step}_default_step_peak_bytes'] / 2**20:.0f} -> "
+            f"{memory[f'{step}_in_place_step_peak_bytes'] / 2**20:.0f} MiB (x is "
+            f"{memory['x_bytes'] / 2**20:.0f} MiB), same grads: {memory[f'{step}_same_grads']}",
+            flush=True,
+        )
+    return memory
+
+
 def sweep_shape(hidden: int, total: int) -> tuple[int, int]:
     """(rows, hidden) with rows * hidden about `total` elements."""
     return (max(1, round(total / hidden)), hidden)
@@ -970,6 +1048,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     for dname in ("bfloat16",) if args.quick else HEADLINE_DTYPES:
         bench_rms_norm_case(runner, impls, headline, DTYPES[dname], ["headline"])
         torch.cuda.empty_cache()
+    # 1b. The casting modes at the headline shape, bfloat16, beside the default's rows.
+    if hotloop is not None:
+        modes = casting_impls(hotloop)
+        if args.only:
+            modes = {k: v for k, v in modes.items() if any(s in k.lower() for s in keys)}
+        bench_rms_norm_case(runner, modes, headline, torch.bfloat16, ["headline", "casting"])
+        torch.cuda.empty_cache()
     # 2. The hidden-size sweep in bfloat16, tensors of about the headline's size.
     for hidden in QUICK_SWEEP_HIDDEN if args.quick else SWEEP_HIDDEN:
         if hidden == H:
@@ -996,6 +1081,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             shape = sweep_shape(hidden, total)
             bench_fused_add_rms_norm(runner, hotloop, LigerFusedAdd, shape, torch.bfloat16)
             torch.cuda.empty_cache()
+    # 5. The in-place backward's peak memory of a training step at the headline shape.
+    memory = in_place_backward_memory(hotloop, headline, torch.bfloat16) if hotloop else None
 
     out: Path = args.out
     out.mkdir(parents=True, exist_ok=True)
@@ -1021,6 +1108,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "timing": "median of CUDA-event times per call after warm-up; inputs rotated through "
         ">= 4x L2 of buffers; a GPU sleep ahead of each batch hides CPU launch time",
         "results": [asdict(r) for r in runner.results],
+        "in_place_backward_memory": memory,
         "elapsed_s": round(time.perf_counter() - t0, 1),
     }
     json_path = out / "rms_norm.json"

@@ -59,7 +59,8 @@ class RMSNorm(nn.RMSNorm):
     """``torch.nn.RMSNorm`` over the last dimension, computed by hotloop's kernels.
 
     A subclass: parameters, state_dict, ``reset_parameters`` and ``isinstance`` checks are
-    torch's. ``backend``, ``casting`` and ``offset`` are :func:`hotloop.rms_norm`'s.
+    torch's. ``backend``, ``casting``, ``offset`` and ``in_place_backward`` are
+    :func:`hotloop.rms_norm`'s.
     ``from_module`` converts an existing ``nn.RMSNorm`` or a Hugging Face ``LlamaRMSNorm``
     or ``GemmaRMSNorm`` (and the other classes of ``TRANSFORMERS_RMS_NORMS`` and
     ``TRANSFORMERS_GEMMA_RMS_NORMS``), keeps its weight and picks the casting mode that
@@ -77,6 +78,7 @@ class RMSNorm(nn.RMSNorm):
         *,
         casting: str = "torch",
         offset: float = 0.0,
+        in_place_backward: bool = False,
     ) -> None:
         shape = (
             (normalized_shape,) if isinstance(normalized_shape, int) else tuple(normalized_shape)
@@ -91,13 +93,21 @@ class RMSNorm(nn.RMSNorm):
                 f"hotloop.RMSNorm: backend must be one of {BACKENDS} or None, got {backend!r}"
             )
         casting_index("hotloop.RMSNorm", casting, offset)  # now, rather than at the first call
+        if in_place_backward and backend != "triton":
+            raise ValueError(
+                "hotloop.RMSNorm(in_place_backward=True) needs backend='triton' (hotloop.rms_norm "
+                f"says why), got backend={backend!r}"
+            )
         super().__init__(shape[0], eps, elementwise_affine, device=device, dtype=dtype)
         self.backend = backend
         self.casting = casting
         self.offset = offset
+        self.in_place_backward = in_place_backward
 
     @classmethod
-    def from_module(cls, module: nn.Module, backend: str | None = None) -> RMSNorm:
+    def from_module(
+        cls, module: nn.Module, backend: str | None = None, in_place_backward: bool = False
+    ) -> RMSNorm:
         """A hotloop.RMSNorm with the weight and eps of ``module`` (shared, not copied), in
         the casting mode that gives ``module``'s bits.
 
@@ -135,6 +145,7 @@ class RMSNorm(nn.RMSNorm):
             backend=backend,
             casting=casting,
             offset=offset,
+            in_place_backward=in_place_backward,
         )
         if weight is not None:
             new.elementwise_affine = True
@@ -142,7 +153,13 @@ class RMSNorm(nn.RMSNorm):
         return new
 
     @classmethod
-    def replace_in(cls, model: nn.Module, type_name: str, backend: str | None = None) -> int:
+    def replace_in(
+        cls,
+        model: nn.Module,
+        type_name: str,
+        backend: str | None = None,
+        in_place_backward: bool = False,
+    ) -> int:
         """Replaces, in place, every submodule of ``model`` whose class is named
         ``type_name`` (e.g. ``"LlamaRMSNorm"``) by ``from_module`` of it; returns how many.
         Matching the name rather than the class keeps transformers an optional import."""
@@ -150,7 +167,8 @@ class RMSNorm(nn.RMSNorm):
         for parent in list(model.modules()):
             for name, child in list(parent.named_children()):
                 if type(child).__name__ == type_name:
-                    setattr(parent, name, cls.from_module(child, backend=backend))
+                    new = cls.from_module(child, backend, in_place_backward)
+                    setattr(parent, name, new)
                     replaced += 1
         return replaced
 
@@ -163,7 +181,13 @@ class RMSNorm(nn.RMSNorm):
         # A weight of another dtype (float32 master weights, bfloat16 x) goes in as it is:
         # rms_norm computes what torch.nn.RMSNorm does with it, in the weight's precision.
         return rms_norm(
-            x, self.weight, self.eps, self.backend, casting=self.casting, offset=self.offset
+            x,
+            self.weight,
+            self.eps,
+            self.backend,
+            casting=self.casting,
+            offset=self.offset,
+            in_place_backward=self.in_place_backward,
         )
 
     def extra_repr(self) -> str:

@@ -36,7 +36,7 @@ EPS = 1e-6
 @pytest.fixture(params=BACKENDS)
 def backend(request: pytest.FixtureRequest, device: str) -> str:
     if request.param == "triton" and device != "cuda":
-        pytest.skip("Triton's kernels run on CUDA (test_triton_rms_norm's interpreter run checks")
+        pytest.skip("Triton's kernels run on CUDA (the interpreter test checks them on the CPU)")
     return str(request.param)
 
 

@@ -441,6 +441,7 @@ INTERPRETER_SCRIPT = textwrap.dedent(
     wd = torch.randn(9, dtype=torch.float64, requires_grad=True)
     assert torch.autograd.gradcheck(lambda a, b: trn.rms_norm(a, b, 1e-6), (xd, wd))
     __FORWARD_AD_CHECKS__
+    __IN_PLACE_CHECKS__
 
     explained = torch._dynamo.explain(lambda a, b: trn.rms_norm(a, b, 1e-6) * 2)(x, w)
     assert explained.graph_break_count == 0, explained.break_reasons
@@ -514,6 +515,54 @@ print("forward AD checks passed")
 """
 
 
+# The in-place backward (rms_norm(..., in_place_backward=True), issue 31): grad_x written over
+# the gradient received where autograd's engine alone holds it (the kernels read each tile
+# before they write it), the usual backward where anything else does. Run in the interpreter
+# above and, in the GPU test below, on CUDA tensors (DEVICE).
+IN_PLACE_CHECKS = """
+def in_place_step(shape, dtype, in_place, fan_out=False, casting="torch"):
+    gen = torch.Generator().manual_seed(0)
+    x = torch.randn(shape, generator=gen).to(DEVICE, dtype).requires_grad_()
+    w = (1 + 0.1 * torch.randn(shape[-1], generator=gen)).to(DEVICE, dtype).requires_grad_()
+    proj = torch.randn(shape[-1], 5, generator=gen).to(DEVICE, dtype)
+    y = hotloop.rms_norm(x, w, 1e-6, backend="triton", casting=casting,
+                         in_place_backward=in_place)
+    seen = []
+    y.register_hook(lambda g: seen.append((g.data_ptr(), g._version)))  # keeps no reference
+    ((x + y if fan_out else y) @ proj).float().sum().backward()
+    return x.grad, w.grad, seen[0], x.grad._version
+
+def check_in_place():  # a function: its names stay out of the script around it
+    # A fresh gradient (the projection's): written over, in fused and looped rows, and its
+    # version bumped.
+    # (3-d: the projection's backward hands back a view of its 2-d product.)
+    for shape, dtype, casting in (((6, 64), torch.float32, "torch"),
+                                  ((3, 1000), torch.float16, "llama"),
+                                  ((2, 3, 64), torch.bfloat16, "torch"),
+                                  ((2, 40000), torch.float32, "torch")):
+        gx, gw, _, _ = in_place_step(shape, dtype, False, casting=casting)
+        ix, iw, (ptr, version), x_version = in_place_step(shape, dtype, True, casting=casting)
+        assert torch.equal(ix, gx) and torch.equal(iw, gw), (shape, casting)
+        assert ix.data_ptr() == ptr, "grad_x was not written over the incoming gradient"
+        assert x_version > version
+    # x + rms_norm(x): the add hands x's edge the same tensor; it must keep its value.
+    gx, gw, _, _ = in_place_step((6, 64), torch.float32, False, fan_out=True)
+    ix, iw, (ptr, _), _ = in_place_step((6, 64), torch.float32, True, fan_out=True)
+    assert torch.equal(ix, gx) and torch.equal(iw, gw)
+    assert ix.data_ptr() != ptr
+    # A gradient the caller passed stays as it was.
+    x = torch.randn(4, 64, device=DEVICE, requires_grad=True)
+    dy = torch.randn(4, 64, device=DEVICE)
+    kept = dy.clone()
+    hotloop.rms_norm(x, None, 1e-6, backend="triton", in_place_backward=True).backward(dy)
+    assert torch.equal(dy, kept)
+    print("in-place backward checks passed")
+
+
+check_in_place()
+"""
+
+
 def version_tuple(version: str) -> tuple[int, int]:
     major, minor = version.split(".")[:2]
     return int(major), int(minor)
@@ -537,9 +586,9 @@ def test_kernels_in_triton_interpreter(tmp_path: Path) -> None:
     # The tolerance table is op_testing's (the fresh Python imports torch, not the test helpers).
     forward_ad = f'DEVICE = "cpu"\n{FORWARD_AD_CHECKS}'
     script.write_text(
-        INTERPRETER_SCRIPT.replace("__RELATIVE_TOLERANCES__", repr(RELATIVE_TOLERANCES)).replace(
-            "__FORWARD_AD_CHECKS__", forward_ad
-        )
+        INTERPRETER_SCRIPT.replace("__RELATIVE_TOLERANCES__", repr(RELATIVE_TOLERANCES))
+        .replace("__FORWARD_AD_CHECKS__", forward_ad)
+        .replace("__IN_PLACE_CHECKS__", IN_PLACE_CHECKS)
     )
     # The child imports hotloop from wherever this process did (source tree or wheel).
     hotloop_root = str(Path(hotloop.__file__).resolve().parent.parent)
@@ -557,6 +606,7 @@ def test_kernels_in_triton_interpreter(tmp_path: Path) -> None:
     )
     assert proc.returncode == 0, f"stdout:\n{proc.stdout}\nstderr:\n{proc.stderr[-6000:]}"
     assert "forward AD checks passed" in proc.stdout
+    assert "in-place backward checks passed" in proc.stdout
     assert "interpreter checks passed" in proc.stdout
 
 
@@ -568,6 +618,13 @@ def test_forward_ad_on_cuda(capsys: pytest.CaptureFixture[str]) -> None:
         {"torch": torch, "hotloop": hotloop, "trn": triton_rms_norm, "DEVICE": "cuda"},
     )
     assert "forward AD checks passed" in capsys.readouterr().out
+
+
+@pytest.mark.gpu
+@requires_cuda
+def test_in_place_backward_on_cuda(capsys: pytest.CaptureFixture[str]) -> None:
+    exec(IN_PLACE_CHECKS, {"torch": torch, "hotloop": hotloop, "DEVICE": "cuda"})
+    assert "in-place backward checks passed" in capsys.readouterr().out
 
 
 @pytest.mark.parametrize("eps", [1e-6, 1e-5, 0.1, 1e-12, 0.0, 3.0])

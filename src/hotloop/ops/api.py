@@ -97,6 +97,7 @@ def rms_norm(
     *,
     casting: str = "torch",
     offset: float = 0.0,
+    in_place_backward: bool = False,
 ) -> Tensor:
     """RMSNorm over the last dimension, as ``torch.nn.functional.rms_norm(x, (H,), weight, eps)``.
 
@@ -115,6 +116,14 @@ def rms_norm(
     ``offset`` is 1.0, which only "gemma" takes). With a weight of another dtype, "llama"
     returns ``weight * rms_norm(x)`` in the promoted dtype, as ``LlamaRMSNorm`` does, and
     "gemma" applies the weight in float32, as ``GemmaRMSNorm`` does.
+
+    ``in_place_backward=True`` (``backend="triton"``): an eager backward writes grad_x over
+    the gradient it receives wherever only autograd's engine holds that gradient, which
+    saves one x-sized buffer at the norm's backward; where anything else holds it (a
+    fan-out such as ``x + rms_norm(x)``, the caller, a hook) the usual backward runs
+    (hotloop._grad_ownership says how it tells). Compiled and torch.func calls take the
+    usual backward. The native kernels read grad_out while they write grad_x through
+    pointers they assume apart, so they refuse it.
     """
     if x is None:  # before x.dtype below, which would fail without naming the op
         raise _missing_tensor("rms_norm", "x")
@@ -122,14 +131,21 @@ def rms_norm(
     if eps is None:
         eps = default_eps(x)
     if weight is not None and weight.dtype != x.dtype and _both_floating(x, weight):
-        return _rms_norm_mixed(x, weight, eps, backend, mode, offset)
+        return _rms_norm_mixed(x, weight, eps, backend, mode, offset, in_place_backward)
     if _pick_backend(x, backend) == "triton":
         if triton_rms_norm is None:
             raise RuntimeError(
                 f"rms_norm(backend='triton'): Triton can't be imported ({_TRITON_MISSING}); "
                 "install a CUDA build of torch, which brings Triton"
             )
-        return triton_rms_norm.rms_norm(x, weight, eps, mode, offset)
+        return triton_rms_norm.rms_norm(x, weight, eps, mode, offset, in_place_backward)
+    if in_place_backward:
+        raise ValueError(
+            "rms_norm(in_place_backward=True) needs backend='triton': the native kernels' "
+            "backward reads grad_out while it writes grad_x through pointers it assumes "
+            "apart, so it cannot write over grad_out. Pass backend='triton' (CUDA), or leave "
+            "in_place_backward off"
+        )
     if _autograd_has_nothing_to_do(x, weight) and not torch.is_inference_mode_enabled():
         # (Inference mode keeps the dispatcher out of Autograd kernels already, and the
         # guard costs a decode-sized call about 0.4 us.)
@@ -160,7 +176,13 @@ def _both_floating(x: Tensor, weight: Tensor) -> bool:
 
 
 def _rms_norm_mixed(
-    x: Tensor, weight: Tensor, eps: float, backend: str | None, mode: int, offset: float
+    x: Tensor,
+    weight: Tensor,
+    eps: float,
+    backend: str | None,
+    mode: int,
+    offset: float,
+    in_place_backward: bool,
 ) -> Tensor:
     """rms_norm for a weight whose dtype is not x's, computed as the mode's model computes it.
 
@@ -172,14 +194,23 @@ def _rms_norm_mixed(
     dtype; GemmaRMSNorm multiplies by ``1 + weight.float()`` and rounds once to x's dtype.
     """
     acc = torch.float64 if x.dtype == torch.float64 else torch.float32
+    in_place = in_place_backward
     if mode == LLAMA:
-        return weight * rms_norm(x, None, eps, backend)
+        return weight * rms_norm(x, None, eps, backend, in_place_backward=in_place)
     if mode == GEMMA:
-        y = rms_norm(x.to(acc), weight.to(acc), eps, backend, casting="gemma", offset=offset)
+        y = rms_norm(
+            x.to(acc),
+            weight.to(acc),
+            eps,
+            backend,
+            casting="gemma",
+            offset=offset,
+            in_place_backward=in_place,
+        )
     elif torch.promote_types(acc, weight.dtype) == acc:
-        y = rms_norm(x.to(acc), weight.to(acc), eps, backend)
+        y = rms_norm(x.to(acc), weight.to(acc), eps, backend, in_place_backward=in_place)
     else:  # a float64 weight with a narrower x: normalised in float32, weighted in float64
-        y = rms_norm(x.to(acc), None, eps, backend) * weight
+        y = rms_norm(x.to(acc), None, eps, backend, in_place_backward=in_place) * weight
     return y.to(x.dtype)
 
 

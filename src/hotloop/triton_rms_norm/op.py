@@ -8,6 +8,7 @@ from typing import Any, Callable, Optional
 import torch
 
 from hotloop._casting import check_casting
+from hotloop._grad_ownership import GradOverwritingFunction, engine_alone_holders
 from hotloop.triton_rms_norm.kernels import interpreting
 from hotloop.triton_rms_norm.launch import backward_rows, forward_rows
 
@@ -124,7 +125,11 @@ def _backward_grads(
     casting: int,
     offset: float,
     eager: bool = False,
+    grad_x: Optional[torch.Tensor] = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
+    """``grad_x``: where to write it (contiguous, x's shape and dtype; grad_out itself for
+    the in-place backward: the kernels read each tile of grad_out before they write it).
+    """
     check_casting("rms_norm_backward", casting, offset)
     _check_defined("rms_norm_backward", "grad_out", grad_out)
     _check_inputs("rms_norm_backward", x, weight)
@@ -134,7 +139,8 @@ def _backward_grads(
             f"{grad_out.dtype}{list(grad_out.shape)} on {grad_out.device} but x is "
             f"{x.dtype}{list(x.shape)} on {x.device} (expected the same shape, dtype, device)"
         )
-    grad_x = torch.empty(x.shape, dtype=x.dtype, device=x.device)
+    if grad_x is None:
+        grad_x = torch.empty(x.shape, dtype=x.dtype, device=x.device)
     if weight is None:
         grad_weight = torch.empty((0,), dtype=x.dtype, device=x.device)
     elif x.numel() == 0:
@@ -174,29 +180,35 @@ def _rms_norm_triton_backward(
 # ------------------------------------------------------------------------ eager calls
 
 
-def _plain_eager_call(x: torch.Tensor, weight: Optional[torch.Tensor]) -> bool:
-    """Whether a call can skip the dispatcher and launch the kernels itself: plain CUDA
-    tensors, called eagerly, with nothing that has to see the op (torch.compile or
-    another tracer, a torch.func transform, a dispatch or torch-function mode such as a
-    FakeTensorMode or a profiler's). Then the op's own path adds only host time: its
-    autograd and custom-op wrappers and Triton's argument binding (about 60-90 us a call
-    at (1, 4096) on an H200, against a 5 us kernel; benchmarks/NOTES.md, run 67)."""
+def _eager_call(x: torch.Tensor, weight: Optional[torch.Tensor]) -> bool:
+    """Whether a call runs eagerly on plain tensors with nothing that has to see the op
+    (torch.compile or another tracer, a torch.func transform, a dispatch or torch-function
+    mode such as a FakeTensorMode or a profiler's, forward-mode AD, whose tangent the op's
+    Autograd kernel gives)."""
     return (
         not torch.compiler.is_compiling()  # first: under Dynamo this ends the test
         and type(x) is torch.Tensor
         and (weight is None or type(weight) is torch.Tensor)
-        and x.is_cuda
         and not torch._C._len_torch_dispatch_stack()
         and not torch._C._is_torch_function_mode_enabled()
         and not torch._C._are_functorch_transforms_active()
-        # forward-mode AD (a dual level is open): the op's Autograd kernel gives the tangent
         and torch.autograd.forward_ad._current_level < 0
     )
 
 
-class _EagerRMSNorm(torch.autograd.Function):
+def _plain_eager_call(x: torch.Tensor, weight: Optional[torch.Tensor]) -> bool:
+    """Whether a call can skip the dispatcher and launch the kernels itself: an eager call
+    on CUDA tensors. Then the op's own path adds only host time: its autograd and custom-op
+    wrappers and Triton's argument binding (about 60-90 us a call at (1, 4096) on an H200,
+    against a 5 us kernel; benchmarks/NOTES.md, run 67)."""
+    return x.is_cuda and _eager_call(x, weight)
+
+
+class _EagerRMSNorm(GradOverwritingFunction):
     """The ops' forward and backward for eager calls that need gradients (what the op's
-    Autograd kernel, hotloop.ops.autograd's, gives it, without the dispatcher around it)."""
+    Autograd kernel, hotloop.ops.autograd's, gives it, without the dispatcher around it),
+    and the in-place backward: with ``in_place_backward``, grad_x is written over the
+    gradient received wherever only autograd's engine holds it (hotloop._grad_ownership)."""
 
     @staticmethod
     def forward(
@@ -206,19 +218,31 @@ class _EagerRMSNorm(torch.autograd.Function):
         eps: float,
         casting: int,
         offset: float,
+        in_place_backward: bool,
     ) -> torch.Tensor:
         ctx.save_for_backward(x, weight)
         ctx.eps, ctx.casting, ctx.offset = eps, casting, offset
-        return _forward(x, weight, eps, casting, offset, eager=True)
+        GradOverwritingFunction.setup(ctx, in_place_backward)
+        # (Under the interpreter a CPU x comes here for the in-place backward: it launches
+        # through Triton's own path.)
+        return _forward(x, weight, eps, casting, offset, eager=x.is_cuda)
 
     @staticmethod
-    @torch.autograd.function.once_differentiable
-    def backward(ctx: Any, grad_out: torch.Tensor) -> tuple[Optional[torch.Tensor], ...]:
+    def backward_writing(
+        ctx: Any, grad_out: torch.Tensor, writable: bool
+    ) -> tuple[Optional[torch.Tensor], ...]:
         x, weight = ctx.saved_tensors
         grad_x, grad_weight = _backward_grads(
-            grad_out, x, weight, ctx.eps, ctx.casting, ctx.offset, eager=True
+            grad_out,
+            x,
+            weight,
+            ctx.eps,
+            ctx.casting,
+            ctx.offset,
+            eager=x.is_cuda,
+            grad_x=grad_out if writable else None,
         )
-        return grad_x, (grad_weight if weight is not None else None), None, None, None
+        return grad_x, (grad_weight if weight is not None else None), None, None, None, None
 
 
 # ------------------------------------------------------------------------ Python API
@@ -230,6 +254,7 @@ def rms_norm(
     eps: Optional[float] = None,
     casting: int = 0,
     offset: float = 0.0,
+    in_place_backward: bool = False,
 ) -> torch.Tensor:
     """``F.rms_norm(x, (x.size(-1),), weight, eps)`` through the Triton kernels.
 
@@ -237,20 +262,30 @@ def rms_norm(
     for float64 x), as in ``F.rms_norm``. ``casting`` and ``offset`` are the ops' (the index
     of a mode of hotloop._casting.CASTINGS: 0 torch, 1 llama, 2 gemma; hotloop.rms_norm
     takes the names). Differentiable in ``x`` and ``weight``; traced by torch.compile
-    without a graph break.
+    without a graph break. ``in_place_backward``: an eager backward writes grad_x over the
+    gradient it receives where only autograd's engine holds it (hotloop._grad_ownership),
+    one x-sized buffer less; compiled and transformed calls take the usual backward.
     """
     if eps is None:
         acc = torch.float64 if x.dtype == torch.float64 else torch.float32
         eps = torch.finfo(acc).eps if x.is_floating_point() else 0.0
+    if in_place_backward and _eager_call(x, weight) and _needs_grad(x, weight):
+        engine_alone_holders()  # measured here, before any backward needs it
+        y: torch.Tensor = _EagerRMSNorm.apply(x, weight, eps, casting, offset, True)
+        return y
     if _plain_eager_call(x, weight):
-        if torch.is_grad_enabled() and (
-            x.requires_grad or (weight is not None and weight.requires_grad)
-        ):
-            y: torch.Tensor = _EagerRMSNorm.apply(x, weight, eps, casting, offset)
+        if _needs_grad(x, weight):
+            y = _EagerRMSNorm.apply(x, weight, eps, casting, offset, False)
             return y
         return _forward(x, weight, eps, casting, offset, eager=True)
     y = torch.ops.hotloop.rms_norm_triton(x, weight, eps, casting, offset)
     return y
+
+
+def _needs_grad(x: torch.Tensor, weight: Optional[torch.Tensor]) -> bool:
+    return torch.is_grad_enabled() and (
+        x.requires_grad or (weight is not None and weight.requires_grad)
+    )
 
 
 def rms_norm_backward(
