@@ -114,9 +114,13 @@ def engine_alone_holders() -> dict[int, Holders]:
             (_Probe.apply(torch.zeros(2, requires_grad=True)) * 2).sum().backward()
             probe_input = torch.zeros(2, 3, 4, requires_grad=True)
             (_Probe.apply(probe_input) @ torch.ones(4)).sum().backward()
-        for holders in _Probe.seen:
-            _ALONE[len(holders)] = holders
+        plain, view = _Probe.seen
         _Probe.seen.clear()
+        _ALONE[len(plain)] = plain
+        # Only a view's counts stand for views: were this gradient plain (another torch's
+        # backward), its storage might be shared, and its counts no baseline for plain ones.
+        if len(view) > len(plain):
+            _ALONE[len(view)] = view
     return _ALONE
 
 

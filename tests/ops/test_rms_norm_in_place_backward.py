@@ -164,6 +164,12 @@ def test_unguarded_write_corrupts_what_others_hold(
     assert not torch.equal(x.grad, expected_grad(step))
 
 
+def test_the_probe_measures_plain_gradients_and_views() -> None:
+    # Without a view's baseline, every 3-d activation's gradient (a linear layer's backward
+    # reshapes its 2-d product) would take the usual backward.
+    assert sorted(_grad_ownership.engine_alone_holders()) == [3, 5]
+
+
 def test_create_graph_never_writes_in_place() -> None:
     x, proj = inputs()
     Doubling.written.clear()
