@@ -186,6 +186,12 @@ def build_project_wheel(
     src = copy_project(project, workdir / "checkout")
     env = project_build_env(project, row, kind, tools_, build.site_packages(py))
     env.update(extra_env or {})
+    # nvcc's intermediates (tmpxft_*) go to $TMPDIR: a folder of this build's own, which
+    # nothing else on a shared builder clears while it runs, and which the next build replaces.
+    tmp = workdir / "tmp"
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir()
+    env["TMPDIR"] = str(tmp)
     try:
         wheel, log_path = build.build_in_venv(py, src, workdir, env, what=what)
     except BuildError as exc:

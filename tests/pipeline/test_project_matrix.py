@@ -130,10 +130,10 @@ def test_a_stable_only_project_skips_rows_below_its_floor(tmp_path, recorded) ->
 
 
 @pytest.mark.slow
-def test_the_fixture_cpu_wheel_in_fresh_venvs(tmp_path, monkeypatch) -> None:
+def test_the_fixture_cpu_wheel_in_fresh_venvs(tmp_path) -> None:
     """The real path: the fixture's stable CPU wheel, built by ``nox -s wheels -- --project
-    tests/fixtures/anyext --cpu``, tested with torch 2.15 on one Python."""
-    monkeypatch.setenv("HOTLOOP_CACHE_DIR", str(tmp_path / "cache"))
+    tests/fixtures/anyext --cpu`` (the toolchain cache as the caller set it), tested with torch
+    2.15 on one Python."""
     wheels = tmp_path / "wheelhouse"
     table = project.load_project(FIXTURE)
     rows = project_wheels.matrix.select_rows(project_wheels.matrix.load_rows(), "2.15")

@@ -252,3 +252,31 @@ def test_a_cell_whose_work_folder_another_run_holds_stops_before_building(
     with basics.exclusive_folder(held), pytest.raises(basics.FolderInUse, match=str(held)):
         project_wheels.run_cell(table, row, [row], interp, {}, tmp_path / "out", cpu=True)
     assert not (tmp_path / "out").exists()
+
+
+def test_build_temporaries_live_in_the_cells_work_folder(rows, tmp_path, monkeypatch) -> None:
+    """nvcc writes its intermediate files (tmpxft_*.ii) to $TMPDIR, /tmp by default: on a
+    shared builder, something clearing /tmp under a running build failed three extension-cpp
+    rows with 'cannot open source file /tmp/tmpxft_….cpp1.ii'. Each build gets a folder of its
+    own in its work folder."""
+    seen: dict[str, str] = {}
+
+    def fake_build(py, src, workdir, env, what):
+        seen.update(env)
+        raise BuildError("stop here")
+
+    monkeypatch.setattr(project_build.build, "create_venv", lambda *a, **k: tmp_path / "py")
+    monkeypatch.setattr(project_build.build, "site_packages", lambda py: tmp_path)
+    monkeypatch.setattr(project_build.build, "build_in_venv", fake_build)
+    monkeypatch.setenv("TMPDIR", "/tmp")
+    work = tmp_path / "work"
+    (work / "build.log").parent.mkdir(parents=True)
+    (work / "build.log").write_text("")
+    tools = Toolchain(None, tmp_path / "sysroot", {"CC": "/usr/bin/gcc", "CXX": "/usr/bin/g++"}, {})
+    interp = Interpreter("3.12", tmp_path / "python3.12", "test")
+    with pytest.raises(BuildError):
+        project_build.build_project_wheel(
+            project.load_project(FIXTURE), row_of(rows, "2.9"), "pinned", work, tools, interp
+        )
+    assert seen["TMPDIR"] == str(work / "tmp")
+    assert (work / "tmp").is_dir()
