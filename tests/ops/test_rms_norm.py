@@ -470,6 +470,56 @@ def test_no_grad_call_matches_and_records_nothing(device: str) -> None:
     assert y.grad_fn is not None
 
 
+@pytest.mark.parametrize("hidden", [64, 1001])
+def test_eager_gradients_equal_the_ops(device: str, hidden: int) -> None:
+    """An eager call that needs gradients skips the op's Python Autograd kernel (the API's
+    _EagerRmsNorm): it must give what the op through the dispatcher gives, bit for bit,
+    and leave what autograd checks in place (an x changed in place before backward)."""
+    torch.manual_seed(0)
+    x = torch.randn(5, hidden, device=device, requires_grad=True)
+    w = torch.randn(hidden, device=device, requires_grad=True)
+    g = torch.randn(5, hidden, device=device)
+    cases = [(w, (x, w), "torch", 0.0), (None, (x,), "torch", 0.0)]
+    cases += [(w, (x, w), "llama", 0.0), (w, (x, w), "gemma", 1.0)]
+    for weight, leaves, casting, offset in cases:
+        y = hotloop.rms_norm(x, weight, 1e-6, casting=casting, offset=offset)
+        mode = hotloop.ops.CASTINGS.index(casting)
+        expected_y = torch.ops.hotloop.rms_norm.default(x, weight, 1e-6, mode, offset)
+        assert torch.equal(y, expected_y), casting
+        got = torch.autograd.grad(y, leaves, g)
+        expected = torch.autograd.grad(expected_y, leaves, g)
+        for got_t, expected_t in zip(got, expected):
+            assert torch.equal(got_t, expected_t), casting
+    x_leaf = x.detach().clone().requires_grad_()
+    x_in = x_leaf * 1.0
+    y = hotloop.rms_norm(x_in, w, 1e-6)
+    x_in.mul_(2.0)
+    with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+        y.backward(g)
+
+
+def test_dispatch_modes_see_the_ops_of_an_eager_call(device: str) -> None:
+    """The eager shortcut is for plain calls only: a dispatch mode (FakeTensorMode, a
+    tracer, a profiler's) still sees the forward and the backward op."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class Recorder(TorchDispatchMode):
+        def __init__(self) -> None:
+            super().__init__()
+            self.ops: list[str] = []
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
+            self.ops.append(str(func))
+            return func(*args, **(kwargs or {}))
+
+    x = torch.randn(4, 256, device=device, requires_grad=True)
+    weight = torch.randn(256, device=device, requires_grad=True)
+    with Recorder() as recorder:
+        hotloop.rms_norm(x, weight, 1e-6).sum().backward()
+    assert "hotloop.rms_norm.default" in recorder.ops
+    assert "hotloop.rms_norm_backward.default" in recorder.ops
+
+
 @pytest.mark.parametrize(
     "backend",
     ["native", pytest.param("triton", marks=[pytest.mark.gpu, requires_cuda])],
