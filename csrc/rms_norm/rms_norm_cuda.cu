@@ -44,8 +44,13 @@ constexpr int kForwardMaxThreadsAt8 = 512;
 // and short rows take fewer threads (512 bfloat16 elements: one warp, no block barrier).
 // On an H200, whose memory needs more bytes in flight than an H100's, one vector a thread
 // left rows of 512-2048 bfloat16 elements at 73-81 % of copy bandwidth; two reached 90 %
-// (benchmarks/NOTES.md, run 67).
-constexpr RowKernelLimits kForwardLimits{/*max_vectors_per_thread=*/8, /*target_threads=*/256,
+// (benchmarks/NOTES.md, run 67). Up to 512 threads a row before a thread takes more vectors:
+// at H = 12288 bfloat16 four vectors on 384 threads ran 3 % (H100) and 6 % (H200) faster
+// than eight on 192, at 16384 four on 512 1-2.5 % faster than eight on 256, and 8192 and
+// 32768 within 1 % (runs 73-74: the registers of eight vectors leave fewer warps an SM). One
+// setting serves both GPUs: 1024 threads was no better on the H100 and 1-3 % slower on the
+// H200.
+constexpr RowKernelLimits kForwardLimits{/*max_vectors_per_thread=*/8, /*target_threads=*/512,
                                          /*max_threads=*/kForwardMaxThreadsAt8,
                                          /*min_vectors_per_thread=*/2};
 
@@ -601,13 +606,15 @@ __global__ void __launch_bounds__(kMaxThreadsPerBlock)
 }
 
 // A span holds one vector more than an aligned row of the same width: one warp more than
-// the vector kernel's target keeps the vectors a thread holds (and its registers) the same
-// as the aligned width's (4 a thread at H = 4095 gave 44 % occupancy and 69 % of copy
-// bandwidth on an H100).
+// 256 threads keeps a 4095-element 16-bit row at two vectors a thread on 288 threads (4 a
+// thread gave 44 % occupancy and 69 % of copy bandwidth on an H100; one on 544 threads was
+// 15 % slower on an H200, run 73). At least two vectors a thread, as in the aligned kernel:
+// rows of 1001 and 2047 bfloat16 elements ran 4-12 % faster with two than with one on 288
+// threads, on both GPUs (runs 73-74).
 constexpr RowKernelLimits kShiftedLimits{kForwardLimits.max_vectors_per_thread,
-                                         kForwardLimits.target_threads + kWarpSize,
+                                         /*target_threads=*/256 + kWarpSize,
                                          kForwardLimits.max_threads,
-                                         /*min_vectors_per_thread=*/1};
+                                         /*min_vectors_per_thread=*/2};
 
 // Shorter rows than kShiftedMinHidden keep the scalar kernel, which packs several to a
 // block; rms_norm_shifted_kernel takes the rest that the vector kernel's variants can hold.
@@ -696,7 +703,7 @@ bool launch_shifted_rms_norm(const scalar_t* x, const scalar_t* weight, scalar_t
     const std::optional<Tensor> shifted = shifted_weight_copies(weight, hidden, stream, like);
     const scalar_t* shifted_weight = shifted ? const_data<scalar_t>(*shifted) : nullptr;
     const dim3 grid(static_cast<unsigned>(row_blocks(rows, plan)));
-    return launch_vector_rows<1, 2>(plan, [&](auto vpt) {
+    return launch_vector_rows<2>(plan, [&](auto vpt) {
       rms_norm_shifted_kernel<scalar_t, kCasting, decltype(vpt)::value>
           <<<grid, plan.block(), 0, stream>>>(x, shifted_weight, y, rows, hidden, span_vectors, eps,
                                               offset);
@@ -1300,10 +1307,13 @@ __global__ void __launch_bounds__(kMaxThreadsPerBlock)
 }
 
 // grad_weight[j] = sum over p of partials[p][j], rounded to the weight's dtype.
-// Block (32, 8): threadIdx.x picks a column (coalesced reads along a partial
+// Block (32, 32): threadIdx.x picks a column (coalesced reads along a partial
 // row), threadIdx.y strides over the partial rows; shared memory finishes the sum.
+// Each thread's sum is a chain of dependent adds, so its length sets the kernel's time: with
+// 8 row groups the 528 partial rows of the headline's backward took 5.6 us on an H100, with 32
+// 3.6 us (run 74).
 constexpr int kSumColumns = 32;
-constexpr int kSumRowGroups = 8;
+constexpr int kSumRowGroups = 32;
 
 template <typename scalar_t>
 __global__ void sum_partials_kernel(const acc_type<scalar_t>* __restrict__ partials,
