@@ -771,11 +771,29 @@ void launch_rms_norm(const scalar_t* x, const scalar_t* weight, scalar_t* y, int
 // rows per SM, not one per row of x.
 // ---------------------------------------------------------------------------
 
+// The weight's elements for add_backward_sums and backward_vector: of a vector in
+// registers, or of vector idx in global memory, read one by one where they are used.
+template <typename Vec>
+__device__ __forceinline__ auto elements_of(const Vec& v) {
+  return [&v](int k) { return v.val[k]; };
+}
+template <typename Vec>
+__device__ __forceinline__ auto elements_of(const Vec* vectors, int idx) {
+  return [vectors, idx](int k) { return vectors[idx].val[k]; };
+}
+
 // The backward's arithmetic on one 16-byte vector of a row, shared by its kernels: the
-// row sums sum(x^2) and sum(g * x) with g = grad_out * weight ...
-template <Casting kCasting, typename Vec, typename acc_t>
+// row sums sum(x^2) and sum(g * x) with g = grad_out * weight ... `weight_at(k)` gives the
+// weight's element k of the vector (called only with has_weight): the vector kernel reads a
+// vector it loaded, the staged kernel each element from global memory where it multiplies,
+// as it did before these helpers (with a vector loaded up front, and x and grad_out read
+// through references into shared memory, its bfloat16 SASS grew from 2840 to 3080
+// instructions and H = 32768 forward+backward fell from 89 to 77 % of copy on an H100;
+// benchmarks/NOTES.md, runs 75-78). The span-staged kernel keeps its own two loops: through
+// these helpers nvcc scheduled it differently, and H = 8193 fell from 83 to 70 %.
+template <Casting kCasting, typename Vec, typename acc_t, typename WeightAt>
 __device__ __forceinline__ void add_backward_sums(const Vec& x, const Vec& grad_out,
-                                                  const Vec& weight, bool has_weight,
+                                                  const WeightAt& weight_at, bool has_weight,
                                                   acc_t (&sums)[2], acc_t offset) {
   using scalar_t = std::remove_cv_t<std::remove_reference_t<decltype(x.val[0])>>;
   constexpr int kVec = sizeof(x.val) / sizeof(x.val[0]);
@@ -784,7 +802,7 @@ __device__ __forceinline__ void add_backward_sums(const Vec& x, const Vec& grad_
     const acc_t xk = static_cast<acc_t>(x.val[k]);
     acc_t gk = static_cast<acc_t>(grad_out.val[k]);
     if (has_weight) {
-      gk = weighted_grad<kCasting, scalar_t>(gk, static_cast<acc_t>(weight.val[k]), offset);
+      gk = weighted_grad<kCasting, scalar_t>(gk, static_cast<acc_t>(weight_at(k)), offset);
     }
     sums[0] += xk * xk;
     sums[1] += gk * xk;
@@ -793,17 +811,18 @@ __device__ __forceinline__ void add_backward_sums(const Vec& x, const Vec& grad_
 
 // ... and, once the row's rstd and x_coeff = rstd^3 * sum(g * x) / H are known, grad_x of
 // the vector, adding its grad_out * xhat to the thread's grad_weight accumulator dw.
-template <Casting kCasting, typename Vec, typename acc_t, int kVec>
-__device__ __forceinline__ Vec backward_vector(const Vec& x, const Vec& grad_out, const Vec& weight,
-                                               bool has_weight, acc_t rstd, acc_t x_coeff,
-                                               acc_t (&dw)[kVec], acc_t offset) {
+template <Casting kCasting, typename Vec, typename acc_t, int kVec, typename WeightAt>
+__device__ __forceinline__ Vec backward_vector(const Vec& x, const Vec& grad_out,
+                                               const WeightAt& weight_at, bool has_weight,
+                                               acc_t rstd, acc_t x_coeff, acc_t (&dw)[kVec],
+                                               acc_t offset) {
   using scalar_t = std::remove_cv_t<std::remove_reference_t<decltype(x.val[0])>>;
   Vec out;
 #pragma unroll
   for (int k = 0; k < kVec; ++k) {
     const acc_t xk = static_cast<acc_t>(x.val[k]);
     const acc_t gok = static_cast<acc_t>(grad_out.val[k]);
-    const acc_t wk = has_weight ? static_cast<acc_t>(weight.val[k]) : acc_t(1);
+    const acc_t wk = has_weight ? static_cast<acc_t>(weight_at(k)) : acc_t(1);
     out.val[k] =
         static_cast<scalar_t>(grad_x_value<kCasting, scalar_t>(gok, wk, xk, rstd, x_coeff, offset));
     dw[k] += grad_weight_term<kCasting, scalar_t>(gok, xk, rstd);
@@ -883,7 +902,8 @@ __global__ void __launch_bounds__(kBackwardMaxThreads)
         if (weight_vec != nullptr) {
           wv = weight_vec[idx];
         }
-        add_backward_sums<kCasting>(xv[i], gov[i], wv, weight_vec != nullptr, sums, offset);
+        add_backward_sums<kCasting>(xv[i], gov[i], elements_of(wv), weight_vec != nullptr, sums,
+                                    offset);
       }
     }
     row_sum(sums);
@@ -899,7 +919,7 @@ __global__ void __launch_bounds__(kBackwardMaxThreads)
           wv = weight_vec[idx];
         }
         reinterpret_cast<Vec*>(grad_x + row * hidden)[idx] = backward_vector<kCasting>(
-            xv[i], gov[i], wv, weight_vec != nullptr, rstd, x_coeff, dw[i], offset);
+            xv[i], gov[i], elements_of(wv), weight_vec != nullptr, rstd, x_coeff, dw[i], offset);
       }
     }
   }
@@ -1004,12 +1024,10 @@ __global__ void __launch_bounds__(kStagedThreads)
     for (int i = 0; i < kVectorsPerThread; ++i) {
       const int idx = threadIdx.x + i * kStagedThreads;
       if (idx < part.num_vectors) {
-        Vec wv;
-        if (weight_vec != nullptr) {
-          wv = weight_vec[idx];
-        }
-        add_backward_sums<kCasting>(staged_x[idx], staged_go[idx], wv, weight_vec != nullptr, sums,
-                                    offset);
+        const Vec xv = staged_x[idx];
+        const Vec gov = staged_go[idx];
+        add_backward_sums<kCasting>(xv, gov, elements_of(weight_vec, idx), weight_vec != nullptr,
+                                    sums, offset);
       }
     }
     row_sum(sums);
@@ -1024,12 +1042,11 @@ __global__ void __launch_bounds__(kStagedThreads)
     for (int i = 0; i < kVectorsPerThread; ++i) {
       const int idx = threadIdx.x + i * kStagedThreads;
       if (idx < part.num_vectors) {
-        Vec wv;
-        if (weight_vec != nullptr) {
-          wv = weight_vec[idx];
-        }
-        gx_part[idx] = backward_vector<kCasting>(
-            staged_x[idx], staged_go[idx], wv, weight_vec != nullptr, rstd, x_coeff, dw[i], offset);
+        const Vec xv = staged_x[idx];
+        const Vec gov = staged_go[idx];
+        gx_part[idx] =
+            backward_vector<kCasting>(xv, gov, elements_of(weight_vec, idx), weight_vec != nullptr,
+                                      rstd, x_coeff, dw[i], offset);
         // After the store, which needs both reads: the copies may not overtake them.
         if (next >= 0) {
           stage_vector(staged_x + idx, x_next + idx);
@@ -1128,7 +1145,16 @@ __global__ void __launch_bounds__(kMaxThreadsPerBlock)
           zero_outside_row(gov, span, idx, hidden_int);
         }
         const Vec wv = span_weight_vectors.get(i, idx);
-        add_backward_sums<kCasting>(xv, gov, wv, weight_vec != nullptr, sums, offset);
+#pragma unroll
+        for (int k = 0; k < kVec; ++k) {
+          const acc_t xk = static_cast<acc_t>(xv.val[k]);
+          acc_t gk = static_cast<acc_t>(gov.val[k]);
+          if (weight_vec != nullptr) {
+            gk = weighted_grad<kCasting, scalar_t>(gk, static_cast<acc_t>(wv.val[k]), offset);
+          }
+          sums[0] += xk * xk;
+          sums[1] += gk * xk;
+        }
       }
     }
     row_sum(sums);
@@ -1145,8 +1171,16 @@ __global__ void __launch_bounds__(kMaxThreadsPerBlock)
         const Vec xv = staged_x[idx];
         const Vec gov = staged_go[idx];
         const Vec wv = span_weight_vectors.get(i, idx);
-        const Vec out = backward_vector<kCasting>(xv, gov, wv, weight_vec != nullptr, rstd, x_coeff,
-                                                  dw[i], offset);
+        Vec out;
+#pragma unroll
+        for (int k = 0; k < kVec; ++k) {
+          const acc_t xk = static_cast<acc_t>(xv.val[k]);
+          const acc_t gok = static_cast<acc_t>(gov.val[k]);
+          const acc_t wk = weight_vec != nullptr ? static_cast<acc_t>(wv.val[k]) : acc_t(1);
+          out.val[k] = static_cast<scalar_t>(
+              grad_x_value<kCasting, scalar_t>(gok, wk, xk, rstd, x_coeff, offset));
+          dw[i][k] += grad_weight_term<kCasting, scalar_t>(gok, xk, rstd);
+        }
         store_span_vector(grad_x + row * hidden, span, idx, hidden_int, out);
         // After the reads above: the copies may not overtake them.
         if (next < rows) {
@@ -1307,24 +1341,26 @@ __global__ void __launch_bounds__(kMaxThreadsPerBlock)
 }
 
 // grad_weight[j] = sum over p of partials[p][j], rounded to the weight's dtype.
-// Block (32, 32): threadIdx.x picks a column (coalesced reads along a partial
+// Block (32, kRowGroups): threadIdx.x picks a column (coalesced reads along a partial
 // row), threadIdx.y strides over the partial rows; shared memory finishes the sum.
-// Each thread's sum is a chain of dependent adds, so its length sets the kernel's time: with
-// 8 row groups the 528 partial rows of the headline's backward took 5.6 us on an H100, with 32
-// 3.6 us (run 74).
+// Each thread's sum is a chain of dependent adds, so its length sets the kernel's time: the
+// 528 partial rows of the headline's backward took 5.6 us on an H100 with 8 row groups (66
+// rows a chain) and 3.6 us with 32 (run 74). With few partial rows (wide rows: one a block
+// and 132 blocks) 32 groups leave 4-5 rows a thread and ran 1-3 % slower than 8 (H = 32768
+// and 65536, runs 75-77), so the launch takes 32 from kSumManyPartials rows on.
 constexpr int kSumColumns = 32;
-constexpr int kSumRowGroups = 32;
+constexpr int64_t kSumManyPartials = 512;
 
-template <typename scalar_t>
+template <typename scalar_t, int kRowGroups>
 __global__ void sum_partials_kernel(const acc_type<scalar_t>* __restrict__ partials,
                                     scalar_t* __restrict__ grad_weight, int64_t num_partials,
                                     int64_t hidden) {
   using acc_t = acc_type<scalar_t>;
-  __shared__ acc_t sums[kSumRowGroups][kSumColumns + 1];
+  __shared__ acc_t sums[kRowGroups][kSumColumns + 1];
   const int64_t col = static_cast<int64_t>(blockIdx.x) * kSumColumns + threadIdx.x;
   acc_t sum = 0;
   if (col < hidden) {
-    for (int64_t p = threadIdx.y; p < num_partials; p += kSumRowGroups) {
+    for (int64_t p = threadIdx.y; p < num_partials; p += kRowGroups) {
       sum += partials[p * hidden + col];
     }
   }
@@ -1333,7 +1369,7 @@ __global__ void sum_partials_kernel(const acc_type<scalar_t>* __restrict__ parti
   if (threadIdx.y == 0 && col < hidden) {
     acc_t total = 0;
 #pragma unroll
-    for (int r = 0; r < kSumRowGroups; ++r) {
+    for (int r = 0; r < kRowGroups; ++r) {
       total += sums[r][threadIdx.x];
     }
     grad_weight[col] = static_cast<scalar_t>(total);
@@ -1376,8 +1412,13 @@ void launch_rms_norm_backward(const scalar_t* grad_out, const scalar_t* x, const
     run(partials_ptr);
     if (weight != nullptr) {
       const dim3 sum_grid(static_cast<unsigned>(ceil_div(hidden, kSumColumns)));
-      sum_partials_kernel<scalar_t><<<sum_grid, dim3(kSumColumns, kSumRowGroups), 0, stream>>>(
-          partials_ptr, grad_weight, num_partials, hidden);
+      if (num_partials >= kSumManyPartials) {
+        sum_partials_kernel<scalar_t, 32><<<sum_grid, dim3(kSumColumns, 32), 0, stream>>>(
+            partials_ptr, grad_weight, num_partials, hidden);
+      } else {
+        sum_partials_kernel<scalar_t, 8><<<sum_grid, dim3(kSumColumns, 8), 0, stream>>>(
+            partials_ptr, grad_weight, num_partials, hidden);
+      }
       HOTLOOP_KERNEL_LAUNCH_CHECK();
     }
   };
