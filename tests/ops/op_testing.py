@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
 
 requires_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 DEVICES = ["cpu", pytest.param("cuda", marks=[pytest.mark.gpu, requires_cuda])]
@@ -88,3 +89,16 @@ def exact_square_sums(
     gen = torch.Generator(device="cpu").manual_seed(seed)
     k = torch.randint(-16, 17, (rows, hidden), generator=gen)
     return (k.to(torch.float32) / 8).to(device=device, dtype=dtype)
+
+
+class OpRecorder(TorchDispatchMode):
+    """A dispatch mode that records the name of every op it sees (``self.ops``): the eager
+    shortcuts past the dispatcher must still show hotloop's ops to such modes."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.ops: list[str] = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
+        self.ops.append(str(func))
+        return func(*args, **(kwargs or {}))

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.nn.functional as F
-from op_testing import TOLERANCES, requires_cuda, rms_norm_samples
+from op_testing import TOLERANCES, OpRecorder, requires_cuda, rms_norm_samples
 
 import hotloop
 
@@ -501,20 +501,9 @@ def test_eager_gradients_equal_the_ops(device: str, hidden: int) -> None:
 def test_dispatch_modes_see_the_ops_of_an_eager_call(device: str) -> None:
     """The eager shortcut is for plain calls only: a dispatch mode (FakeTensorMode, a
     tracer, a profiler's) still sees the forward and the backward op."""
-    from torch.utils._python_dispatch import TorchDispatchMode
-
-    class Recorder(TorchDispatchMode):
-        def __init__(self) -> None:
-            super().__init__()
-            self.ops: list[str] = []
-
-        def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
-            self.ops.append(str(func))
-            return func(*args, **(kwargs or {}))
-
     x = torch.randn(4, 256, device=device, requires_grad=True)
     weight = torch.randn(256, device=device, requires_grad=True)
-    with Recorder() as recorder:
+    with OpRecorder() as recorder:
         hotloop.rms_norm(x, weight, 1e-6).sum().backward()
     assert "hotloop.rms_norm.default" in recorder.ops
     assert "hotloop.rms_norm_backward.default" in recorder.ops

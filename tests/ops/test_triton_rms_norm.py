@@ -21,6 +21,7 @@ from op_testing import (
     BLOCK_GRAD_TOLERANCE,
     RELATIVE_TOLERANCES,
     TOLERANCES,
+    OpRecorder,
     requires_cuda,
     rms_norm_samples,
 )
@@ -314,20 +315,9 @@ def test_eager_calls_launch_what_the_op_launches() -> None:
 def test_dispatch_modes_see_the_op() -> None:
     # The eager shortcut is for plain calls only: a dispatch mode (FakeTensorMode, a
     # tracer, a profiler's) must still see hotloop's op, not the kernels' own tensors.
-    from torch.utils._python_dispatch import TorchDispatchMode
-
-    class Recorder(TorchDispatchMode):
-        def __init__(self) -> None:
-            super().__init__()
-            self.ops: list[str] = []
-
-        def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
-            self.ops.append(str(func))
-            return func(*args, **(kwargs or {}))
-
     x = torch.randn(4, 256, device="cuda", requires_grad=True)
     weight = torch.randn(256, device="cuda", requires_grad=True)
-    with Recorder() as recorder:
+    with OpRecorder() as recorder:
         out = triton_rms_norm.rms_norm(x, weight, 1e-6)
         out.sum().backward()
     assert "hotloop.rms_norm_triton.default" in recorder.ops
