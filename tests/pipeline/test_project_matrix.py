@@ -1,7 +1,8 @@
 """``nox -s matrix -- --project``: another project's compatibility table (project_matrix).
 
 The cells, the wheel each one tests and the folder the table lands in, with the fresh-venv
-test replaced by a recorder; the slow test runs the real thing on the fixture's CPU wheel."""
+test replaced by a recorder; .ci/run runs the real thing on the fixture's CPU wheel (which
+needs the wheels session's auditwheel to build)."""
 
 from __future__ import annotations
 
@@ -127,23 +128,6 @@ def test_a_stable_only_project_skips_rows_below_its_floor(tmp_path, recorded) ->
                          str(out)])  # fmt: skip
     torches = {c["torch"] for c in json.loads((out / "compatibility.json").read_text())["cells"]}
     assert min(torches, key=lambda t: tuple(map(int, t.split(".")))) == "2.10.0"
-
-
-@pytest.mark.slow
-def test_the_fixture_cpu_wheel_in_fresh_venvs(tmp_path) -> None:
-    """The real path: the fixture's stable CPU wheel, built by ``nox -s wheels -- --project
-    tests/fixtures/anyext --cpu`` (the toolchain cache as the caller set it), tested with torch
-    2.15 on one Python."""
-    wheels = tmp_path / "wheelhouse"
-    table = project.load_project(FIXTURE)
-    rows = project_wheels.matrix.select_rows(project_wheels.matrix.load_rows(), "2.15")
-    cells = project_wheels.run_project(table, rows, wheels, ["3.12"], True, True)
-    assert [c.status for c in cells] == ["passed"], cells
-    out = tmp_path / "out"
-    args = ["--project", str(FIXTURE), "--cpu", "--torch", "2.15", "--python", "3.12"]
-    assert project_matrix.main([*args, "--wheels", str(wheels), "--out", str(out)]) == 0
-    (cell,) = json.loads((out / "compatibility.json").read_text())["cells"]
-    assert (cell["torch"], cell["python"], cell["status"]) == ("2.15.0", "3.12", "passed")
 
 
 def test_this_repository_is_not_another_project(capsys) -> None:
