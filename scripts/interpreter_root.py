@@ -32,7 +32,13 @@ from pathlib import Path
 from scripts import basics, build, mmdebstrap, toolchain
 from scripts.interpreters import CONTAINER, Interpreter
 from scripts.toolchain.cache import stamp, stamped
-from scripts.wheeltest import PythonTestResult, last_summary_line, pytest_command
+from scripts.project import own_project
+from scripts.wheeltest import (
+    PythonTestResult,
+    installed_requirement,
+    last_summary_line,
+    pytest_command,
+)
 
 SUITE = "sid"
 # The Pythons the root provides: the host has 3.9-3.13 (pyenv); sid has these.
@@ -228,7 +234,7 @@ def run_op_tests_in_root(
             "--python",
             str(venv / "bin" / "python"),
             torch_spec,
-            f"hotloop[test] @ {wheel.resolve().as_uri()}",
+            installed_requirement(own_project(), wheel),
         ],
         pytest_command(venv / "bin" / "python"),
     ]
