@@ -31,8 +31,8 @@ from pathlib import Path
 
 from scripts import basics, build, mmdebstrap, toolchain
 from scripts.interpreters import CONTAINER, Interpreter
-from scripts.toolchain.cache import stamp, stamped
 from scripts.project import own_project
+from scripts.toolchain.cache import stamp, stamped
 from scripts.wheeltest import (
     PythonTestResult,
     installed_requirement,
