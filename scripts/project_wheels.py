@@ -146,7 +146,9 @@ def run_cell(
     with basics.exclusive_folder(workdir):
         try:
             cell.stage = "toolchain"
-            tools = toolchain.assemble(row.cuda, row.toolkit, with_cuda=not cpu)
+            tools = toolchain.assemble(
+                row.cuda, row.toolkit, source_name=project.import_name, with_cuda=not cpu
+            )
             cell.stage = "build"
             result = build_project_wheel(project, row, row.kind, workdir, tools, interp)
             cell.build_seconds = result.seconds

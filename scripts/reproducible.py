@@ -36,6 +36,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from scripts import basics, matrix, toolchain
+from scripts.project import own_project
 from scripts.wheelfile import sha256_of_file as sha256_file
 
 # Zip cannot store times before 1980; a commit older than that is clamped (as wheel does).
@@ -206,12 +207,25 @@ def diffoscope_report(a: Path, b: Path, out: Path) -> Path | None:
 
 
 def write_nvcc_wrapper(path: Path, nvcc: Path | str, launcher: str | None = None) -> Path:
-    """``path``: ``[launcher] nvcc`` (ccache, say) as every build runs it
-    (``toolchain.nvcc_wrapper_script``: the source name without the build folder)."""
+    """``path``: ``[launcher] nvcc`` (ccache, say) as every build of this repository's
+    package runs it (``toolchain.nvcc_wrapper_script``: the source name without the build
+    folder, after the package's import name)."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(toolchain.nvcc_wrapper_script([part for part in (launcher, nvcc) if part]))
+    command = [part for part in (launcher, nvcc) if part]
+    path.write_text(toolchain.nvcc_wrapper_script(command, own_project().import_name))
     path.chmod(0o755)
     return path
+
+
+def cold_toolchain(row: matrix.Row, with_cuda: bool) -> toolchain.Toolchain:
+    """The row's toolchain without ccache: what a user rebuilding the wheel elsewhere has."""
+    return toolchain.assemble(
+        row.cuda,
+        row.toolkit,
+        source_name=own_project().import_name,
+        with_cuda=with_cuda,
+        ccache=False,
+    )
 
 
 @dataclass
@@ -240,7 +254,7 @@ def build_once(
     from scripts import build
 
     interp = python or build.pick_build_python(row).path
-    tools = toolchain.assemble(row.cuda, row.toolkit, with_cuda=with_cuda, ccache=False)
+    tools = cold_toolchain(row, with_cuda)
     py = build.create_venv(
         workdir / "venv", interp, [f"torch=={row.torch}", *build.BUILD_REQUIREMENTS]
     )
@@ -270,7 +284,7 @@ def release_wheel(
     site = build.site_packages(python)
     provided = audit.torch_provided_libs(site)
     repaired, _ = audit.repair_wheel(wheel, out_dir / "repaired", provided)
-    tools = toolchain.assemble(row.cuda, row.toolkit, with_cuda=with_cuda, ccache=False)
+    tools = cold_toolchain(row, with_cuda)
     return finalize_release(row, repaired, out_dir / "final", tools.cuda_home, tools.sysroot, epoch)
 
 

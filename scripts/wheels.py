@@ -123,7 +123,9 @@ def run_cell(
             interp = build.pick_build_python(row, found)
             cell.build_python = f"{interp.version} ({interp.path})"
 
-            tools = toolchain.assemble(row.cuda, row.toolkit)
+            tools = toolchain.assemble(
+                row.cuda, row.toolkit, source_name=project.own_project().import_name
+            )
 
             cell.stage = "build"
             result = build.build_wheel(row, workdir, tools, interp)

@@ -136,14 +136,21 @@ class Toolchain:
 
 
 def assemble(
-    cuda: str, toolkit: Toolkit, *, with_cuda: bool = True, ccache: bool = True
+    cuda: str,
+    toolkit: Toolkit,
+    *,
+    source_name: str,
+    with_cuda: bool = True,
+    ccache: bool = True,
 ) -> Toolchain:
     """The toolchain of a build for CUDA ``cuda``: its toolkit (unless ``with_cuda`` is
     False), the glibc 2.31 sysroot and the compilers, wrapped in ccache when ``ccache`` is
-    wanted and available. Each piece is fetched once, then taken from the cache."""
+    wanted and available. Each piece is fetched once, then taken from the cache.
+    ``source_name``: the project's import name, which starts nvcc's source names."""
     cuda_home = ensure_cuda_toolkit(cuda, toolkit) if with_cuda else None
     sysroot = ensure_sysroot()
     ccache_bin = ensure_ccache() if ccache else None
     if ccache_bin is None:
         return Toolchain(cuda_home, sysroot, plain_compilers(), {})
-    return Toolchain(cuda_home, sysroot, compiler_wrappers(ccache_bin, cuda_home), ccache_env())
+    compilers = compiler_wrappers(ccache_bin, cuda_home, source_name=source_name)
+    return Toolchain(cuda_home, sysroot, compilers, ccache_env())

@@ -5,6 +5,7 @@ the compiler wrappers that run every build through it, nvcc included.
 from __future__ import annotations
 
 import os
+import shlex
 import shutil
 import subprocess
 from collections.abc import Sequence
@@ -72,13 +73,19 @@ def plain_compilers() -> dict[str, str]:
 
 
 def compiler_wrappers(
-    ccache_bin: Path, cuda_home: Path | None, cc: str = "gcc", cxx: str = "g++"
+    ccache_bin: Path,
+    cuda_home: Path | None,
+    *,
+    source_name: str,
+    cc: str = "gcc",
+    cxx: str = "g++",
 ) -> dict[str, str]:
     """``CC``, ``CXX`` and (with a CUDA toolkit) ``PYTORCH_NVCC`` that run through ccache.
 
     The wrappers are named ``gcc``/``g++`` (nvcc gets ``CC`` as ``-ccbin`` and recognises the
     host compiler by name); ``CCACHE_DIR`` lives in the cache, the wrappers in a folder of
     it named after their content (:func:`scripts.toolchain.cache.write_wrappers`).
+    ``source_name``: the name nvcc's source names start with (:func:`nvcc_wrapper_script`).
     """
     ccache = ccache_bin / "ccache"
     scripts = {
@@ -91,7 +98,7 @@ def compiler_wrappers(
     if cuda_home is not None:
         scripts["PYTORCH_NVCC"] = (
             "nvcc",
-            nvcc_wrapper_script([ccache, cuda_home / "bin" / "nvcc"]),
+            nvcc_wrapper_script([ccache, cuda_home / "bin" / "nvcc"], source_name),
         )
     return write_wrappers(cache_dir() / "ccache-wrappers", scripts)
 
@@ -106,7 +113,9 @@ def compiler_wrappers(
 # - nvcc hands cudafe++ and cicc the absolute path of each .cu file (--orig_src_path_name),
 #   and they hash it into the object's module ID and anonymous-namespace names: two build
 #   folders, two binaries. Torch passes one flag list to every .cu file, so the per-file name
-#   (the path from csrc/ on, the same everywhere) goes in here.
+#   goes in here: the project's name, then the path from the nearest folder above the file
+#   that holds a setup.py or pyproject.toml (the build's copy of the project, wherever it
+#   lies: a cache folder, the reproducibility check's run folder, a container's /project).
 NVCC_ARGUMENT_REWRITES = """\
 src=
 for arg do
@@ -120,15 +129,27 @@ for arg do
   esac
 done
 case "$src" in
-  */csrc/*) set -- "$@" "-Xcudafe=--orig_src_path_name=hotloop/csrc/${src##*/csrc/}" ;;
+  /*)
+    dir="${src%/*}"
+    while [ -n "$dir" ] && [ ! -f "$dir/setup.py" ] && [ ! -f "$dir/pyproject.toml" ]; do
+      dir="${dir%/*}"
+    done
+    if [ -n "$dir" ]; then
+      set -- "$@" "-Xcudafe=--orig_src_path_name=$source_name/${src#"$dir"/}"
+    fi
+    ;;
 esac
 """
 
 
-def nvcc_wrapper_script(command: Sequence[str | Path]) -> str:
-    """A shell script running ``command`` (``[ccache] nvcc``) with NVCC_ARGUMENT_REWRITES."""
+def nvcc_wrapper_script(command: Sequence[str | Path], source_name: str) -> str:
+    """A shell script running ``command`` (``[ccache] nvcc``) with NVCC_ARGUMENT_REWRITES;
+    ``source_name`` (the project table's ``import-name``) starts each source's name."""
     quoted = " ".join(f'"{part}"' for part in command)
-    return f'#!/bin/sh\n{NVCC_ARGUMENT_REWRITES}exec {quoted} "$@"\n'
+    return (
+        f"#!/bin/sh\nsource_name={shlex.quote(source_name)}\n"
+        f'{NVCC_ARGUMENT_REWRITES}exec {quoted} "$@"\n'
+    )
 
 
 def ccache_env() -> dict[str, str]:

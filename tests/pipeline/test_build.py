@@ -18,7 +18,7 @@ def test_build_env_follows_the_setup_py_contract(tmp_path, monkeypatch, newest_r
     tools = toolchain.Toolchain(
         tmp_path / "cuda",
         tmp_path / "sysroot",
-        toolchain.compiler_wrappers(tmp_path / "ccache", tmp_path / "cuda"),
+        toolchain.compiler_wrappers(tmp_path / "ccache", tmp_path / "cuda", source_name="hotloop"),
         toolchain.ccache_env(),
     )
     env = build.build_env(newest_row, tools, site)

@@ -158,24 +158,24 @@ def test_finalize_release_leaves_no_wheel_when_the_sbom_disagrees(
     assert list((tmp_path / "out").iterdir()) == []
 
 
-@pytest.mark.parametrize(
-    ("args", "added"),
-    [
-        (
-            ["-c", "/a/first/src/csrc/muladd/muladd_cuda.cu", "-o", "x.o"],
-            ["-Xcudafe=--orig_src_path_name=hotloop/csrc/muladd/muladd_cuda.cu"],
-        ),
-        (["--version"], []),
-    ],
-    ids=["cu-file", "no-source"],
-)
-def test_nvcc_wrapper_names_the_source_without_the_build_folder(tmp_path, args, added):
+def hotloop_copy(root: Path) -> Path:
+    """A build's copy of this repository's package under ``root``: its setup.py, a csrc/."""
+    (root / "csrc" / "muladd").mkdir(parents=True)
+    (root / "setup.py").write_text("")
+    return root
+
+
+@pytest.mark.parametrize("with_source", [True, False], ids=["cu-file", "no-source"])
+def test_nvcc_wrapper_names_the_source_without_the_build_folder(tmp_path, with_source):
     fake = tmp_path / "real-nvcc"
     fake.write_text('#!/bin/sh\nfor a in "$@"; do echo "$a"; done\n')
     fake.chmod(0o755)
+    source = hotloop_copy(tmp_path / "a" / "first" / "src") / "csrc/muladd/muladd_cuda.cu"
+    args = ["-c", str(source), "-o", "x.o"] if with_source else ["--version"]
+    added = ["-Xcudafe=--orig_src_path_name=hotloop/csrc/muladd/muladd_cuda.cu"]
     wrapper = reproducible.write_nvcc_wrapper(tmp_path / "bin" / "nvcc", fake)
     out = subprocess.run([str(wrapper), *args], capture_output=True, text=True, check=True)
-    assert out.stdout.splitlines() == [*args, *added]
+    assert out.stdout.splitlines() == [*args, *(added if with_source else [])]
 
 
 def test_nvcc_wrapper_runs_through_a_launcher(tmp_path):
@@ -185,11 +185,12 @@ def test_nvcc_wrapper_runs_through_a_launcher(tmp_path):
     launcher.write_text('#!/bin/sh\necho launcher\nexec "$@"\n')
     for script in (fake, launcher):
         script.chmod(0o755)
+    source = str(hotloop_copy(tmp_path / "p") / "csrc" / "x.cu")
     wrapper = reproducible.write_nvcc_wrapper(tmp_path / "nvcc", fake, str(launcher))
-    out = subprocess.run([str(wrapper), "/p/csrc/x.cu"], capture_output=True, text=True, check=True)
+    out = subprocess.run([str(wrapper), source], capture_output=True, text=True, check=True)
     assert out.stdout.splitlines() == [
         "launcher",
-        "/p/csrc/x.cu",
+        source,
         "-Xcudafe=--orig_src_path_name=hotloop/csrc/x.cu",
     ]
 

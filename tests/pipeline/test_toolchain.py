@@ -123,7 +123,7 @@ def test_cache_dir_honours_env(tmp_path, monkeypatch):
 
 def test_compiler_wrappers(tmp_path, monkeypatch):
     monkeypatch.setenv("HOTLOOP_CACHE_DIR", str(tmp_path))
-    env = toolchain.compiler_wrappers(tmp_path / "ccbin", tmp_path / "cuda")
+    env = toolchain.compiler_wrappers(tmp_path / "ccbin", tmp_path / "cuda", source_name="hotloop")
     assert {Path(v).name for v in env.values()} == {"gcc", "g++", "nvcc"}
     assert str(tmp_path / "cuda/bin/nvcc") in Path(env["PYTORCH_NVCC"]).read_text()
 
@@ -133,13 +133,17 @@ def test_compiler_wrappers_of_another_revision_do_not_replace_these(tmp_path, mo
     time: wrappers that differ (here: another ccache) get a folder of their own, and calling
     again with the same ones leaves the running scripts untouched."""
     monkeypatch.setenv("HOTLOOP_CACHE_DIR", str(tmp_path))
-    ours = toolchain.compiler_wrappers(tmp_path / "ccbin", tmp_path / "cuda")
+    ours = toolchain.compiler_wrappers(tmp_path / "ccbin", tmp_path / "cuda", source_name="hotloop")
     nvcc = Path(ours["PYTORCH_NVCC"])
     text, inode = nvcc.read_text(), nvcc.stat().st_ino
-    theirs = toolchain.compiler_wrappers(tmp_path / "other-ccbin", tmp_path / "cuda")
+    theirs = toolchain.compiler_wrappers(
+        tmp_path / "other-ccbin", tmp_path / "cuda", source_name="hotloop"
+    )
     assert Path(theirs["PYTORCH_NVCC"]).parent != nvcc.parent
     assert nvcc.read_text() == text
-    again = toolchain.compiler_wrappers(tmp_path / "ccbin", tmp_path / "cuda")
+    again = toolchain.compiler_wrappers(
+        tmp_path / "ccbin", tmp_path / "cuda", source_name="hotloop"
+    )
     assert again == ours
     assert nvcc.stat().st_ino == inode  # not rewritten
     assert not [p for p in nvcc.parent.iterdir() if p.name.startswith(".")]
@@ -155,7 +159,7 @@ def test_nvcc_wrapper_hands_ccache_the_short_dependency_options(tmp_path, monkey
     fake = ccbin / "ccache"  # prints the arguments it was given, one a line
     fake.write_text('#!/bin/sh\nfor a do printf "%s\\n" "$a"; done\n')
     fake.chmod(0o755)
-    env = toolchain.compiler_wrappers(ccbin, tmp_path / "cuda")
+    env = toolchain.compiler_wrappers(ccbin, tmp_path / "cuda", source_name="hotloop")
     args = [
         "--generate-dependencies-with-compile",
         "--dependency-output",
@@ -190,23 +194,35 @@ def test_nvcc_wrapper_hands_ccache_the_short_dependency_options(tmp_path, monkey
     assert out.stdout.split("\n")[1:-1] == args
 
 
+@pytest.fixture
+def echoing_ccache(tmp_path, monkeypatch) -> Path:
+    """A ``ccache`` in a folder of its own that drops the compiler and prints the arguments
+    it was given, one a line; the cache (and so the wrappers' folder) in ``tmp_path``."""
+    monkeypatch.setenv("HOTLOOP_CACHE_DIR", str(tmp_path))
+    fake = tmp_path / "ccbin" / "ccache"
+    fake.parent.mkdir()
+    fake.write_text('#!/bin/sh\nshift\nfor a do printf "%s\\n" "$a"; done\n')
+    fake.chmod(0o755)
+    return fake
+
+
 def test_release_nvcc_wrapper_names_the_source_as_the_reproducibility_check_does(
-    tmp_path, monkeypatch
+    tmp_path, echoing_ccache
 ):
     """`nox -s wheels` compiles through the ccache wrapper, `nox -s reproducible` without it:
     both must hand nvcc the build-folder-free source name, or the wheel a release ships is not
     the one the check proves reproducible (its CUDA objects hash the build folder)."""
-    monkeypatch.setenv("HOTLOOP_CACHE_DIR", str(tmp_path))
-    ccbin = tmp_path / "ccbin"
-    ccbin.mkdir()
-    fake = ccbin / "ccache"
-    fake.write_text('#!/bin/sh\nshift\nfor a do printf "%s\\n" "$a"; done\n')
-    fake.chmod(0o755)
-    release = toolchain.compiler_wrappers(ccbin, tmp_path / "cuda")["PYTORCH_NVCC"]
+    ccbin = echoing_ccache.parent
+    release = toolchain.compiler_wrappers(ccbin, tmp_path / "cuda", source_name="hotloop")[
+        "PYTORCH_NVCC"
+    ]
     check = reproducible.write_nvcc_wrapper(
-        tmp_path / "check" / "nvcc", tmp_path / "cuda/bin/nvcc", launcher=str(fake)
+        tmp_path / "check" / "nvcc", tmp_path / "cuda/bin/nvcc", launcher=str(echoing_ccache)
     )
-    source = "/some/build/folder/src/csrc/rms_norm/rms_norm_cuda.cu"
+    build_copy = tmp_path / "some" / "build" / "folder" / "src"
+    (build_copy / "csrc" / "rms_norm").mkdir(parents=True)
+    (build_copy / "setup.py").write_text("")
+    source = str(build_copy / "csrc" / "rms_norm" / "rms_norm_cuda.cu")
     outputs = [
         subprocess.run(
             [wrapper, "-c", source, "-o", "x.o"], capture_output=True, text=True, check=True
@@ -224,6 +240,34 @@ def test_release_nvcc_wrapper_names_the_source_as_the_reproducibility_check_does
             "-Xcudafe=--orig_src_path_name=hotloop/csrc/rms_norm/rms_norm_cuda.cu",
         ]
     )
+
+
+@pytest.mark.parametrize(
+    ("source", "name"),
+    [
+        ("csrc/ops/scan_cuda.cu", "myext/csrc/ops/scan_cuda.cu"),
+        ("myext/kernels/scan.cu", "myext/myext/kernels/scan.cu"),
+    ],
+    ids=["csrc", "kernels-in-the-package"],
+)
+def test_nvcc_wrapper_names_another_projects_sources_after_that_project(
+    tmp_path, echoing_ccache, source, name
+):
+    """Another project's CUDA sources get its own import name and their path from the folder
+    holding its setup.py (what a project build copies), whatever folder they sit in: never
+    hotloop's name, never the build folder."""
+    ccbin = echoing_ccache.parent
+    build_dir = tmp_path / "projects" / "myext" / "stable.cu13" / "checkout" / "myext"
+    (build_dir / source).parent.mkdir(parents=True)
+    (build_dir / "setup.py").write_text("")
+    nvcc = toolchain.compiler_wrappers(ccbin, tmp_path / "cuda", source_name="myext")
+    out = subprocess.run(
+        [nvcc["PYTORCH_NVCC"], "-c", str(build_dir / source)],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.splitlines()
+    assert out == ["-c", str(build_dir / source), f"-Xcudafe=--orig_src_path_name={name}"]
 
 
 # --------------------------------------------------------------------------- Debian toolkit
@@ -535,7 +579,7 @@ def fetched_pieces(tmp_path, monkeypatch):
 
 
 def test_assemble_wraps_every_compiler_in_ccache(fetched_pieces, tmp_path, newest_row):
-    tools = toolchain.assemble(newest_row.cuda, newest_row.toolkit)
+    tools = toolchain.assemble(newest_row.cuda, newest_row.toolkit, source_name="hotloop")
     assert fetched_pieces == [f"cuda {newest_row.cuda}", "sysroot"]
     assert tools.cuda_home == tmp_path / "cuda"
     assert tools.sysroot == tmp_path / "sysroot"
@@ -551,14 +595,18 @@ def test_assemble_wraps_every_compiler_in_ccache(fetched_pieces, tmp_path, newes
 
 
 def test_assemble_without_ccache_uses_the_plain_compilers(fetched_pieces, newest_row):
-    tools = toolchain.assemble(newest_row.cuda, newest_row.toolkit, ccache=False)
+    tools = toolchain.assemble(
+        newest_row.cuda, newest_row.toolkit, source_name="hotloop", ccache=False
+    )
     assert tools.compilers == toolchain.plain_compilers()
     assert tools.ccache_env == {}
     assert not any(name.startswith("CCACHE_") for name in tools.environment())
 
 
 def test_assemble_for_a_cpu_build_fetches_no_toolkit(fetched_pieces, newest_row):
-    tools = toolchain.assemble(newest_row.cuda, newest_row.toolkit, with_cuda=False)
+    tools = toolchain.assemble(
+        newest_row.cuda, newest_row.toolkit, source_name="hotloop", with_cuda=False
+    )
     assert fetched_pieces == ["sysroot"]
     assert tools.cuda_home is None
     assert sorted(tools.compilers) == ["CC", "CXX"]
@@ -568,7 +616,9 @@ def test_assemble_for_a_cpu_build_fetches_no_toolkit(fetched_pieces, newest_row)
 def test_build_env_of_a_cpu_toolchain_builds_for_the_cpu(fetched_pieces, newest_row, tmp_path):
     from scripts import build
 
-    tools = toolchain.assemble(newest_row.cuda, newest_row.toolkit, with_cuda=False)
+    tools = toolchain.assemble(
+        newest_row.cuda, newest_row.toolkit, source_name="hotloop", with_cuda=False
+    )
     env = build.build_env(newest_row, tools, tmp_path / "site")
     assert env["HOTLOOP_CUDA"] == "0"
     for var in ("CUDA_HOME", "TORCH_CUDA_ARCH_LIST", "CPATH", "PYTORCH_NVCC"):
