@@ -40,10 +40,12 @@ from typing import Any
 
 import torch
 from bench_rms_norm import driver_version
+from result_files import claim
 
 import hotloop
 
 # A Llama of 1B-class widths, cut to a few layers so that it builds and compiles quickly.
+TOOL = "bench_llama"
 CONFIG = dict(
     vocab_size=32000,
     hidden_size=2048,
@@ -229,6 +231,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    claim(args.out, ("llama_step.json", "llama_step.md"), TOOL)
     if not torch.cuda.is_available():
         print("bench_llama: no CUDA device; this benchmark needs a GPU", file=sys.stderr)
         return 2
@@ -263,6 +266,7 @@ def main(argv: list[str] | None = None) -> int:
         results[case]["seconds"] = round(time.perf_counter() - t0, 1)
         print(f"{case}: {results[case]}", flush=True)
     meta = metadata(args, err)
+    meta["tool"] = TOOL
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "llama_step.json").write_text(
         json.dumps({"meta": meta, "results": results}, indent=2) + "\n"

@@ -40,8 +40,10 @@ from typing import Any
 
 import torch
 import torch.nn.functional as F
+from result_files import claim
 
 HERE = Path(__file__).resolve().parent
+TOOL = "bench_rms_norm"
 DEFAULT_OUT = HERE / "results"
 EPS = 1e-6
 # Where the tensors live; only a smoke test of this script on a CPU machine changes it.
@@ -1006,6 +1008,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
+    outputs = ["rms_norm.json", "rms_norm.md"] + ([] if args.no_plot else ["rms_norm.png"])
+    claim(args.out, outputs, TOOL)
     if not torch.cuda.is_available():
         print(
             "bench_rms_norm: no CUDA device (torch.cuda.is_available() is False); this "
@@ -1087,7 +1091,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     out: Path = args.out
     out.mkdir(parents=True, exist_ok=True)
     doc = {
-        "meta": metadata(hotloop, liger_note, args.quick),
+        "meta": {**metadata(hotloop, liger_note, args.quick), "tool": TOOL},
         "notes": [n for n in (hotloop_note, liger_note) if n],
         "copy_bandwidth": {
             "gbps": copy_gbps,

@@ -48,6 +48,7 @@ from bench_rms_norm import (
     llama_rms_norm,
     rel_err,
 )
+from result_files import claim
 
 HERE = Path(__file__).resolve().parent
 DEFAULT_OUT = HERE / "results"
@@ -401,6 +402,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
+    claim(args.out, (f"{args.name}.json", f"{args.name}.md"), "bench_rms_norm_cpu")
     t0 = time.perf_counter()
     # Every shape and dtype is its own compiled graph here (dynamic=False, like a model
     # with a fixed hidden size): allow enough of them.
@@ -413,6 +415,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if note:
         print(f"note: {note}", file=sys.stderr)
     meta = metadata(hotloop, args.quick)
+    meta["tool"] = "bench_rms_norm_cpu"
     meta["loadavg_start"] = Path("/proc/loadavg").read_text().strip()
     print(
         f"{meta['cpu']}, {meta['cpu_count']} cores, {meta['torch_threads']} threads, "

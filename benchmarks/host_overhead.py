@@ -24,6 +24,7 @@ import argparse
 import json
 import platform
 import statistics
+import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -34,6 +35,10 @@ import torch.nn.functional as F
 from torch.profiler import ProfilerActivity, profile
 
 import hotloop
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from result_files import claim
 
 SHAPES = ((1, 4096), (8, 4096), (32, 8192))
 DTYPE = torch.bfloat16
@@ -161,6 +166,7 @@ def main(argv: list[str] | None = None) -> int:
         "--calls", type=positive_int, default=2000, help="calls per timed round (%(default)s)"
     )
     args = parser.parse_args(argv)
+    claim(args.out, ("host_overhead.json", "host_overhead.md"), "host_overhead")
     if args.device == "cuda" and not torch.cuda.is_available():
         parser.error("no CUDA device: pass --device cpu")
     meta = {
@@ -171,6 +177,7 @@ def main(argv: list[str] | None = None) -> int:
         "cuda": torch.version.cuda,
         "hotloop": hotloop.__version__,
         "python": platform.python_version(),
+        "tool": "host_overhead",
     }
     rows = measure(args.device, args.calls)
     args.out.mkdir(parents=True, exist_ok=True)

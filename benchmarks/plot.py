@@ -19,6 +19,7 @@ import matplotlib
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt
+from result_files import claim
 
 HERE = Path(__file__).resolve().parent
 DEFAULT_JSON = HERE / "results" / "rms_norm.json"
@@ -51,6 +52,7 @@ def sweep_points(results: list[dict[str, Any]], mode: str) -> dict[str, list[tup
 def plot(json_path: Path, png_path: Path | None = None) -> Path:
     doc = json.loads(Path(json_path).read_text())
     png_path = Path(png_path) if png_path else Path(json_path).with_suffix(".png")
+    claim(png_path.parent, [png_path.name], "bench_rms_norm")
     meta = doc.get("meta", {})
     copy_gbps = float(doc["copy_bandwidth"]["gbps"])
     results = doc["results"]

@@ -28,6 +28,7 @@ from typing import Any
 import torch
 
 HERE = Path(__file__).resolve().parent
+TOOL = "tune_triton_rms_norm"
 sys.path.insert(0, str(HERE))
 
 from bench_rms_norm import (  # noqa: E402 (the benchmark's timing, shared)
@@ -40,6 +41,7 @@ from bench_rms_norm import (  # noqa: E402 (the benchmark's timing, shared)
     sweep_shape,
     time_cuda,
 )
+from result_files import claim  # noqa: E402
 
 # In order of importance: the headline, the odd sizes, the rest.
 DEFAULT_HIDDEN = (4096, 4095, 8193, 1000, 16384, 8192, 2048, 1024)
@@ -229,6 +231,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
+    claim(args.out, ("tune_triton_rms_norm.json", "tune_triton_rms_norm.md"), TOOL)
     if not torch.cuda.is_available():
         print("tune_triton_rms_norm: needs a CUDA GPU", file=sys.stderr)
         return 2
@@ -246,7 +249,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     import hotloop
 
     doc = {
-        "meta": metadata(hotloop, liger_note="not part of the sweep", quick=False),
+        "meta": {
+            **metadata(hotloop, liger_note="not part of the sweep", quick=False),
+            "tool": TOOL,
+        },
         "copy_gbps": copy_gbps,
         "dtype": str(DTYPE).removeprefix("torch."),
         "bytes": {"fwd": "read x, write y", "bwd": "read x, dy; write dx"},

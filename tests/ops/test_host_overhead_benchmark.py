@@ -39,3 +39,26 @@ def test_host_overhead_refuses_no_calls(tmp_path: Path, capsys: pytest.CaptureFi
         load_script().main(["--device", "cpu", "--calls", "0", "--out", str(tmp_path)])
     assert "--calls: must be at least 1, got 0" in capsys.readouterr().err
     assert not (tmp_path / "host_overhead.json").exists()
+
+
+def test_host_overhead_leaves_a_foreign_file_alone(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    notes = tmp_path / "host_overhead.md"
+    notes.write_text("my own notes\n")
+    with pytest.raises(SystemExit) as refused:
+        load_script().main(["--device", "cpu", "--calls", "1", "--out", str(tmp_path)])
+    assert "host_overhead.md already exists and was not written by host_overhead" in str(
+        refused.value
+    )
+    assert notes.read_text() == "my own notes\n"
+    assert not (tmp_path / "host_overhead.json").exists()
+
+
+def test_host_overhead_rewrites_its_own_output(tmp_path: Path) -> None:
+    module = load_script()
+    for _ in range(2):
+        assert module.main(["--device", "cpu", "--calls", "1", "--out", str(tmp_path)]) == 0
+    assert json.loads((tmp_path / "host_overhead.json").read_text())["meta"]["tool"] == (
+        "host_overhead"
+    )
