@@ -14,7 +14,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from scripts import basics, matrix, toolchain, tools, wheel_sources
+from scripts import basics, diskspace, matrix, toolchain, tools, wheel_sources
 from scripts.basics import REPO
 from scripts.interpreters import Interpreter, find_interpreters
 from scripts.matrix import Row
@@ -60,6 +60,12 @@ def uv_exe() -> str:
     return exe
 
 
+def uv_cache_dir() -> Path:
+    """The folder uv downloads and unpacks wheels into (``$UV_CACHE_DIR``, else uv's own)."""
+    out = subprocess.run([uv_exe(), "cache", "dir"], capture_output=True, text=True, check=True)
+    return Path(out.stdout.strip())
+
+
 def uv_env() -> dict[str, str]:
     env = dict(os.environ)
     env["UV_PYTHON_DOWNLOADS"] = "never"
@@ -75,6 +81,9 @@ def create_venv(path: Path, python: Path, packages: Sequence[str], seed: bool = 
     if path.exists():
         shutil.rmtree(path)
     uv = uv_exe()
+    uv_cache = uv_cache_dir()
+    # uv hardlinks from its cache into a venv on the same filesystem and copies across two
+    diskspace.require_free_space([uv_cache, path.parent], diskspace.torch_install(uv_cache))
     seeding = ["--seed"] if seed else []
     subprocess.run(
         [uv, "venv", "--quiet", *seeding, "--python", str(python), str(path)],

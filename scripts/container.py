@@ -41,7 +41,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from scripts import basics, matrix, mmdebstrap, toolchain
+from scripts import basics, diskspace, matrix, mmdebstrap, toolchain
 from scripts.interpreters import find_interpreters
 
 IMAGE_REPOSITORY = "localhost/hotloop-builder"
@@ -382,6 +382,14 @@ def ensure_image(rows: Sequence[matrix.Row] | None = None) -> str:
     work = toolchain.cache_dir() / "container" / key
     if work.exists():
         shutil.rmtree(work)
+    diskspace.require_free_space(
+        [work],
+        diskspace.cache_download(
+            f"the build image's root and its tar ({name})",
+            diskspace.ROOT_BYTES,
+            toolchain.cache_dir(),
+        ),
+    )
     work.mkdir(parents=True)
     rootfs = work / "rootfs"
     build_rootfs(rootfs, homes)

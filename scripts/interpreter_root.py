@@ -29,7 +29,7 @@ import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
-from scripts import basics, build, mmdebstrap, toolchain
+from scripts import basics, build, diskspace, mmdebstrap, toolchain
 from scripts.interpreters import CONTAINER, Interpreter
 from scripts.project import own_project
 from scripts.toolchain.cache import stamp, stamped
@@ -91,6 +91,14 @@ def ensure_root(pythons: Sequence[str] = PYTHONS) -> Path:
     key = f"{root_key(pythons)}\n"
     if stamped(base, key) and rootfs.is_dir():
         return rootfs
+    diskspace.require_free_space(
+        [base],
+        diskspace.cache_download(
+            f"a Debian {SUITE} root with Python {', '.join(pythons)}",
+            diskspace.ROOT_BYTES,
+            toolchain.cache_dir(),
+        ),
+    )
     exe = mmdebstrap.ensure_mmdebstrap()
     mirror = toolchain.debian_mirror(toolchain.system_apt_sources()).uri
     partial = base / "rootfs.partial"
@@ -220,6 +228,12 @@ def run_op_tests_in_root(
     log_path = workdir / f"py{interp.version}.log"
     if cell.exists():
         shutil.rmtree(cell)
+    diskspace.require_free_space(
+        [uv_cache()],
+        diskspace.cache_download(
+            diskspace.TORCH_WHAT + " of the roots", diskspace.TORCH_BYTES, toolchain.cache_dir()
+        ),
+    )
     (cell / "run").mkdir(parents=True)
     venv = cell / "venv"
     uv = Path(build.uv_exe()).resolve()

@@ -10,9 +10,9 @@ import tarfile
 from collections.abc import Sequence
 from pathlib import Path
 
-from scripts import basics
+from scripts import basics, diskspace
 from scripts.toolchain.apt import apt_download
-from scripts.toolchain.cache import stamp
+from scripts.toolchain.cache import cache_dir, stamp
 from scripts.toolchain.cuda import DebPin, Toolkit, ToolkitError, check_nvcc_release, toolkit_root
 from scripts.wheelfile import sha256_of_file as file_sha256
 
@@ -163,6 +163,14 @@ def ensure_debian_toolkit(toolkit: Toolkit) -> Path:
     home = root / "home"
     if ready:
         return home
+    diskspace.require_free_space(
+        [root],
+        diskspace.cache_download(
+            f"Debian's CUDA {toolkit.nvcc} toolkit (.deb files)",
+            diskspace.TOOLKIT_BYTES,
+            cache_dir(),
+        ),
+    )
     specs = [pin.spec for pin in toolkit.debs]
     try:
         debs = apt_download(specs, toolkit.suite, root, components=toolkit.components)

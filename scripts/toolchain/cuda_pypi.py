@@ -10,8 +10,8 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from scripts import basics
-from scripts.toolchain.cache import stamp
+from scripts import basics, diskspace
+from scripts.toolchain.cache import cache_dir, stamp
 from scripts.toolchain.cuda import ToolkitError, check_nvcc_release, override_env_var, toolkit_root
 
 log = basics.logger("toolchain")
@@ -62,6 +62,14 @@ def ensure_pypi_toolkit(cuda: str, release: str, packages: Sequence[str]) -> Pat
     home = root / "home"
     if ready:
         return home
+    diskspace.require_free_space(
+        [root],
+        diskspace.cache_download(
+            f"the CUDA {release} toolkit (NVIDIA's PyPI packages)",
+            diskspace.TOOLKIT_BYTES,
+            cache_dir(),
+        ),
+    )
     site = root / "site-packages"
     uv = shutil.which("uv") or "uv"
     basics.run(

@@ -6,8 +6,9 @@ from pathlib import Path
 
 import pytest
 
-from scripts import build, ci, matrix, toolchain, variant
+from scripts import build, ci, diskspace, matrix, toolchain, variant
 from scripts.interpreters import Interpreter
+from tests.pipeline.disk_helpers import fake_statvfs
 
 
 def test_build_env_follows_the_setup_py_contract(tmp_path, monkeypatch, newest_row):
@@ -70,12 +71,28 @@ def test_create_venv_seeds_only_when_asked(tmp_path, monkeypatch):
     Python >= 3.12)."""
     commands: list[list[str]] = []
     monkeypatch.setattr(build, "uv_exe", lambda: "uv")
+    monkeypatch.setattr(build, "uv_cache_dir", lambda: tmp_path / "uv")
+    monkeypatch.setattr(diskspace.os, "statvfs", fake_statvfs(diskspace.TORCH_BYTES))
     monkeypatch.setattr(build.subprocess, "run", lambda cmd, **kw: commands.append(cmd))
     build.create_venv(tmp_path / "plain", Path("/usr/bin/python3.10"), ["torch"])
     build.create_venv(tmp_path / "seeded", Path("/usr/bin/python3.10"), ["torch"], seed=True)
     venvs = [c for c in commands if c[:2] == ["uv", "venv"]]
     assert "--seed" not in venvs[0]
     assert "--seed" in venvs[1]
+
+
+def test_a_venv_is_not_made_when_uvs_cache_has_no_room_for_torch(tmp_path, monkeypatch):
+    """Every torch x Python pair adds about 0.9 GB to uv's cache (more with a new CUDA line):
+    a run that would fill the disk stops before uv starts, naming the cache and the remedy."""
+    commands: list[list[str]] = []
+    monkeypatch.setattr(build, "uv_exe", lambda: "uv")
+    monkeypatch.setattr(build, "uv_cache_dir", lambda: tmp_path / "uv")
+    monkeypatch.setattr(diskspace.os, "statvfs", fake_statvfs(diskspace.GIB // 4))
+    monkeypatch.setattr(build.subprocess, "run", lambda cmd, **kw: commands.append(cmd))
+    with pytest.raises(diskspace.DiskSpaceError, match=r"uv\S*: 0\.2 GiB free.*uv cache prune"):
+        build.create_venv(tmp_path / "venv", Path("/usr/bin/python3.12"), ["torch==2.11.0"])
+    assert commands == []
+    assert not (tmp_path / "venv").exists()
 
 
 def test_every_build_of_a_row_runs_on_one_python(newest_row):

@@ -10,8 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from scripts import interpreter_root, interpreters, wheeltest
+from scripts import diskspace, interpreter_root, interpreters, wheeltest
 from scripts.interpreters import CONTAINER, Interpreter
+from tests.pipeline.disk_helpers import fake_statvfs
 
 
 def root_interp(tmp_path: Path, version: str = "3.14") -> Interpreter:
@@ -62,6 +63,17 @@ def test_a_non_root_user_gets_the_reason_not_a_root(monkeypatch) -> None:
     found, why = interpreter_root.root_interpreters(["3.14"])
     assert found == {}
     assert why == "entering the Debian root (unshare --mount + chroot) needs root on this machine"
+
+
+def test_a_root_is_not_made_without_room_for_it(tmp_path: Path, monkeypatch) -> None:
+    monkeypatch.setenv("HOTLOOP_CACHE_DIR", str(tmp_path))
+    monkeypatch.setattr(
+        interpreter_root.mmdebstrap, "ensure_mmdebstrap", lambda: pytest.fail("fetched mmdebstrap")
+    )
+    monkeypatch.setattr(diskspace.os, "statvfs", fake_statvfs(diskspace.GIB // 2))
+    with pytest.raises(diskspace.DiskSpaceError, match=r"0\.5 GiB free, but a Debian sid root"):
+        interpreter_root.ensure_root(("3.14",))
+    assert not interpreter_root.root_dir(("3.14",)).exists()
 
 
 def test_root_key_follows_what_the_root_holds() -> None:

@@ -15,8 +15,9 @@ from pathlib import Path
 
 import pytest
 
-from scripts import matrix, reproducible, toolchain
+from scripts import diskspace, matrix, reproducible, toolchain
 from tests.pipeline.deb_helpers import build_deb
+from tests.pipeline.disk_helpers import fake_statvfs
 
 DEB822 = """\
 Types: deb
@@ -505,6 +506,30 @@ def test_debian_toolkit_is_assembled_once_and_reused(debian_toolkit):
     assert not list(home.parent.glob("debs/*.deb"))
     assert toolchain.ensure_cuda_toolkit("12.8", toolkit) == home
     assert len(calls) == 1
+
+
+def test_debian_toolkit_is_not_downloaded_without_room_for_it(debian_toolkit, monkeypatch):
+    toolkit, calls = debian_toolkit()
+    monkeypatch.setattr(diskspace.os, "statvfs", fake_statvfs(diskspace.GIB))
+    with pytest.raises(
+        diskspace.DiskSpaceError,
+        match=r"1\.0 GiB free, but Debian's CUDA 12\.4 toolkit .* needs up to 2\.0 GiB.*"
+        r"HOTLOOP_CACHE_DIR=<folder>",
+    ):
+        toolchain.ensure_cuda_toolkit("12.8", toolkit)
+    assert calls == []
+
+
+def test_pypi_toolkit_is_not_downloaded_without_room_for_it(tmp_path, monkeypatch):
+    commands = []
+    monkeypatch.setenv("HOTLOOP_CACHE_DIR", str(tmp_path))
+    monkeypatch.delenv("HOTLOOP_CUDA_HOME_13_0", raising=False)
+    monkeypatch.setattr(toolchain.cuda_pypi.basics, "run", lambda cmd, **kw: commands.append(cmd))
+    monkeypatch.setattr(diskspace.os, "statvfs", fake_statvfs(diskspace.GIB))
+    toolkit = toolchain.Toolkit(nvcc="13.0.88", packages=("nvidia-cuda-nvcc==13.0.88",))
+    with pytest.raises(diskspace.DiskSpaceError, match=r"the CUDA 13\.0\.88 toolkit"):
+        toolchain.ensure_cuda_toolkit("13.0", toolkit)
+    assert commands == []
 
 
 def test_debian_toolkit_of_the_wrong_release_is_refused(debian_toolkit):
