@@ -95,7 +95,7 @@ def bench(session: nox.Session) -> None:
     run = benchmark.plan(session.posargs)
     if run.wheel is None:
         session.install(run.torch, *group("build"))
-        session.install("--no-build-isolation", ".", env=benchmark.CPU_BUILD_ENV)
+        session.install("--no-build-isolation", ".", env=benchmark.cpu_build_env())
     else:
         session.install(str(run.wheel), *group("bench"))
     session.run("python", run.benchmark, *run.args)

@@ -28,7 +28,9 @@ def written_by(path: Path, tool: str) -> bool:
 def claim(out: Path, names: Iterable[str], tool: str) -> None:
     """Refuse to run when *out* holds one of *names* that *tool* did not write."""
     if out.exists() and not out.is_dir():
-        raise SystemExit(f"{tool}: --out {out} is a file; expected a folder (it is created if missing).")
+        raise SystemExit(
+            f"{tool}: --out {out} is a file; expected a folder (it is created if missing)."
+        )
     foreign = [out / n for n in names if (out / n).exists() and not written_by(out / n, tool)]
     if foreign:
         listed = ", ".join(str(p) for p in foreign)

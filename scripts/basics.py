@@ -17,6 +17,8 @@ from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
+from scripts import names
+
 if sys.version_info >= (3, 11):
     import tomllib
 else:  # pragma: no cover - nox may run on 3.9/3.10, where tomli is installed
@@ -71,8 +73,8 @@ def exclusive_folder(folder: Path) -> Iterator[Path]:
             lock.seek(0)
             holder = lock.read().strip() or "an unknown process"
             raise FolderInUse(
-                f"{folder} is in use by another run ({holder}); wait for it to finish, "
-                "or give this run a cache of its own with HOTLOOP_CACHE_DIR=<another folder>"
+                f"{folder} is in use by another run ({holder}); wait for it to finish, or give "
+                f"this run a cache of its own with {names.CACHE_DIR_VARIABLE}=<another folder>"
             ) from None
         lock.truncate(0)
         lock.write(f"pid {os.getpid()}: {' '.join(sys.argv) or sys.executable}\n")

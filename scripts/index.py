@@ -9,7 +9,7 @@
     site/cu13/simple/<name>/index.html        the wheels for one CUDA major (``cu12``, ``cpu``)
     site/<variant>/simple/<name>/index.html   one variant (PyTorch's ``whl/cu130`` style)
     site/<variant>/index.html                 find-links page of one variant (PyG style)
-    site/.hotloop-index                       the list of files above (what a rebuild replaces)
+    site/<MANIFEST>                           the list of files above (what a rebuild replaces)
 
 ``<variant>`` is the wheel's local version label (``stable.cu13``, ``pt29cu128``), so the folder
 name and the ``+stable.cu13`` in the file name are the same string. The per-CUDA pages exist
@@ -51,6 +51,7 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from pathlib import Path, PurePosixPath
 from urllib.parse import quote
 
+from scripts.names import marker
 from scripts.project import ProjectTableError, load_project
 from scripts.wheelfile import (
     WheelError,
@@ -60,7 +61,7 @@ from scripts.wheelfile import (
 )
 
 FILES_DIR = "files"
-MANIFEST = ".hotloop-index"
+MANIFEST = marker("index")
 # PEP 629: the simple API version these pages follow.
 REPOSITORY_VERSION = "1.0"
 BASE_URL_PLACEHOLDER = "https://INDEX-URL"

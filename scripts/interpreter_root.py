@@ -266,7 +266,7 @@ def run_op_tests_in_root(
         **cert_env,
         "UV_CACHE_DIR": str(uv_cache().resolve()),
         "UV_PYTHON_DOWNLOADS": "never",
-        "HOTLOOP_TEST_INSTALLED": "1",
+        **own_project().test_env,
         "PYTHONDONTWRITEBYTECODE": "1",
     }
     command = enter_command(interp.root, ["sh", "-c", script], binds, env, cell / "run")

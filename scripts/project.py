@@ -215,6 +215,11 @@ class Project:
         }
         return {name: value.format(**values) for name, value in self.build_env.items()}
 
+    def cuda_switches(self) -> tuple[str, ...]:
+        """The ``build-env`` variables that are exactly ``{cuda}``: the build's own switch
+        between a CUDA (``1``) and a CPU-only (``0``) build."""
+        return tuple(name for name, value in self.build_env.items() if value == "{cuda}")
+
     def test_arguments(self, python: str = "python", root: str | None = None) -> list[str]:
         """``test-command`` (default: import the package) with ``python`` for the word
         ``python`` (the test venv's interpreter) and ``{project}`` as ``root`` (default: the

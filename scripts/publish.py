@@ -34,7 +34,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import parse_qsl, quote, quote_plus, unquote, unquote_plus, urlsplit
 
-from scripts import tools
+from scripts import names, tools
 from scripts.wheelfile import WheelError, describe_wheel, find_wheels
 
 # What the publish session installs (pyproject.toml's `publish` group); the tests use it too.
@@ -59,8 +59,8 @@ FAILED = "failed"
 # Outcomes that say the index itself is down: the other wheels would wait for nothing.
 _STOPS_THE_RUN = (TIMEOUT, UNREACHABLE)
 # Markers the twine wrapper below prints; twine itself would end in a traceback.
-_TIMEOUT_MARK = "hotloop-publish: timeout"
-_UNREACHABLE_MARK = "hotloop-publish: unreachable"
+_TIMEOUT_MARK = names.prefixed("publish: timeout")
+_UNREACHABLE_MARK = names.prefixed("publish: unreachable")
 
 # twine sends its requests without a timeout: a server that accepts the connection and never
 # answers holds an upload forever. This runs twine (pinned above) with requests' adapter given a

@@ -249,7 +249,7 @@ def build_once(
     The same steps as ``scripts.build.build_wheel`` (fresh venv with the row's torch, sources
     copied, setup.py's environment contract), without ccache: a cold build is what a user
     rebuilding the wheel elsewhere gets. ``provenance`` (``SOURCE_DATE_EPOCH``,
-    ``HOTLOOP_GIT_COMMIT``) replaces what ``scripts.build`` reads from git at this moment.
+    ``build.GIT_COMMIT_VARIABLE``) replaces what ``scripts.build`` reads from git at this moment.
     """
     from scripts import build
 
@@ -302,7 +302,7 @@ def build_twice(
     # Read once: a commit made while the builds run must not make them differ.
     provenance = {
         "SOURCE_DATE_EPOCH": build_mod.source_date_epoch(),
-        "HOTLOOP_GIT_COMMIT": build_mod.git_commit(),
+        build_mod.GIT_COMMIT_VARIABLE: build_mod.git_commit(),
     }
     epoch = int(provenance["SOURCE_DATE_EPOCH"])
     work.mkdir(parents=True, exist_ok=True)
@@ -327,7 +327,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument("--torch", help="row (default: newest); its wheel's build row is built")
-    parser.add_argument("--cpu", action="store_true", help="CPU kernels only (HOTLOOP_CUDA=0)")
+    parser.add_argument("--cpu", action="store_true", help="CPU kernels only (no CUDA toolkit)")
     parser.add_argument(
         "--arch-list", help="TORCH_CUDA_ARCH_LIST instead of the row's (a quicker CUDA check)"
     )

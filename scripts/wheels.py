@@ -11,8 +11,8 @@ Wheels that passed everything land in ``--out`` (default ``wheelhouse/``), next 
 ``<variant>.json`` per cell and ``report.json`` / ``report.md`` for the run. A failed cell
 leaves no wheel there. A new wheel replaces only a file of its own name: other releases in
 ``--out`` stay, and report files there that no run of this tool wrote stop the run. Work
-folders (venvs, build logs, unrepaired wheels) live under the cache: ``$HOTLOOP_CACHE_DIR``
-or ``.cache/hotloop/work/<variant>/``.
+folders (venvs, build logs, unrepaired wheels) live under the pipeline's cache
+(``scripts.toolchain.cache_dir``), in ``work/<variant>/``.
 """
 
 from __future__ import annotations

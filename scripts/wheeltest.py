@@ -2,7 +2,7 @@
 
 The tests run from an empty working directory so the source tree is never on ``sys.path``;
 what they run, with which extras and environment, is the project table's ``test-command``,
-``test-extras`` and ``test-env`` (this repository's: ``HOTLOOP_TEST_INSTALLED=1`` makes
+``test-extras`` and ``test-env`` (this repository's table sets a variable that makes
 tests/ops/conftest.py assert that the wheel is what it imports).
 """
 

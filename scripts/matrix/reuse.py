@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from scripts import toolchain, wheel_sources
+from scripts import names, toolchain, wheel_sources
 from scripts.basics import REPO
 from scripts.matrix.digests import source_digest
 from scripts.matrix.results import NOT_BUILT, NOT_RUN, log
@@ -166,7 +166,7 @@ def newest_wheel(variant: str, dirs: Sequence[Path]) -> Path | None:
 
 def not_built_reason(exc: BaseException) -> str:
     msg = str(exc)
-    m = re.search(r"point (HOTLOOP_CUDA_HOME_\w+) at", msg)
+    m = re.search(rf"point ({names.env_var('CUDA_HOME_')}\w+) at", msg)
     if "ship no bin/nvcc" in msg and m:
         return (
             f"PyPI's CUDA toolkit packages ship no nvcc; set {m.group(1)} to a toolkit "

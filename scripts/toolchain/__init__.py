@@ -59,11 +59,17 @@ from scripts.toolchain.cuda_debian import (
     extract_deb_members,
 )
 from scripts.toolchain.cuda_pypi import component_roots, ensure_pypi_toolkit
-from scripts.toolchain.sysroot import SYSROOT_PACKAGES, SYSROOT_SUITE, ensure_sysroot
+from scripts.toolchain.sysroot import (
+    SYSROOT_PACKAGES,
+    SYSROOT_SUITE,
+    SYSROOT_VARIABLE,
+    ensure_sysroot,
+)
 
 __all__ = [
     "SYSROOT_PACKAGES",
     "SYSROOT_SUITE",
+    "SYSROOT_VARIABLE",
     "AptSource",
     "DebPin",
     "Toolchain",
@@ -100,8 +106,8 @@ __all__ = [
 def ensure_cuda_toolkit(cuda: str, toolkit: Toolkit) -> Path:
     """Return a ``CUDA_HOME`` that builds the CUDA ``cuda`` rows, from ``toolkit``'s pins.
 
-    ``$HOTLOOP_CUDA_HOME_<major>_<minor>`` (the row's CUDA, e.g. a real 12.8 toolkit in CI
-    images) replaces the pinned packages.
+    The variable ``override_env_var(cuda)`` names (the row's CUDA, e.g. a real 12.8 toolkit
+    in CI images) replaces the pinned packages.
     """
     override = os.environ.get(override_env_var(cuda))
     if override:
@@ -129,7 +135,7 @@ class Toolchain:
 
     def environment(self) -> dict[str, str]:
         """The variables of setup.py's build contract that the toolchain decides."""
-        env = {"HOTLOOP_SYSROOT": str(self.sysroot), **self.compilers, **self.ccache_env}
+        env = {SYSROOT_VARIABLE: str(self.sysroot), **self.compilers, **self.ccache_env}
         if self.cuda_home is not None:
             env["CUDA_HOME"] = str(self.cuda_home)
         return env

@@ -11,14 +11,16 @@ import os
 from collections.abc import Mapping
 from pathlib import Path
 
+from scripts import names
 from scripts.basics import REPO
 
-STAMP = ".hotloop-complete"
+STAMP = names.marker("complete")
 
 
 def cache_dir() -> Path:
-    """``$HOTLOOP_CACHE_DIR`` or ``<repo>/.cache/hotloop`` (gitignored)."""
-    path = Path(os.environ.get("HOTLOOP_CACHE_DIR") or REPO / ".cache" / "hotloop")
+    """The folder ``names.CACHE_DIR_VARIABLE`` names, else ``names.DEFAULT_CACHE`` in the
+    repository (gitignored)."""
+    path = Path(os.environ.get(names.CACHE_DIR_VARIABLE) or REPO / names.DEFAULT_CACHE)
     path.mkdir(parents=True, exist_ok=True)
     return path
 

@@ -158,7 +158,7 @@ def ccache_env() -> dict[str, str]:
         "CCACHE_MAXSIZE": os.environ.get("CCACHE_MAXSIZE", "5G"),
         # No CCACHE_BASEDIR: it hands the compiler relative paths, which -ffile-prefix-map
         # does not map, so __FILE__ would read ../../csrc/… in a release wheel and
-        # hotloop/csrc/… in the reproducibility check's. Builds of a variant run in one
+        # <import-name>/csrc/… in the reproducibility check's. Builds of a variant run in one
         # folder of the cache (build.build_wheel), so absolute paths repeat and still hit.
         "CCACHE_NOHASHDIR": "1",
         "CCACHE_COMPILERCHECK": "content",

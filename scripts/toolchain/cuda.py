@@ -12,15 +12,16 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from scripts import basics
+from scripts import basics, names
 from scripts.toolchain.cache import cache_dir, stamped
 
 log = basics.logger("toolchain")
 
 
 def override_env_var(cuda: str) -> str:
-    """``HOTLOOP_CUDA_HOME_12_8``: a toolkit to use instead of the pinned packages."""
-    return "HOTLOOP_CUDA_HOME_" + cuda.replace(".", "_")
+    """The variable (``names.env_var("CUDA_HOME_12_8")`` for CUDA 12.8) naming a toolkit to
+    use instead of the pinned packages."""
+    return names.env_var("CUDA_HOME_" + cuda.replace(".", "_"))
 
 
 class ToolkitError(RuntimeError):

@@ -9,11 +9,14 @@ import shutil
 from collections.abc import Mapping
 from pathlib import Path
 
+from scripts import names
 from scripts.toolchain.apt import apt_download, extract_deb, relativize_symlinks
 from scripts.toolchain.cache import cache_dir, stamp, stamped, write_wrappers
 
 SYSROOT_SUITE = "bullseye"  # glibc 2.31; buster (2.28) is no longer on the Debian mirror
 SYSROOT_PACKAGES = ("libc6", "libc6-dev", "linux-libc-dev")
+# Names the sysroot to a build that reads it (this repository's setup.py, the build image).
+SYSROOT_VARIABLE = names.env_var("SYSROOT")
 GCC_MAJOR = "12"
 
 

@@ -51,7 +51,7 @@ def test_cpu_builds_the_source_tree_against_the_newest_rows_torch(tmp_path: Path
     assert run == bench.Plan(
         bench.CPU_BENCHMARK, ["--dtype", "float32"], torch=f"torch=={newest.torch}"
     )
-    assert bench.CPU_BUILD_ENV["HOTLOOP_CUDA"] == "0"
+    assert bench.cpu_build_env()["HOTLOOP_CUDA"] == "0"
 
 
 def test_cpu_takes_a_rows_torch() -> None:

@@ -147,7 +147,7 @@ def test_repair_cli_runs_the_nox_repair_and_audit(
 
 def test_test_command_is_the_installed_wheel_suite(cibw: dict) -> None:
     assert cibw["test-command"] == ci.test_command()
-    assert cibw["test-environment"] == ci.TEST_ENVIRONMENT
+    assert cibw["test-environment"] == ci.test_environment()
     assert cibw["test-extras"] == ["test"]
 
 
@@ -168,7 +168,7 @@ def test_nox_runs_the_same_pytest_command_and_environment(
     wheeltest.run_op_tests_in_venv("torch==2.11.0", tmp_path / "x.whl", interp, tmp_path)
     expected = ci.test_command().replace("{project}", str(basics.REPO)).split()
     assert [str(python), *expected[1:]] == seen["cmd"]
-    for key, value in ci.TEST_ENVIRONMENT.items():
+    for key, value in ci.test_environment().items():
         assert seen["env"].get(key) == value
 
 

@@ -15,7 +15,8 @@ def test_a_download_larger_than_the_free_space_is_refused_with_found_needed_and_
     message = str(exc.value)
     assert message.startswith(f"{uv_cache}: 0.2 GiB free, but a torch wheel")
     assert "needs up to 4.0 GiB there" in message
-    assert "uv cache prune" in message and "UV_CACHE_DIR=<folder>" in message
+    assert "uv cache prune" in message
+    assert "UV_CACHE_DIR=<folder>" in message
 
 
 def test_enough_free_space_lets_the_download_go_on(tmp_path):
@@ -37,7 +38,9 @@ def test_every_folder_a_download_writes_to_is_checked(tmp_path):
     (tmp_path / "a").mkdir()
     (tmp_path / "b").mkdir()
     download = diskspace.cache_download("x", 1, tmp_path)
-    diskspace.require_free_space([tmp_path / "a", tmp_path / "b"], download, fake_statvfs(GIB, seen))
+    diskspace.require_free_space(
+        [tmp_path / "a", tmp_path / "b"], download, fake_statvfs(GIB, seen)
+    )
     assert seen == [tmp_path / "a", tmp_path / "b"]
 
 

@@ -36,6 +36,17 @@ def test_hotloop_table_loads_with_its_values() -> None:
     assert table.build_environment("pinned", None, "2.9.1", "9.0")["HOTLOOP_CUDA"] == "0"
 
 
+def test_cuda_switches_are_the_build_env_variables_that_are_exactly_cuda(tmp_path: Path) -> None:
+    """What a CPU-only build sets to 0 (the container's --cpu proof, the CPU benchmark)."""
+    assert project.load_project(REPO).cuda_switches() == ("HOTLOOP_CUDA",)
+    body = (
+        MINIMAL
+        + 'build-env = { FORCE_CUDA = "{cuda}", CUDA_VERSION = "{cuda_version}", MAX_JOBS = "2" }\n'
+    )
+    table = project.load_project(write_table(tmp_path / "p", body).parent)
+    assert table.cuda_switches() == ("FORCE_CUDA",)
+
+
 def test_minimal_table_takes_the_defaults(tmp_path: Path) -> None:
     table = project.load_project(write_table(tmp_path / "p", MINIMAL).parent)
     assert table.python_abi == "abi3"
