@@ -51,6 +51,18 @@ PYTHON_ABIS = ("abi3", "per-python", "auto")
 BUILD_PLACEHOLDERS = ("kind", "cuda", "torch", "cuda_version", "arch_list")
 # What a test-command argument may name; the installed-wheel test fills them in.
 TEST_PLACEHOLDERS = ("project",)
+# Variables the pipeline sets for every build: a table that set them would build with other
+# compilers, headers or archs than those the pipeline audits against.
+PIPELINE_BUILD_VARIABLES = {
+    "CC": "the pipeline's compiler wrappers (sysroot, ccache)",
+    "CXX": "the pipeline's compiler wrappers (sysroot, ccache)",
+    "PYTORCH_NVCC": "the pipeline's nvcc wrapper",
+    "CUDA_HOME": "the row's toolkit",
+    "CPATH": "torch's CUDA library headers",
+    "TORCH_CUDA_ARCH_LIST": "the table's cuda-archs (or the row's list): set cuda-archs",
+    "SOURCE_DATE_EPOCH": "the checkout's last commit time",
+    "TMPDIR": "the cell's own work folder",
+}
 _NAME = re.compile(r"[A-Za-z0-9]([A-Za-z0-9._-]*[A-Za-z0-9])?")
 _IDENTIFIER = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 
@@ -99,6 +111,20 @@ def _only_placeholders(known: Sequence[str]) -> Any:
     return check
 
 
+def _build_env(value: Mapping[str, str]) -> str | None:
+    """Only the known placeholders, and no variable the pipeline sets for every build."""
+    for name in value:
+        if name in PIPELINE_BUILD_VARIABLES:
+            return f"{name} is set by the pipeline ({PIPELINE_BUILD_VARIABLES[name]})"
+    checked: str | None = _only_placeholders(BUILD_PLACEHOLDERS)(value)
+    return checked
+
+
+def _identifiers(values: tuple[str, ...]) -> str | None:
+    bad = [v for v in values if not _IDENTIFIER.fullmatch(v)]
+    return f"not Python identifiers: {bad}" if bad else None
+
+
 @dataclass(frozen=True)
 class AuditSettings:
     """``[tool.torch-wheels.audit]``: what the audit must find in each wheel."""
@@ -140,13 +166,21 @@ class Project:
     """Files and folders of the checkout that the build reads (copied to a private folder
     before every build; build output and ``.git`` left out). Empty: the whole checkout."""
 
-    build_env: Mapping[str, str] = rule(
-        _only_placeholders(BUILD_PLACEHOLDERS), default_factory=dict
-    )
+    build_env: Mapping[str, str] = rule(_build_env, default_factory=dict)
     """Environment variables the build needs, e.g. ``{ FORCE_CUDA = "{cuda}" }``. Values may
     name ``{kind}`` (stable/pinned), ``{cuda}`` (``1`` for a CUDA build, ``0`` for a CPU one),
     ``{torch}``, ``{cuda_version}`` and ``{arch_list}``. Set here what a setup.py needs to build
-    CUDA without a GPU and to build rather than download a prebuilt wheel."""
+    CUDA without a GPU (``FORCE_CUDA``), to build rather than download a prebuilt wheel
+    (``MYPKG_FORCE_BUILD = "TRUE"``), and its other switches (``MAX_JOBS``, ``NVCC_THREADS``
+    and ``NVCC_APPEND_FLAGS`` replace the pipeline's). The variables the pipeline sets for
+    every build (``CC``, ``CXX``, ``CUDA_HOME``, ``CPATH``, ``TORCH_CUDA_ARCH_LIST``: use
+    ``cuda-archs``) are refused."""
+
+    build_requires: tuple[str, ...] = ()
+    """More requirements of the build venv, next to the row's torch and the build folder's
+    ``[build-system] requires``: what the project's README asks to ``pip install`` before
+    ``pip install --no-build-isolation .`` (a setup.py that imports ``packaging``, say). Every
+    build runs without isolation, in that venv."""
 
     kinds: tuple[str, ...] = rule(_kinds, KINDS)
     """Wheel kinds the project ships: ``stable`` (one wheel per CUDA major on the LibTorch
@@ -180,6 +214,12 @@ class Project:
 
     test_env: Mapping[str, str] = field(default_factory=dict)
     """Environment variables the test command needs."""
+
+    top_level_modules: tuple[str, ...] = rule(_identifiers, ())
+    """Top-level modules the wheel installs besides ``import-name``, as their import names: a
+    compiled extension that a setup.py names outside its package (``causal_conv1d_cuda``,
+    ``flash_attn_2_cuda``). The wheel may hold ``NAME.*`` files and a ``NAME/`` folder for
+    each."""
 
     audit: AuditSettings = field(default_factory=AuditSettings)
     """The ``[tool.torch-wheels.audit]`` table."""

@@ -33,6 +33,7 @@ log = basics.logger("build")
 _SKIPPED_DIRS = frozenset({".git", "build", "dist", "__pycache__", ".nox", ".tox", ".venv"})
 _SKIPPED_SUFFIXES = (".so", ".o", ".pyc")
 _UNSUPPORTED_ARCH = re.compile(r"Unsupported gpu architecture '([a-z_0-9]+)'")
+_SUBMODULE_PATH = re.compile(r"^\s*path\s*=\s*(.+?)\s*$", re.MULTILINE)
 
 
 def skipped(rel: Path) -> bool:
@@ -42,10 +43,36 @@ def skipped(rel: Path) -> bool:
     )
 
 
+def empty_submodules(project: Project) -> list[str]:
+    """The git submodules (``.gitmodules``) among the build's ``sources`` that the checkout
+    has not filled in: a clone without ``--recursive`` leaves each an empty folder."""
+    gitmodules = project.root / ".gitmodules"
+    if not gitmodules.is_file():
+        return []
+    sources = [s.strip("/") for s in project.sources if s not in (".", "./")]
+    empty = []
+    for path in _SUBMODULE_PATH.findall(gitmodules.read_text()):
+        read = not sources or any(
+            path == s or path.startswith(f"{s}/") or s.startswith(f"{path}/") for s in sources
+        )
+        folder = project.root / path
+        filled = folder.is_dir() and any(p.name != ".git" for p in folder.iterdir())
+        if read and not filled:
+            empty.append(path)
+    return empty
+
+
 def project_files(project: Project) -> list[Path]:
     """The files the build reads: ``sources`` (default: the whole checkout: a setup.py may
-    read files above its folder, extension-cpp's its README), outputs left out, sorted."""
+    read files above its folder, extension-cpp's its README), outputs left out, sorted.
+    BuildError when a submodule they include is not checked out."""
     root = project.root
+    missing = empty_submodules(project)
+    if missing:
+        raise BuildError(
+            f"{root}: the git submodules {', '.join(missing)} (.gitmodules) are empty, and the "
+            f"build reads them; run `git -C {root} submodule update --init --recursive` first"
+        )
     found: list[Path] = []
     for item in project.sources or (".",):
         path = root / item
@@ -65,10 +92,11 @@ def project_files(project: Project) -> list[Path]:
 def copy_project(project: Project, dest: Path) -> Path:
     """A private copy of the project's sources at ``dest`` (replaced if there); returns the
     copy's build folder."""
+    files = project_files(project)
     if dest.exists():
         shutil.rmtree(dest)
     dest.mkdir(parents=True)
-    for path in project_files(project):
+    for path in files:
         target = dest / path.relative_to(project.root)
         target.parent.mkdir(parents=True, exist_ok=True)
         shutil.copy2(path, target)
@@ -76,14 +104,14 @@ def copy_project(project: Project, dest: Path) -> Path:
 
 
 def build_requirements(project: Project) -> list[str]:
-    """The project's ``[build-system] requires`` less torch (the row's is installed), plus
-    what the pipeline builds with."""
+    """The project's ``[build-system] requires`` less torch (the row's is installed), its
+    table's ``build-requires``, and what the pipeline builds with."""
     pyproject = project.build_root / "pyproject.toml"
     declared: list[str] = []
     if pyproject.is_file():
         declared = tomllib.loads(pyproject.read_text()).get("build-system", {}).get("requires", [])
     own = [r for r in declared if not re.match(r"torch\b(?![-_.\w])", r.strip())]
-    return [*own, *tools.BUILD, "build"]
+    return [*own, *project.build_requires, *tools.BUILD, "build"]
 
 
 def toolkit_targets(cuda_home: Path) -> list[str]:

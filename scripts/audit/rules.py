@@ -18,7 +18,7 @@ import io
 import re
 import zipfile
 from collections import Counter
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
@@ -282,9 +282,11 @@ def check_build_info(it: Inspection) -> Iterator[str]:
 # ------------------------------------------------------------------------------ the zip
 
 
-def path_problem(name: str, dist_info: str, package: str) -> str | None:
-    """Why a member name must not be in the wheel of import package ``package``, or None if
-    it may."""
+def path_problem(
+    name: str, dist_info: str, package: str, modules: Sequence[str] = ()
+) -> str | None:
+    """Why a member name must not be in the wheel of import package ``package`` (and the
+    top-level ``modules``), or None if it may."""
     if name.startswith("/") or re.match(r"[A-Za-z]:", name):
         return "absolute path: an installer would write it outside site-packages"
     if "\\" in name:
@@ -305,17 +307,23 @@ def path_problem(name: str, dist_info: str, package: str) -> str | None:
             "top of site-packages, scripts on PATH)"
         )
     roots = (f"{package}/", f"{package}.libs/", f"{dist_info}/")
-    if not name.startswith(roots):
-        return f"outside {', '.join(roots)}"
-    return None
+    if name.startswith(roots):
+        return None
+    if modules and (top.split(".", 1)[0] if len(segments) == 1 else top) in modules:
+        return None
+    also = f" or the top-level modules {', '.join(modules)}" if modules else ""
+    return f"outside {', '.join(roots)}{also}"
 
 
 @rule("member-paths")
 def check_member_paths(it: Inspection) -> Iterator[str]:
-    """Every member is under <import>/, <import>.libs/ or <distribution>-<version>.dist-info/."""
+    """Every member is under <import>/, <import>.libs/, <distribution>-<version>.dist-info/
+    or a top-level module the table names."""
     dist_info = f"{it.name}-{it.wheel.version}.dist-info"
     for info in it.wheel.infos():
-        problem = path_problem(info.filename, dist_info, it.project.import_name)
+        problem = path_problem(
+            info.filename, dist_info, it.project.import_name, it.project.top_level_modules
+        )
         if problem:
             yield f"{info.filename!r}: {problem}"
 

@@ -338,6 +338,29 @@ def test_libs_folder_and_dist_info_are_allowed(wheel_factory, newest_row, elf_li
     assert audit.check_wheel(wheel_factory(extra=extra), newest_row).violations == []
 
 
+@pytest.mark.parametrize(
+    "member", ["hotloop_cuda.cpython-312-x86_64-linux-gnu.so", "hotloop_cuda/__init__.py"]
+)
+def test_top_level_modules_the_table_names_are_allowed(wheel_factory, newest_row, elf_libs, member):
+    """causal-conv1d, flash-attn and mamba build their extension as a top-level module
+    (``causal_conv1d_cuda``) next to their package: the table names it, the audit takes it."""
+    wheel = wheel_factory(extra={member: elf_libs["no_torch"]})
+    refused = audit.check_wheel(wheel, newest_row)
+    assert rules(refused) == {"member-paths"}
+    table = dataclasses.replace(own_project(), top_level_modules=("hotloop_cuda",))
+    assert audit.check_wheel(wheel, newest_row, project=table).violations == []
+
+
+def test_a_top_level_module_the_table_does_not_name_is_refused_naming_those_it_does(
+    wheel_factory, newest_row
+):
+    table = dataclasses.replace(own_project(), top_level_modules=("hotloop_cuda",))
+    wheel = wheel_factory(extra={"other_cuda.abi3.so": "x"})
+    report = audit.check_wheel(wheel, newest_row, project=table)
+    assert rules(report) == {"member-paths"}
+    assert "or the top-level modules hotloop_cuda" in report.violations[0]
+
+
 def test_duplicate_members(wheel_factory, newest_row):
     wheel = wheel_factory()
     with pytest.warns(UserWarning, match="Duplicate name"), zipfile.ZipFile(wheel, "a") as zf:

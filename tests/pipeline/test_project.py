@@ -47,6 +47,28 @@ def test_cuda_switches_are_the_build_env_variables_that_are_exactly_cuda(tmp_pat
     assert table.cuda_switches() == ("FORCE_CUDA",)
 
 
+@pytest.mark.parametrize(
+    ("name", "use"),
+    [
+        ("TORCH_CUDA_ARCH_LIST", "set cuda-archs"),
+        ("CUDA_HOME", "the row's toolkit"),
+        ("CC", "compiler wrappers"),
+    ],
+)
+def test_build_env_refuses_what_the_pipeline_sets(tmp_path: Path, name: str, use: str) -> None:
+    path = write_table(tmp_path, MINIMAL + f'build-env = {{ {name} = "x" }}\n')
+    with pytest.raises(project.ProjectTableError) as err:
+        project.load_project(path)
+    assert f"build-env = {{'{name}': 'x'}}: {name} is set by the pipeline" in str(err.value)
+    assert use in str(err.value)
+
+
+def test_top_level_modules_are_import_names(tmp_path: Path) -> None:
+    path = write_table(tmp_path, MINIMAL + 'top-level-modules = ["my-ext_cuda"]\n')
+    with pytest.raises(project.ProjectTableError, match=r"not Python identifiers: \['my-ext"):
+        project.load_project(path)
+
+
 def test_minimal_table_takes_the_defaults(tmp_path: Path) -> None:
     table = project.load_project(write_table(tmp_path / "p", MINIMAL).parent)
     assert table.python_abi == "abi3"

@@ -4,6 +4,7 @@ the arch checks. The whole path runs on the fixture extension in .ci/run."""
 
 from __future__ import annotations
 
+import os
 import zipfile
 from pathlib import Path
 
@@ -103,6 +104,93 @@ def test_build_env_has_the_table_and_sysroot_compilers(rows, tmp_path, monkeypat
     assert f'"--sysroot={tmp_path / "sysroot"}"' in wrapper
     assert f'"-L{tmp_path / "sysroot" / "usr/lib/x86_64-linux-gnu"}"' in wrapper
     assert Path(env["CC"]).name == "gcc"
+
+
+def table_with(tmp_path: Path, body: str) -> project.Project:
+    """The fixture's table with ``body`` added (a file beside the fixture checkout)."""
+    path = tmp_path / "table.toml"
+    path.write_text(
+        f'[tool.torch-wheels]\ndistribution = "anyext"\nimport-name = "anyext"\n'
+        f'checkout = "{os.path.relpath(FIXTURE, tmp_path)}"\n{body}'
+    )
+    return project.load_project(path)
+
+
+@pytest.mark.parametrize(
+    ("line", "name", "value"),
+    [
+        ('build-env = { FORCE_CUDA = "{cuda}" }', "FORCE_CUDA", "1"),
+        ('build-env = { CAUSAL_CONV1D_FORCE_BUILD = "TRUE" }', "CAUSAL_CONV1D_FORCE_BUILD", "TRUE"),
+        ('build-env = { MAX_JOBS = "1" }', "MAX_JOBS", "1"),
+        ('build-env = { NVCC_THREADS = "1" }', "NVCC_THREADS", "1"),
+        ('build-env = { NVCC_APPEND_FLAGS = "-lineinfo" }', "NVCC_APPEND_FLAGS", "-lineinfo"),
+        ('cuda-archs = "9.0"', "TORCH_CUDA_ARCH_LIST", "9.0"),
+    ],
+    ids=["force-cuda", "force-build", "max-jobs", "nvcc-threads", "nvcc-flags", "arch-list"],
+)
+def test_what_readmes_ask_a_builder_to_set_reaches_the_build(
+    rows, tmp_path, monkeypatch, line, name, value
+) -> None:
+    """FORCE_CUDA, a FORCE_BUILD switch against prebuilt downloads, MAX_JOBS, nvcc's own
+    flags and the arch list: the table's values win over the pipeline's defaults."""
+    monkeypatch.setenv("HOTLOOP_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.setenv("MAX_JOBS", "16")
+    tools = Toolchain(
+        tmp_path / "cuda", tmp_path / "sysroot", {"CC": "/usr/bin/gcc", "CXX": "/usr/bin/g++"}, {}
+    )
+    table = table_with(tmp_path, line + "\n")
+    env = project_build.project_build_env(table, row_of(rows, "2.14"), "stable", tools, tmp_path)
+    assert env[name] == value
+
+
+def test_build_requires_join_the_build_venv(tmp_path) -> None:
+    """What a README asks to pip install before ``pip install --no-build-isolation .``."""
+    table = table_with(tmp_path, 'build-requires = ["packaging", "psutil>=5"]\n')
+    requirements = project_build.build_requirements(table)
+    assert requirements[:3] == ["setuptools>=77", "packaging", "psutil>=5"]
+
+
+def submodule_checkout(tmp_path: Path, filled: bool) -> project.Project:
+    """A checkout with a CUTLASS submodule under csrc/ (empty unless ``filled``) that the
+    build reads, and a docs theme submodule, never filled, that it does not."""
+    root = tmp_path / "proj"
+    (root / "csrc" / "cutlass").mkdir(parents=True)
+    (root / "csrc" / "cutlass" / ".git").write_text("gitdir: ../../.git/modules/cutlass\n")
+    if filled:
+        (root / "csrc" / "cutlass" / "include").mkdir()
+        (root / "csrc" / "cutlass" / "include" / "cutlass.h").write_text("//\n")
+    (root / "csrc" / "op.cu").write_text("//\n")
+    (root / "setup.py").write_text("")
+    (root / "docs").mkdir()
+    (root / ".gitmodules").write_text(
+        '[submodule "csrc/cutlass"]\n\tpath = csrc/cutlass\n\turl = https://github.com/NVIDIA/cutlass\n'
+        '[submodule "docs/theme"]\n\tpath = docs/theme\n\turl = https://example.org/theme\n'
+    )
+    table = tmp_path / "t.toml"
+    table.write_text(
+        '[tool.torch-wheels]\ndistribution = "pkg"\nimport-name = "pkg"\ncheckout = "proj"\n'
+        'sources = ["setup.py", "csrc"]\n'
+    )
+    return project.load_project(table)
+
+
+def test_an_empty_submodule_the_build_reads_is_refused_before_building(tmp_path) -> None:
+    table = submodule_checkout(tmp_path, filled=False)
+    with pytest.raises(BuildError) as err:
+        project_build.copy_project(table, tmp_path / "copy")
+    message = str(err.value)
+    assert "the git submodules csrc/cutlass (.gitmodules) are empty" in message
+    assert f"git -C {tmp_path / 'proj'} submodule update --init --recursive" in message
+    assert not (tmp_path / "copy").exists()
+
+
+def test_a_checked_out_submodule_is_copied_and_one_outside_the_sources_is_not_needed(
+    tmp_path,
+) -> None:
+    table = submodule_checkout(tmp_path, filled=True)
+    project_build.copy_project(table, tmp_path / "copy")
+    assert (tmp_path / "copy" / "csrc" / "cutlass" / "include" / "cutlass.h").is_file()
+    assert not (tmp_path / "copy" / "csrc" / "cutlass" / ".git").exists()
 
 
 def test_archs_a_toolkit_cannot_target() -> None:
