@@ -9,6 +9,7 @@ tests/ops/conftest.py assert that the wheel is what it imports).
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
 import time
@@ -59,6 +60,16 @@ def installed_requirement(project: Project, wheel: Path) -> str:
     return f"{project.distribution}{extras} @ {wheel.resolve().as_uri()}"
 
 
+def private_tmp(cell: Path) -> Path:
+    """A fresh temporary folder (with an Inductor cache folder) inside ``cell``; one left by an
+    interrupted run of the same cell is this cell's own and is replaced."""
+    tmp = cell / "tmp"
+    if tmp.exists():
+        shutil.rmtree(tmp)
+    (tmp / "torchinductor").mkdir(parents=True)
+    return tmp
+
+
 def run_in_fresh_venv(
     packages: Sequence[str],
     interp: Interpreter,
@@ -99,7 +110,15 @@ def run_in_fresh_venv(
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}
     env.update({"PYTHONDONTWRITEBYTECODE": "1", **env_extra})
     env["PATH"] = os.pathsep.join([str(py.parent), env.get("PATH", "")])
-    proc = subprocess.run(command(py), cwd=run_dir, env=env, capture_output=True, text=True)
+    # The host's /tmp is shared: pytest keeps three basetemps per user there and Inductor its
+    # cache, so another run's pruning or clearing fails this cell's fixtures and compiles. The
+    # cell gets its own, as a root cell gets its own /tmp.
+    tmp = private_tmp(cell)
+    env.update({"TMPDIR": str(tmp), "TORCHINDUCTOR_CACHE_DIR": str(tmp / "torchinductor")})
+    try:
+        proc = subprocess.run(command(py), cwd=run_dir, env=env, capture_output=True, text=True)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
     output = proc.stdout + proc.stderr
     log_path.write_text(output)
     status = "passed" if proc.returncode == 0 else "failed"

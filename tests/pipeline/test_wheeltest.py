@@ -29,3 +29,35 @@ def test_cells_run_in_a_venv_seeded_like_python_m_venv(monkeypatch, tmp_path) ->
     assert res.status == "passed"
     assert seen["seed"] is True
     assert res.source == "host (test)"  # where the interpreter came from, for the report
+
+
+def test_a_host_cell_has_its_own_temporary_folders_and_removes_them(monkeypatch, tmp_path) -> None:
+    """pytest's basetemps (``$TMPDIR/pytest-of-<user>``, three kept per user) and Inductor's
+    cache (``$TMPDIR/torchinductor_<user>``) are shared by every run on the host: another run
+    pruning or clearing them failed 2.11.0 / 3.11 (a precompiled header and fixtures' tmp_path
+    gone). Each host cell gets a private TMPDIR and Inductor cache, made before the suite and
+    removed after it, as a root cell gets its own /tmp."""
+    seen: dict = {}
+    monkeypatch.setenv("TMPDIR", "/tmp")
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", "/tmp/torchinductor_shared")
+    monkeypatch.setattr(
+        wheeltest, "create_venv", lambda *a, **kw: tmp_path / "venv" / "bin" / "python"
+    )
+
+    def fake_run(cmd, env, **kw):
+        seen.update(env)
+        inductor = Path(env["TORCHINDUCTOR_CACHE_DIR"])
+        seen["existed"] = Path(env["TMPDIR"]).is_dir() and inductor.is_dir()
+        if seen["existed"]:
+            (inductor / "pch").write_text("what the suite leaves")
+        return subprocess.CompletedProcess(cmd, 0, "1 passed\n", "")
+
+    monkeypatch.setattr(wheeltest.subprocess, "run", fake_run)
+    interp = wheeltest.Interpreter("3.11", Path("/usr/bin/python3.11"), "test")
+    cells = tmp_path / "cells"
+    res = wheeltest.run_op_tests_in_venv("torch==2.11.0", tmp_path / "x.whl", interp, cells)
+    assert res.status == "passed"
+    tmp, inductor = Path(seen["TMPDIR"]), Path(seen["TORCHINDUCTOR_CACHE_DIR"])
+    assert tmp.is_relative_to(cells / "py3.11") and inductor.is_relative_to(tmp)
+    assert seen["existed"]
+    assert not tmp.exists()  # removed with what the suite wrote there
