@@ -69,6 +69,7 @@ from scripts.matrix.reuse import WheelState, obtain_wheel, read_build_info
 from scripts.matrix.schedule import (
     NEGATIVE_PRIORITY,
     Deadline,
+    DiskFloor,
     JobQueue,
     build_order,
     cell_priority,
@@ -109,6 +110,7 @@ def run_matrix(args: argparse.Namespace) -> dict[str, Any]:
     wheels by variant; :func:`scripts.matrix.render.merge_previous` makes it the table)."""
     started = time.monotonic()
     deadline = Deadline(parse_deadline(args.deadline))
+    disk = DiskFloor(args.min_free_gb)
     rows = load_rows()
     selected = select_rows(rows, args.torch, all_rows=not args.torch)
     negative_plans = [] if args.no_negatives else plan_negatives(DEFAULT_NEGATIVES, rows)
@@ -145,6 +147,12 @@ def run_matrix(args: argparse.Namespace) -> dict[str, Any]:
                     "status": NOT_RUN,
                     "reason": "time (deadline reached)",
                 }
+            return
+        short = disk.shortage()
+        if short:
+            log(f"{name}: not run - {short}")
+            with lock:
+                cells[row.torch][interp.version] = {"status": NOT_RUN, "reason": short}
             return
         log(f"{name}: testing")
         try:
@@ -309,6 +317,12 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     )
     parser.add_argument(
         "--deadline", help="start no cell after HH:MM UTC (or +SECONDS); the rest: not run (time)"
+    )
+    parser.add_argument(
+        "--min-free-gb",
+        type=float,
+        default=6.0,
+        help="start no cell while less disk than this is free where cells install (default 6)",
     )
     parser.add_argument("--force", action="store_true", help="rerun cells whose result is recorded")
     parser.add_argument(

@@ -3,12 +3,16 @@
 Wheels that exist already (or built before: warm ccache) are got first, so their cells test
 while later wheels build; negative cells go before test cells (quick, and what the table must
 not lack); with a deadline, every row gets its most used Python before any row gets a second.
+Below a floor of free disk no cell starts (each new torch and Python adds a gigabyte to uv's
+cache, and a full disk fails every run on the machine, not only this one).
 """
 
 from __future__ import annotations
 
 import datetime
 import heapq
+import os
+import shutil
 import threading
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -32,6 +36,36 @@ class Deadline:
 
     def passed(self) -> bool:
         return self.at is not None and datetime.datetime.now(datetime.timezone.utc) >= self.at
+
+
+def install_paths() -> list[Path]:
+    """Where a cell's venv and downloads land: the cache folder (cells, the root's uv cache)
+    and uv's own cache."""
+    uv = os.environ.get("UV_CACHE_DIR") or os.path.join(
+        os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache", "uv"
+    )
+    return [toolchain.cache_dir(), Path(uv)]
+
+
+class DiskFloor:
+    """No cell starts while less than ``min_free_gb`` is free where cells install."""
+
+    def __init__(self, min_free_gb: float, paths: Sequence[Path] | None = None) -> None:
+        self.min_free_gb = min_free_gb
+        self.paths = paths
+
+    def shortage(self) -> str | None:
+        """Why a cell must not start now, or None."""
+        paths = self.paths if self.paths is not None else install_paths()
+        # A folder not made yet lies on its nearest existing parent's filesystem.
+        existing = [next(p for p in (path, *path.parents) if p.exists()) for path in paths]
+        free = min(shutil.disk_usage(p).free for p in existing) / 2**30
+        if free >= self.min_free_gb:
+            return None
+        return (
+            f"disk: {free:.1f} GB free where the cells install, "
+            f"below --min-free-gb {self.min_free_gb:g}"
+        )
 
 
 def parse_deadline(

@@ -5,12 +5,13 @@ from __future__ import annotations
 
 import threading
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
 from scripts import matrix, wheeltest
 from scripts.interpreters import Interpreter
-from scripts.matrix import plan, render, reuse, run
+from scripts.matrix import plan, render, reuse, run, schedule
 from scripts.matrix.results import FAIL, NOT_BUILT, NOT_RUN, PASS, UNSUPPORTED
 
 STABLE_CU13 = ["2.11.0", "2.12.1", "2.13.0", "2.14.1", "2.15.0"]
@@ -95,6 +96,8 @@ def fake_run(monkeypatch, tmp_path, wheel_factory, build_info_for):
     monkeypatch.setattr(run, "obtain_wheel", fake_obtain)
     monkeypatch.setattr(wheeltest, "run_op_tests_in_venv", fake_tests)
     monkeypatch.setattr(run, "run_negative", fake_negative)
+    # This machine's free disk is no part of these tests.
+    monkeypatch.setattr(schedule.shutil, "disk_usage", lambda path: SimpleNamespace(free=2**40))
     return calls
 
 
@@ -271,3 +274,25 @@ def test_the_table_says_free_threaded_pythons_get_no_wheel(fake_run) -> None:
     md = render.render_markdown(render.merge_previous(report, None, matrix.load_rows()))
     assert "Free-threaded Python (3.14t, 3.15t): no hotloop wheel." in md
     assert "`cp39-abi3`" in md
+
+
+def test_below_the_free_disk_floor_cells_are_not_run_and_say_so(fake_run, monkeypatch) -> None:
+    """Each new (torch, Python) pair adds about a gigabyte to uv's cache; a run that filled the
+    disk failed other people's runs on the same machine. Below ``--min-free-gb`` no cell
+    starts: it says "not run" with the free space found, and is not recorded."""
+    free = {"bytes": 5 * 2**30}
+    monkeypatch.setattr(schedule.shutil, "disk_usage", lambda path: SimpleNamespace(free=free["bytes"]))
+    report = run.run_matrix(run.parse_args(["--torch", "2.13", "--no-negatives"]))
+    cells = report["rows"]["2.13.0"]["cells"]
+    assert fake_run["test"] == []
+    assert cells["3.12"] == {
+        "status": NOT_RUN,
+        "reason": "disk: 5.0 GB free where the cells install, below --min-free-gb 6",
+    }
+    free["bytes"] = 7 * 2**30
+    report = run.run_matrix(run.parse_args(["--torch", "2.13", "--no-negatives"]))
+    cells = report["rows"]["2.13.0"]["cells"]
+    assert {cells[p]["status"] for p in report["rows"]["2.13.0"]["pythons"]} == {PASS}
+    fake_run["test"].clear()
+    run.run_matrix(run.parse_args(["--torch", "2.13", "--no-negatives", "--min-free-gb", "8"]))
+    assert fake_run["test"] == []  # recorded passes still count below the floor
