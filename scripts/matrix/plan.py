@@ -40,7 +40,7 @@ def plan_row(row: Row, pythons: Sequence[str] | None) -> list[CellPlan]:
                 )
             )
         elif pythons and py not in pythons:
-            cells.append(CellPlan(row.torch, py, NOT_RUN, "not selected (--python)"))
+            cells.append(CellPlan(row.torch, py, NOT_RUN, "not selected with --python"))
         else:
             cells.append(CellPlan(row.torch, py, TEST))
     return cells

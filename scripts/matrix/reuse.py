@@ -216,7 +216,7 @@ def obtain_wheel(
         log(f"{row.variant}: not built here: {exc}")
         return
     if not may_build:
-        state.status, state.reason = NOT_RUN, "time (deadline reached before the build)"
+        state.status, state.reason = NOT_RUN, "deadline reached before the build"
         return
     from scripts.wheels import run_cell  # its imports (audit) need the pipeline tools
 

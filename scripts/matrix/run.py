@@ -145,7 +145,7 @@ def run_matrix(args: argparse.Namespace) -> dict[str, Any]:
             with lock:
                 cells[row.torch][interp.version] = {
                     "status": NOT_RUN,
-                    "reason": "time (deadline reached)",
+                    "reason": "deadline reached",
                 }
             return
         short = disk.shortage()
@@ -204,7 +204,7 @@ def run_matrix(args: argparse.Namespace) -> dict[str, Any]:
             return
         if deadline.passed():
             with lock:
-                negatives.append(not_run(plan, "time (deadline reached)", state.wheel.name))
+                negatives.append(not_run(plan, "deadline reached", state.wheel.name))
             return
         name = f"negative {plan.pair.name}"
         log(f"{name}: running")
@@ -316,7 +316,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         "--wheels", action="append", help="more folders with wheels to reuse (default: wheelhouse/)"
     )
     parser.add_argument(
-        "--deadline", help="start no cell after HH:MM UTC (or +SECONDS); the rest: not run (time)"
+        "--deadline",
+        help="start no cell after HH:MM UTC (or +SECONDS); the rest: not run (deadline reached)",
     )
     parser.add_argument(
         "--min-free-gb",

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from scripts import matrix, toolchain
-from scripts.matrix import reuse
+from scripts.matrix import render, reuse
 from scripts.matrix.results import NOT_BUILT
 
 
@@ -133,3 +133,15 @@ def test_the_wheel_entry_names_what_it_serves() -> None:
     assert entry["requires_torch"] == "torch>=2.10"
     assert entry["build_torch"] == "2.11.0"
     assert entry["serves"] == ["2.11.0", "2.15.0"]
+
+
+def test_a_wheel_past_the_deadline_says_why_once(tmp_path, monkeypatch) -> None:
+    """The table showed "not run (time (deadline reached before the build))": the cell's
+    parentheses around a reason that had its own."""
+    monkeypatch.setenv("HOTLOOP_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.setattr(reuse.toolchain, "ensure_cuda_toolkit", lambda *a: None)
+    state = reuse.WheelState(builder_of(matrix.load_rows()[-1]))
+    reuse.obtain_wheel(state, tmp_path / "store", [], force=False, may_build=False)
+    assert state.wheel is None
+    cell = {"status": state.status, "reason": state.reason}
+    assert render.cell_text(cell) == "not run (deadline reached before the build)"

@@ -187,10 +187,15 @@ def test_restricted_run_keeps_the_other_rows(fake_run, tmp_path) -> None:
 
 
 def test_deadline_leaves_cells_not_run(fake_run) -> None:
-    report = run.run_matrix(run.parse_args(["--deadline", "+0", "--torch", "2.14"]))
-    cells = report["rows"]["2.14.1"]["cells"]
+    run.run_matrix(run.parse_args(["--torch", "2.14", "--python", "3.14"]))  # the wheel
+    fake_run["test"].clear()
+    args = ["--deadline", "+0", "--torch", "2.14", "--python", "3.10", "--python", "3.11"]
+    cells = run.run_matrix(run.parse_args(args))["rows"]["2.14.1"]["cells"]
     assert {cells[p]["status"] for p in ("3.10", "3.11", "3.12", "3.13")} == {NOT_RUN}
     assert fake_run["test"] == []
+    # Each reason reads once, in the cell's one pair of parentheses.
+    assert render.cell_text(cells["3.10"]) == "not run (deadline reached)"
+    assert render.cell_text(cells["3.12"]) == "not run (not selected with --python)"
 
 
 def test_past_the_deadline_recorded_results_still_count(fake_run) -> None:
@@ -281,7 +286,9 @@ def test_below_the_free_disk_floor_cells_are_not_run_and_say_so(fake_run, monkey
     disk failed other people's runs on the same machine. Below ``--min-free-gb`` no cell
     starts: it says "not run" with the free space found, and is not recorded."""
     free = {"bytes": 5 * 2**30}
-    monkeypatch.setattr(schedule.shutil, "disk_usage", lambda path: SimpleNamespace(free=free["bytes"]))
+    monkeypatch.setattr(
+        schedule.shutil, "disk_usage", lambda path: SimpleNamespace(free=free["bytes"])
+    )
     report = run.run_matrix(run.parse_args(["--torch", "2.13", "--no-negatives"]))
     cells = report["rows"]["2.13.0"]["cells"]
     assert fake_run["test"] == []
