@@ -47,11 +47,29 @@ def pytest_command(python: Path, repo: Path = REPO, extra: Sequence[str] = ()) -
     return [*own_project().test_arguments(str(python), str(repo)), *extra]
 
 
+# Failures whose cause lies in how the test imports the wheel, not in the wheel: what the
+# output says, and what to change in the table.
+FAILURE_HINTS = {
+    "libc10.so: cannot open shared object file": (
+        "an extension module was imported before torch, and it finds libc10 only through the "
+        "torch already loaded: let test-command import the package as its users do, torch first"
+    ),
+}
+
+
 def last_summary_line(output: str) -> str:
-    for line in reversed(output.strip().splitlines()):
-        if line.startswith("=") or " passed" in line or " failed" in line or "error" in line:
-            return line.strip("= ").strip()
-    return output.strip().splitlines()[-1] if output.strip() else ""
+    """pytest's summary line (or the last line), with the hint for a known cause."""
+    lines = output.strip().splitlines()
+    summary = next(
+        (
+            line.strip("= ").strip()
+            for line in reversed(lines)
+            if line.startswith("=") or " passed" in line or " failed" in line or "error" in line
+        ),
+        lines[-1] if lines else "",
+    )
+    hints = [hint for seen, hint in FAILURE_HINTS.items() if seen in output]
+    return "; ".join([summary, *hints])
 
 
 def installed_requirement(project: Project, wheel: Path) -> str:

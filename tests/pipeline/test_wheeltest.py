@@ -62,3 +62,20 @@ def test_a_host_cell_has_its_own_temporary_folders_and_removes_them(monkeypatch,
     assert inductor.is_relative_to(tmp)
     assert seen["existed"]
     assert not tmp.exists()  # removed with what the suite wrote there
+
+
+def test_an_extension_imported_before_torch_is_explained() -> None:
+    """causal-conv1d's wheel was fine; the first test-command imported its top-level
+    extension before torch."""
+    output = (
+        'Traceback (most recent call last):\n  File "<string>", line 1, in <module>\n'
+        "ImportError: libc10.so: cannot open shared object file: No such file or directory\n"
+    )
+    summary = wheeltest.last_summary_line(output)
+    assert summary.startswith("ImportError: libc10.so: cannot open shared object file")
+    assert summary.endswith("let test-command import the package as its users do, torch first")
+
+
+def test_a_plain_summary_gets_no_hint() -> None:
+    output = "collected 3 items\n...\n============ 3 passed in 1.2s ============\n"
+    assert wheeltest.last_summary_line(output) == "3 passed in 1.2s"
