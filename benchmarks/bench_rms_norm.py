@@ -788,12 +788,13 @@ def in_place_backward_memory(
     hotloop: Any, shape: tuple[int, ...], dtype: torch.dtype
 ) -> dict[str, Any]:
     """Peak GPU memory of a training step through the norm, with and without
-    in_place_backward (backend="triton"; issue 31), each peak above what was allocated before
+    in_place_backward (issue 31), on each backend, each peak above what was allocated before
     the step. The in-place backward writes grad_x over the gradient the next op's backward
     made: the norm's backward holds one x-sized tensor less. Two steps: "vector", x -> rms_norm
     -> @ v (H,) -> sum, where the norm's backward is the step's peak; "linear", x -> rms_norm
     -> @ proj (H, H) -> sum, where the linear layer's backward (its gradient materialised, its
-    input saved) is."""
+    input saved) is. Keys: "<backend>_<step>_..."; a backend that refuses the option (a build
+    from before the native kernels took it) gets "<backend>_refused" with the message."""
     H = shape[-1]
     gen = torch.Generator(device=DEVICE).manual_seed(0)
     x = torch.randn(shape, device=DEVICE, dtype=dtype, generator=gen, requires_grad=True)
@@ -807,9 +808,26 @@ def in_place_backward_memory(
         "shape": list(shape),
         "dtype": str(dtype).removeprefix("torch."),
         "how": "torch.cuda.max_memory_allocated over the forward and over the backward of a "
-        "step (x -> rms_norm(backend='triton') -> @ head -> sum), above what was allocated "
+        "step (x -> rms_norm(backend=...) -> @ head -> sum), above what was allocated "
         "before it",
     }
+    for backend in ("native", "triton"):
+        try:
+            _in_place_steps(hotloop, backend, x, w, heads, memory)
+        except ValueError as err:
+            memory[f"{backend}_refused"] = str(err)
+            print(f"in_place_backward, {backend}: refused: {err}", flush=True)
+    return memory
+
+
+def _in_place_steps(
+    hotloop: Any,
+    backend: str,
+    x: torch.Tensor,
+    w: torch.Tensor,
+    heads: dict[str, torch.Tensor],
+    memory: dict[str, Any],
+) -> None:
     for step, head in heads.items():
         grads = {}
         for in_place in (False, True):
@@ -818,33 +836,33 @@ def in_place_backward_memory(
             torch.cuda.empty_cache()
             torch.cuda.reset_peak_memory_stats()
             base = torch.cuda.memory_allocated()
-            y = hotloop.rms_norm(x, w, EPS, backend="triton", in_place_backward=in_place)
+            y = hotloop.rms_norm(x, w, EPS, backend=backend, in_place_backward=in_place)
             loss = (y @ head).sum()
             del y  # held by the graph only, as in a model
             forward_peak = torch.cuda.max_memory_allocated() - base
             torch.cuda.reset_peak_memory_stats()
             loss.backward()
             torch.cuda.synchronize()
-            key = f"{step}_{'in_place' if in_place else 'default'}"
+            key = f"{backend}_{step}_{'in_place' if in_place else 'default'}"
             memory[f"{key}_step_peak_bytes"] = max(
                 forward_peak, torch.cuda.max_memory_allocated() - base
             )
             grads[in_place] = (x.grad.clone(), w.grad.clone())
             del loss
-        memory[f"{step}_saved_bytes"] = (
-            memory[f"{step}_default_step_peak_bytes"] - memory[f"{step}_in_place_step_peak_bytes"]
+        name = f"{backend}_{step}"
+        memory[f"{name}_saved_bytes"] = (
+            memory[f"{name}_default_step_peak_bytes"] - memory[f"{name}_in_place_step_peak_bytes"]
         )
-        memory[f"{step}_same_grads"] = all(
+        memory[f"{name}_same_grads"] = all(
             torch.equal(a, b) for a, b in zip(grads[False], grads[True])
         )
         print(
-            f"in_place_backward, {step} step: peak "
-            f"{memory[f'{step}_default_step_peak_bytes'] / 2**20:.0f} -> "
-            f"{memory[f'{step}_in_place_step_peak_bytes'] / 2**20:.0f} MiB (x is "
-            f"{memory['x_bytes'] / 2**20:.0f} MiB), same grads: {memory[f'{step}_same_grads']}",
+            f"in_place_backward, {backend}, {step} step: peak "
+            f"{memory[f'{name}_default_step_peak_bytes'] / 2**20:.0f} -> "
+            f"{memory[f'{name}_in_place_step_peak_bytes'] / 2**20:.0f} MiB (x is "
+            f"{memory['x_bytes'] / 2**20:.0f} MiB), same grads: {memory[f'{name}_same_grads']}",
             flush=True,
         )
-    return memory
 
 
 def sweep_shape(hidden: int, total: int) -> tuple[int, int]:

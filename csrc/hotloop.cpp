@@ -22,13 +22,21 @@ HOTLOOP_LIBRARY(m) {
   m.def(
       "rms_norm_backward(Tensor grad_out, Tensor x, Tensor? weight, float eps, int casting=0, "
       "float offset=0.) -> (Tensor, Tensor)");
+  // rms_norm_backward with grad_x written over grad_out (contiguous, sharing no memory with
+  // x or weight); returns grad_weight. The in-place backward of an eager rms_norm whose
+  // incoming gradient nothing else holds (hotloop._grad_ownership).
+  m.def(
+      "rms_norm_backward_(Tensor(a!) grad_out, Tensor x, Tensor? weight, float eps, "
+      "int casting=0, float offset=0.) -> Tensor");
 
   // In place: residual += x (in float32, rounded to the dtype on store), then
   // x = rms_norm(residual) * weight, where the norm reads the *rounded* residual
   // just stored. The op therefore equals the unfused
-  //   residual.add_(x); x.copy_(rms_norm(residual, weight, eps))
-  // up to float32 rounding, on CPU and CUDA alike.
-  m.def("fused_add_rms_norm(Tensor(a!) x, Tensor(b!) residual, Tensor weight, float eps) -> ()");
+  //   residual.add_(x); x.copy_(rms_norm(residual, weight, eps, casting, offset))
+  // on CPU and CUDA alike, casting and offset as rms_norm's.
+  m.def(
+      "fused_add_rms_norm(Tensor(a!) x, Tensor(b!) residual, Tensor weight, float eps, "
+      "int casting=0, float offset=0.) -> ()");
 
   // RMSNorm with a float8_e4m3fn output, for FP8 GEMMs (vLLM's
   // rms_norm_static_fp8_quant and rms_norm_dynamic_per_token_quant):
@@ -36,20 +44,24 @@ HOTLOOP_LIBRARY(m) {
   // out = e4m3(y * (1 / scale)), 1 / scale formed in float32, rounded to nearest
   // even and saturated to +-448 (NaN stays NaN). out is shaped like x, contiguous.
   // Static: `scale` is one float32 element ([] or [1]) on x's device, read there.
-  m.def("rms_norm_fp8(Tensor x, Tensor weight, Tensor scale, float eps) -> Tensor");
+  // casting and offset as rms_norm's: y is the mode's before its rounding to the dtype
+  // (rms_norm_fp8/rms_norm_fp8_common.h), in all four FP8 ops.
+  m.def(
+      "rms_norm_fp8(Tensor x, Tensor weight, Tensor scale, float eps, int casting=0, "
+      "float offset=0.) -> Tensor");
   // Dynamic, one scale per row: scales[..., 0] = max(min(max|y_row|, scale_ub) / 448,
   // 1 / (448 * 512)), float32 of shape x.shape[:-1] + [1]; the floor keeps a row of
   // zeros from a zero scale. out.float() * scales dequantises.
   m.def(
-      "rms_norm_fp8_dynamic(Tensor x, Tensor weight, float eps, Tensor? scale_ub=None) -> "
-      "(Tensor out, Tensor scales)");
+      "rms_norm_fp8_dynamic(Tensor x, Tensor weight, float eps, Tensor? scale_ub=None, "
+      "int casting=0, float offset=0.) -> (Tensor out, Tensor scales)");
   // In place: residual += x (in float32, rounded to the dtype on store), then the
   // quantised norm of that rounded residual; x is only read. Equals the unfused
   //   residual.add_(x); rms_norm_fp8(residual, weight, scale, eps)
   m.def(
       "fused_add_rms_norm_fp8(Tensor x, Tensor(a!) residual, Tensor weight, Tensor scale, "
-      "float eps) -> Tensor");
+      "float eps, int casting=0, float offset=0.) -> Tensor");
   m.def(
       "fused_add_rms_norm_fp8_dynamic(Tensor x, Tensor(a!) residual, Tensor weight, float eps, "
-      "Tensor? scale_ub=None) -> (Tensor out, Tensor scales)");
+      "Tensor? scale_ub=None, int casting=0, float offset=0.) -> (Tensor out, Tensor scales)");
 }

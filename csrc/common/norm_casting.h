@@ -32,16 +32,25 @@ inline Casting checked_casting(const char* op, int64_t casting, double offset) {
   return static_cast<Casting>(casting);
 }
 
-// body(CastingTag<kCasting>{}) for the mode `casting`.
-template <typename Body>
-decltype(auto) dispatch_casting(Casting casting, const Body& body) {
+// body(CastingTag<kCasting>{}, offset) for the mode `casting` on x of dtype scalar_t, with the
+// offset that instantiation takes. Where scalar_t is its own accumulation type (float32,
+// float64), kLlama's rounding of x * rstd to the dtype rounds nothing, and the rest of kLlama's
+// arithmetic is kGemma's with an offset of -0.0 (w + -0.0 is w for every w, -0.0 included):
+// kLlama runs the kGemma kernels there, and is not instantiated for those dtypes (a smaller
+// library; the kernels' helpers form kLlama's and kGemma's values alike for this reason).
+template <typename scalar_t, typename Body>
+decltype(auto) dispatch_casting(Casting casting, double offset, const Body& body) {
   switch (casting) {
     case Casting::kLlama:
-      return body(CastingTag<Casting::kLlama>{});
+      if constexpr (std::is_same_v<scalar_t, acc_type<scalar_t>>) {
+        return body(CastingTag<Casting::kGemma>{}, -0.0);
+      } else {
+        return body(CastingTag<Casting::kLlama>{}, offset);
+      }
     case Casting::kGemma:
-      return body(CastingTag<Casting::kGemma>{});
+      return body(CastingTag<Casting::kGemma>{}, offset);
     default:
-      return body(CastingTag<Casting::kTorch>{});
+      return body(CastingTag<Casting::kTorch>{}, offset);
   }
 }
 

@@ -1,4 +1,5 @@
-// CUDA kernel of fused_add_rms_norm: residual += x; x = rms_norm(residual) * weight.
+// CUDA kernel of fused_add_rms_norm: residual += x; x = rms_norm(residual) * weight, in the
+// casting mode kCasting (common/norm_casting.cuh forms its values as rms_norm's kernels do).
 //
 // One read of x and residual, one write of each. The sum is formed in float32
 // (float64 for float64), rounded to the dtype and stored into residual; the norm is
@@ -10,6 +11,7 @@
 // elements (common/scalar_rows.cuh), a generic kernel for the rest.
 
 #include "../common/cuda_utils.cuh"
+#include "../common/norm_casting.cuh"
 #include "../common/residual_add.cuh"
 #include "../common/row_launch.cuh"
 #include "../common/scalar_rows.cuh"
@@ -34,12 +36,13 @@ constexpr RowKernelLimits kFusedLimits{/*max_vectors_per_thread=*/kFusedWideVect
 // a chunk of it) before storing the sums: a store to the residual between the loads
 // would, for all nvcc can tell, alias the next loads, which then wait for it one round
 // trip at a time (49% of copy bandwidth at H = 4095 on an H100).
-template <typename scalar_t, int kVectorsPerThread>
+template <typename scalar_t, Casting kCasting, int kVectorsPerThread>
 __global__ void __launch_bounds__(kVectorsPerThread >= kFusedWideVectors ? kFusedMaxThreadsWide
                                                                          : kMaxThreadsPerBlock)
     fused_add_rms_norm_vector_kernel(scalar_t* __restrict__ x, scalar_t* __restrict__ residual,
                                      const scalar_t* __restrict__ weight, int64_t rows,
-                                     int64_t hidden, acc_type<scalar_t> eps) {
+                                     int64_t hidden, acc_type<scalar_t> eps,
+                                     acc_type<scalar_t> offset) {
   using acc_t = acc_type<scalar_t>;
   constexpr int kVec = vector_size<scalar_t>();
   using Vec = AlignedVector<scalar_t, kVec>;
@@ -80,7 +83,7 @@ __global__ void __launch_bounds__(kVectorsPerThread >= kFusedWideVectors ? kFuse
       }
     }
     row_sum(sum_sq);
-    const acc_t rstd = rsqrt_acc(sum_sq[0] * inv_hidden + eps);
+    const acc_t rstd = row_rstd<kCasting>(sum_sq[0], inv_hidden, eps);
 #pragma unroll
     for (int i = 0; i < kVectorsPerThread; ++i) {
       const int idx = threadIdx.x + i * blockDim.x;
@@ -89,8 +92,8 @@ __global__ void __launch_bounds__(kVectorsPerThread >= kFusedWideVectors ? kFuse
         Vec out;
 #pragma unroll
         for (int k = 0; k < kVec; ++k) {
-          out.val[k] = static_cast<scalar_t>(static_cast<acc_t>(sum[i].val[k]) * rstd *
-                                             static_cast<acc_t>(wv.val[k]));
+          out.val[k] = static_cast<scalar_t>(weighted<kCasting, scalar_t>(
+              static_cast<acc_t>(sum[i].val[k]) * rstd, static_cast<acc_t>(wv.val[k]), offset));
         }
         x_row[idx] = out;
       }
@@ -100,11 +103,12 @@ __global__ void __launch_bounds__(kVectorsPerThread >= kFusedWideVectors ? kFuse
 
 // Rows that the vector kernel cannot take, held in registers as scalars: the
 // rounded sums are kept for the second step instead of re-read.
-template <typename scalar_t, typename Rows>
+template <typename scalar_t, Casting kCasting, typename Rows>
 __global__ void __launch_bounds__(Rows::kLaunchBound)
     fused_add_rms_norm_scalar_kernel(scalar_t* __restrict__ x, scalar_t* __restrict__ residual,
                                      const scalar_t* __restrict__ weight, int64_t rows,
-                                     int64_t hidden, acc_type<scalar_t> eps) {
+                                     int64_t hidden, acc_type<scalar_t> eps,
+                                     acc_type<scalar_t> offset) {
   constexpr int kElemsPerThread = Rows::kElemsPerThread;
   using acc_t = acc_type<scalar_t>;
   const acc_t inv_hidden = acc_t(1) / static_cast<acc_t>(hidden);
@@ -139,12 +143,12 @@ __global__ void __launch_bounds__(Rows::kLaunchBound)
       sum_sq[0] += sum[i] * sum[i];
     }
     row_sum(sum_sq);
-    const acc_t rstd = rsqrt_acc(sum_sq[0] * inv_hidden + eps);
+    const acc_t rstd = row_rstd<kCasting>(sum_sq[0], inv_hidden, eps);
 #pragma unroll
     for (int i = 0; i < kElemsPerThread; ++i) {
       if (i * stride < row_columns) {
-        x_own[i * stride] =
-            static_cast<scalar_t>(sum[i] * rstd * static_cast<acc_t>(w_own[i * stride]));
+        x_own[i * stride] = static_cast<scalar_t>(weighted<kCasting, scalar_t>(
+            sum[i] * rstd, static_cast<acc_t>(w_own[i * stride]), offset));
       }
     }
   }
@@ -152,11 +156,12 @@ __global__ void __launch_bounds__(Rows::kLaunchBound)
 
 // Aligned rows longer than the vector kernel takes: the rounded sums are staged in shared
 // memory for the second step (common/staged_rows.cuh).
-template <typename scalar_t>
+template <typename scalar_t, Casting kCasting>
 __global__ void __launch_bounds__(kStagedThreads)
     fused_add_rms_norm_staged_kernel(scalar_t* __restrict__ x, scalar_t* __restrict__ residual,
                                      const scalar_t* __restrict__ weight, int64_t rows,
-                                     int64_t hidden, acc_type<scalar_t> eps) {
+                                     int64_t hidden, acc_type<scalar_t> eps,
+                                     acc_type<scalar_t> offset) {
   using acc_t = acc_type<scalar_t>;
   constexpr int kVec = vector_size<scalar_t>();
   using Vec = AlignedVector<scalar_t, kVec>;
@@ -196,15 +201,15 @@ __global__ void __launch_bounds__(kStagedThreads)
       }
     }
     row_sum(sum_sq);
-    const acc_t rstd = rsqrt_acc(sum_sq[0] * inv_hidden + eps);
+    const acc_t rstd = row_rstd<kCasting>(sum_sq[0], inv_hidden, eps);
     for (int idx = threadIdx.x; idx < num_vectors; idx += kStagedThreads) {
       const Vec sv = staged[idx];
       const Vec wv = weight_vec[idx];
       Vec out;
 #pragma unroll
       for (int k = 0; k < kVec; ++k) {
-        out.val[k] = static_cast<scalar_t>(static_cast<acc_t>(sv.val[k]) * rstd *
-                                           static_cast<acc_t>(wv.val[k]));
+        out.val[k] = static_cast<scalar_t>(weighted<kCasting, scalar_t>(
+            static_cast<acc_t>(sv.val[k]) * rstd, static_cast<acc_t>(wv.val[k]), offset));
       }
       x_row[idx] = out;
     }
@@ -213,11 +218,12 @@ __global__ void __launch_bounds__(kStagedThreads)
 
 // Any hidden size and alignment (common/residual_add.cuh); the second loop re-reads the
 // residual elements this same thread stored in the first.
-template <typename scalar_t>
+template <typename scalar_t, Casting kCasting>
 __global__ void __launch_bounds__(kMaxThreadsPerBlock)
     fused_add_rms_norm_generic_kernel(scalar_t* __restrict__ x, scalar_t* __restrict__ residual,
                                       const scalar_t* __restrict__ weight, int64_t rows,
-                                      int64_t hidden, acc_type<scalar_t> eps) {
+                                      int64_t hidden, acc_type<scalar_t> eps,
+                                      acc_type<scalar_t> offset) {
   using acc_t = acc_type<scalar_t>;
   const acc_t inv_hidden = acc_t(1) / static_cast<acc_t>(hidden);
   for (int64_t block_row = static_cast<int64_t>(blockIdx.x) * blockDim.y; block_row < rows;
@@ -228,18 +234,19 @@ __global__ void __launch_bounds__(kMaxThreadsPerBlock)
     scalar_t* res_row = residual + row * hidden;
     acc_t sum_sq[1] = {add_residual_row(x_row, res_row, row_hidden)};
     row_sum(sum_sq);
-    const acc_t rstd = rsqrt_acc(sum_sq[0] * inv_hidden + eps);
+    const acc_t rstd = row_rstd<kCasting>(sum_sq[0], inv_hidden, eps);
     for (int64_t j = threadIdx.x; j < row_hidden; j += blockDim.x) {
-      x_row[j] = static_cast<scalar_t>(static_cast<acc_t>(res_row[j]) * rstd *
-                                       static_cast<acc_t>(weight[j]));
+      x_row[j] = static_cast<scalar_t>(weighted<kCasting, scalar_t>(
+          static_cast<acc_t>(res_row[j]) * rstd, static_cast<acc_t>(weight[j]), offset));
     }
   }
 }
 
-template <typename scalar_t>
+template <typename scalar_t, Casting kCasting>
 void launch_fused_add_rms_norm(scalar_t* x, scalar_t* residual, const scalar_t* weight,
-                               int64_t rows, int64_t hidden, double eps) {
+                               int64_t rows, int64_t hidden, double eps, double offset) {
   using acc_t = acc_type<scalar_t>;
+  const acc_t offset_acc = static_cast<acc_t>(offset);
   const bool aligned =
       is_vector_aligned(x) && is_vector_aligned(residual) && is_vector_aligned(weight);
   const RowLaunch plan = plan_row_launch(hidden, vector_size<scalar_t>(), aligned, kFusedLimits);
@@ -247,8 +254,8 @@ void launch_fused_add_rms_norm(scalar_t* x, scalar_t* residual, const scalar_t* 
   const acc_t eps_acc = static_cast<acc_t>(eps);
   const dim3 grid(static_cast<unsigned>(row_blocks(rows, plan)));
   const bool vector_launched = launch_vector_rows<1, 2, kFusedWideVectors>(plan, [&](auto vpt) {
-    fused_add_rms_norm_vector_kernel<scalar_t, decltype(vpt)::value>
-        <<<grid, plan.block(), 0, stream>>>(x, residual, weight, rows, hidden, eps_acc);
+    fused_add_rms_norm_vector_kernel<scalar_t, kCasting, decltype(vpt)::value>
+        <<<grid, plan.block(), 0, stream>>>(x, residual, weight, rows, hidden, eps_acc, offset_acc);
   });
   if (vector_launched) {
     HOTLOOP_KERNEL_LAUNCH_CHECK();
@@ -256,27 +263,29 @@ void launch_fused_add_rms_norm(scalar_t* x, scalar_t* residual, const scalar_t* 
   }
   const int64_t row_bytes = hidden * static_cast<int64_t>(sizeof(scalar_t));
   if (aligned && hidden % vector_size<scalar_t>() == 0 && row_bytes <= staged_bytes_limit()) {
-    const auto kernel = fused_add_rms_norm_staged_kernel<scalar_t>;
+    const auto kernel = fused_add_rms_norm_staged_kernel<scalar_t, kCasting>;
     const StagedLaunch staged =
         plan_staged_launch(kernel, /*cluster=*/1, kStagedThreads, row_bytes, rows);
-    launch_staged(staged, stream, kernel, x, residual, weight, rows, hidden, eps_acc);
+    launch_staged(staged, stream, kernel, x, residual, weight, rows, hidden, eps_acc, offset_acc);
     return;
   }
   const ScalarRowLaunch scalar_plan = plan_scalar_row_launch(hidden);
   const dim3 scalar_grid(static_cast<unsigned>(row_blocks(rows, scalar_plan.launch)));
   const bool scalar_launched = launch_scalar_rows<scalar_t>(scalar_plan, [&](auto rows_variant) {
-    fused_add_rms_norm_scalar_kernel<scalar_t, decltype(rows_variant)>
+    fused_add_rms_norm_scalar_kernel<scalar_t, kCasting, decltype(rows_variant)>
         <<<scalar_grid, scalar_plan.launch.block(), 0, stream>>>(x, residual, weight, rows, hidden,
-                                                                 eps_acc);
+                                                                 eps_acc, offset_acc);
   });
   if (!scalar_launched) {
-    fused_add_rms_norm_generic_kernel<scalar_t>
-        <<<grid, plan.block(), 0, stream>>>(x, residual, weight, rows, hidden, eps_acc);
+    fused_add_rms_norm_generic_kernel<scalar_t, kCasting>
+        <<<grid, plan.block(), 0, stream>>>(x, residual, weight, rows, hidden, eps_acc, offset_acc);
   }
   HOTLOOP_KERNEL_LAUNCH_CHECK();
 }
 
-void fused_add_rms_norm_cuda(Tensor& x, Tensor& residual, const Tensor& weight, double eps) {
+void fused_add_rms_norm_cuda(Tensor& x, Tensor& residual, const Tensor& weight, double eps,
+                             int64_t casting, double offset) {
+  const Casting mode = checked_casting("fused_add_rms_norm", casting, offset);
   check_fused_add_rms_norm_inputs(x, residual, weight);
   if (x.numel() == 0) {
     return;
@@ -286,8 +295,11 @@ void fused_add_rms_norm_cuda(Tensor& x, Tensor& residual, const Tensor& weight, 
   const int64_t hidden = x.size(-1);
   const int64_t rows = x.numel() / hidden;
   HOTLOOP_DISPATCH_FLOATING(x.scalar_type(), "fused_add_rms_norm_cuda", [&] {
-    launch_fused_add_rms_norm<scalar_t>(mutable_data<scalar_t>(x), mutable_data<scalar_t>(residual),
-                                        const_data<scalar_t>(w_contig), rows, hidden, eps);
+    dispatch_casting<scalar_t>(mode, offset, [&](auto tag, double kernel_offset) {
+      launch_fused_add_rms_norm<scalar_t, decltype(tag)::value>(
+          mutable_data<scalar_t>(x), mutable_data<scalar_t>(residual),
+          const_data<scalar_t>(w_contig), rows, hidden, eps, kernel_offset);
+    });
   });
 }
 

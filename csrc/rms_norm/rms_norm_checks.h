@@ -6,6 +6,8 @@
 
 #include "../common/checks.h"
 #include "../common/norm_casting.h"
+// overlaps(): rms_norm_backward_ writes grad_out in place.
+#include "../fused_add_rms_norm/fused_add_rms_norm_checks.h"
 
 namespace hotloop {
 
@@ -40,6 +42,30 @@ std::tuple<Tensor, Tensor> rms_norm_backward_op(const Tensor& grad_out, const Te
   Tensor grad_x = empty_like_contiguous(x);
   Tensor grad_weight = into(grad_out, x, weight, eps, mode, offset, grad_x);
   return {grad_x, grad_weight};
+}
+
+// The entry point of rms_norm_backward_ around the same `into`, with grad_x = grad_out: each
+// kernel reads an element's grad_out before it writes that element's grad_x, in the same
+// thread (their grad_out and grad_x pointers are not __restrict__ for this reason). Returns
+// grad_weight.
+template <typename Into>
+Tensor rms_norm_backward_in_place_op(Tensor& grad_out, const Tensor& x,
+                                     const std::optional<Tensor>& weight, double eps,
+                                     int64_t casting, double offset, const Into& into) {
+  constexpr const char* op = "rms_norm_backward_";
+  const Casting mode = checked_casting(op, casting, offset);
+  check_rms_norm_backward_inputs(op, grad_out, x, weight);
+  HOTLOOP_CHECK(grad_out.is_contiguous(), op,
+                ": grad_x is written over grad_out, which must be contiguous, but got a "
+                "non-contiguous grad_out of shape ",
+                shape_of(grad_out), "; pass grad_out.contiguous(), or call rms_norm_backward");
+  HOTLOOP_CHECK(!overlaps(grad_out, x), op,
+                ": unsupported operation: some elements of x and grad_out (written in place) "
+                "refer to a single memory location; call rms_norm_backward");
+  HOTLOOP_CHECK(!weight.has_value() || !overlaps(grad_out, *weight), op,
+                ": unsupported operation: some elements of weight and grad_out (written in "
+                "place) refer to a single memory location; call rms_norm_backward");
+  return into(grad_out, x, weight, eps, mode, offset, grad_out);
 }
 
 // y for rms_norm(x): laid out like x (torch.empty_like's preserve_format, so a

@@ -69,10 +69,10 @@ Tensor rms_norm_cpu(const Tensor& x, const std::optional<Tensor>& weight, double
   // Without a weight every mode computes the same: the normalised value rounded once.
   const Casting kernel_mode = w_contig ? mode : Casting::kTorch;
   HOTLOOP_DISPATCH_FLOATING(x.scalar_type(), "rms_norm", [&] {
-    dispatch_casting(kernel_mode, [&](auto tag) {
+    dispatch_casting<scalar_t>(kernel_mode, offset, [&](auto tag, double kernel_offset) {
       rms_norm_cpu_kernel<scalar_t, decltype(tag)::value>(
           const_data<scalar_t>(x_contig), w_contig ? const_data<scalar_t>(*w_contig) : nullptr,
-          mutable_data<scalar_t>(y_contig), rows, hidden, eps, offset);
+          mutable_data<scalar_t>(y_contig), rows, hidden, eps, kernel_offset);
     });
   });
   return finish_rms_norm_output(y, y_contig);
@@ -129,11 +129,11 @@ Tensor rms_norm_backward_into(const Tensor& grad_out, const Tensor& x,
   const Tensor weight_partials = zeros_on(x, {num_chunks, hidden}, acc_dtype_of(x.scalar_type()));
   HOTLOOP_DISPATCH_FLOATING(x.scalar_type(), op, [&] {
     auto* partials = mutable_data<acc_type<scalar_t>>(weight_partials);
-    dispatch_casting(mode, [&](auto tag) {
+    dispatch_casting<scalar_t>(mode, offset, [&](auto tag, double kernel_offset) {
       rms_norm_backward_cpu_kernel<scalar_t, decltype(tag)::value>(
           const_data<scalar_t>(go_contig), const_data<scalar_t>(x_contig),
           const_data<scalar_t>(w_contig), mutable_data<scalar_t>(grad_x), partials, num_chunks,
-          rows, hidden, eps, offset);
+          rows, hidden, eps, kernel_offset);
     });
     sum_weight_partials<scalar_t>(partials, num_chunks, hidden,
                                   mutable_data<scalar_t>(grad_weight));
@@ -147,11 +147,19 @@ std::tuple<Tensor, Tensor> rms_norm_backward_cpu(const Tensor& grad_out, const T
   return rms_norm_backward_op(grad_out, x, weight, eps, casting, offset, rms_norm_backward_into);
 }
 
+Tensor rms_norm_backward_in_place_cpu(Tensor& grad_out, const Tensor& x,
+                                      const std::optional<Tensor>& weight, double eps,
+                                      int64_t casting, double offset) {
+  return rms_norm_backward_in_place_op(grad_out, x, weight, eps, casting, offset,
+                                       rms_norm_backward_into);
+}
+
 }  // namespace
 
 HOTLOOP_LIBRARY_IMPL(CPU, m) {
   m.impl("rms_norm", HOTLOOP_KERNEL(&rms_norm_cpu));
   m.impl("rms_norm_backward", HOTLOOP_KERNEL(&rms_norm_backward_cpu));
+  m.impl("rms_norm_backward_", HOTLOOP_KERNEL(&rms_norm_backward_in_place_cpu));
 }
 
 }  // namespace hotloop

@@ -1,5 +1,7 @@
 // CPU kernels of rms_norm and rms_norm_backward on a range of rows, compiled once per
-// instruction set by common/cpu_foreach_isa.h (no include guard, no includes: see there).
+// instruction set by common/cpu_foreach_isa.h (no include guard, no library includes: see
+// there). The casting modes' values come from the per-level helpers of cpu_norm_casting.h.
+#include "../common/cpu_norm_casting.h"
 
 // 1 / sqrt(mean(x^2) + eps) of one row.
 template <typename scalar_t>
@@ -11,31 +13,6 @@ acc_type<scalar_t> row_rstd(const scalar_t* x, int64_t hidden, acc_type<scalar_t
   });
   using acc_t = acc_type<scalar_t>;
   return acc_t(1) / std::sqrt(reduce_add(sum_sq) / static_cast<acc_t>(hidden) + eps);
-}
-
-// v rounded to scalar_t and back (kLlama's normalised value); float32/float64 as they are.
-template <typename scalar_t>
-vec_t<scalar_t> rounded_to(vec_t<scalar_t> v) {
-  if constexpr (std::is_same_v<scalar_t, acc_type<scalar_t>>) {
-    return v;
-  } else {
-    scalar_t lanes[Vec<scalar_t>::kWidth];
-    store(lanes, v);
-    return load(lanes);
-  }
-}
-
-// x * rstd as the weight sees it: rounded to the dtype first in kLlama (norm_casting.h).
-template <typename scalar_t, Casting kCasting>
-vec_t<scalar_t> normed(vec_t<scalar_t> xhat) {
-  return kCasting == Casting::kLlama ? rounded_to<scalar_t>(xhat) : xhat;
-}
-
-// The weight's vector at w as it multiplies: offset + w in kGemma, formed in float32.
-template <typename scalar_t, Casting kCasting>
-vec_t<scalar_t> weight_at(const scalar_t* w, int64_t count, acc_type<scalar_t> offset) {
-  const vec_t<scalar_t> v = load_n(w, count);
-  return kCasting == Casting::kGemma ? offset + v : v;
 }
 
 // y = normed(x * rstd) [* weight] for rows [row_begin, row_end).

@@ -22,7 +22,7 @@
 #include <type_traits>
 
 #include "../common/cuda_utils.cuh"
-#include "../common/norm_casting.h"
+#include "../common/norm_casting.cuh"
 #include "../common/row_launch.cuh"
 #include "../common/scalar_rows.cuh"
 #include "../common/staged_rows.cuh"
@@ -55,44 +55,25 @@ constexpr RowKernelLimits kForwardLimits{/*max_vectors_per_thread=*/8, /*target_
                                          /*min_vectors_per_thread=*/2};
 
 // ---------------------------------------------------------------------------
-// Casting (common/norm_casting.h): where the kernels round to the dtype. Every kernel takes
-// the mode as a template parameter and forms its values through these; kTorch compiles to
-// the arithmetic the kernels had before the modes.
+// Casting (common/norm_casting.h): the forward's values come from common/norm_casting.cuh,
+// the backward's from these.
 // ---------------------------------------------------------------------------
 
-__device__ __forceinline__ float mul_rn(float a, float b) { return __fmul_rn(a, b); }
-__device__ __forceinline__ double mul_rn(double a, double b) { return __dmul_rn(a, b); }
-
-// rstd of a row from its sum of squares. kTorch: mean and eps in one FMA. kLlama and kGemma
-// round the mean before adding eps, as the separate mean, add and rsqrt kernels of
-// transformers' norms do (torch's CUDA mean multiplies the sum by 1 / H).
-template <Casting kCasting, typename acc_t>
-__device__ __forceinline__ acc_t row_rstd(acc_t sum_sq, acc_t inv_hidden, acc_t eps) {
-  if constexpr (kCasting == Casting::kTorch) {
-    return rsqrt_acc(sum_sq * inv_hidden + eps);
-  } else {
-    return rsqrt_acc(mul_rn(sum_sq, inv_hidden) + eps);
-  }
+// v rounded to scalar_t and back by a lone conversion, as the backward kernels round kLlama's
+// values: the paired conversion of rounded() (common/norm_casting.cuh) made the bfloat16
+// vector kernel spill (16 bytes at its 128 registers) and H = 4096 forward+backward 1.3 %
+// slower on an H100 (0.470 -> 0.477 ms, run 80), where this one costs nothing against kTorch.
+template <typename scalar_t, typename acc_t>
+__device__ __forceinline__ acc_t rounded_alone(acc_t v) {
+  return static_cast<acc_t>(static_cast<scalar_t>(v));
 }
 
-// The weight as it multiplies: offset + w, in float32 (float64), in kGemma.
-template <Casting kCasting, typename acc_t>
-__device__ __forceinline__ acc_t weight_value(acc_t w, acc_t offset) {
-  if constexpr (kCasting == Casting::kGemma) {
-    return offset + w;
-  } else {
-    return w;
-  }
-}
-
-// y before its rounding: xhat * w, where kLlama first rounds xhat to the dtype.
-template <Casting kCasting, typename scalar_t, typename acc_t>
-__device__ __forceinline__ acc_t weighted(acc_t xhat, acc_t w, acc_t offset) {
-  if constexpr (kCasting == Casting::kLlama) {
-    return static_cast<acc_t>(static_cast<scalar_t>(xhat)) * w;
-  } else {
-    return xhat * weight_value<kCasting>(w, offset);
-  }
+// Whether a kernel multiplies by a weight. Only kTorch's kernels run without one: a call
+// without a weight computes alike in every mode and takes them, so the kLlama and kGemma
+// kernels compile no weightless path (a smaller library).
+template <Casting kCasting, typename T>
+__device__ __forceinline__ bool has_weight(const T* weight) {
+  return kCasting != Casting::kTorch || weight != nullptr;
 }
 
 // g = grad_out * weight; rounded to the dtype in kLlama, as autograd's product of two
@@ -101,7 +82,7 @@ template <Casting kCasting, typename scalar_t, typename acc_t>
 __device__ __forceinline__ acc_t weighted_grad(acc_t go, acc_t w, acc_t offset) {
   const acc_t g = go * weight_value<kCasting>(w, offset);
   if constexpr (kCasting == Casting::kLlama) {
-    return static_cast<acc_t>(static_cast<scalar_t>(g));
+    return rounded_alone<scalar_t>(g);
   } else {
     return g;
   }
@@ -118,14 +99,17 @@ __device__ __forceinline__ acc_t grad_x_value(acc_t go, acc_t w, acc_t x, acc_t 
   }
 }
 
-// One element's share of grad_weight: grad_out * xhat, with xhat rounded as kLlama's
-// weight sees it.
+// One element's share of grad_weight: grad_out * xhat, with xhat as the weight sees it
+// (kTorch keeps its association; kLlama and kGemma form xhat first, as their models'
+// autograd does, and so compute alike where kLlama's rounding rounds nothing).
 template <Casting kCasting, typename scalar_t, typename acc_t>
 __device__ __forceinline__ acc_t grad_weight_term(acc_t go, acc_t x, acc_t rstd) {
-  if constexpr (kCasting == Casting::kLlama) {
-    return go * static_cast<acc_t>(static_cast<scalar_t>(x * rstd));
-  } else {
+  if constexpr (kCasting == Casting::kTorch) {
     return go * x * rstd;
+  } else if constexpr (kCasting == Casting::kLlama) {
+    return go * rounded_alone<scalar_t>(x * rstd);
+  } else {
+    return go * (x * rstd);
   }
 }
 
@@ -136,7 +120,7 @@ __device__ __forceinline__ Vec normalized(const Vec& x, acc_t rstd, const Vec* w
   using scalar_t = std::remove_cv_t<std::remove_reference_t<decltype(x.val[0])>>;
   constexpr int kVec = sizeof(Vec) / sizeof(scalar_t);
   Vec out;
-  if (weight_vec != nullptr) {
+  if (has_weight<kCasting>(weight_vec)) {
     const Vec wv = weight_vec[idx];
 #pragma unroll
     for (int k = 0; k < kVec; ++k) {
@@ -234,7 +218,7 @@ __global__ void __launch_bounds__(Rows::kLaunchBound)
     for (int i = 0; i < kElemsPerThread; ++i) {
       if (i * stride < row_columns) {
         acc_t v = xv[i] * rstd;
-        if (w_own != nullptr) {
+        if (has_weight<kCasting>(w_own)) {
           v = weighted<kCasting, scalar_t>(v, static_cast<acc_t>(w_own[i * stride]), offset);
         }
         y_own[i * stride] = static_cast<scalar_t>(v);
@@ -560,7 +544,7 @@ __global__ void __launch_bounds__(kStagedForwardThreads)
 #pragma unroll
       for (int k = 0; k < kVec; ++k) {
         acc_t v = static_cast<acc_t>(xv.val[k]) * rstd;
-        if (weight_vec != nullptr) {
+        if (has_weight<kCasting>(weight_vec)) {
           v = weighted<kCasting, scalar_t>(v, static_cast<acc_t>(weight_vec[idx].val[k]), offset);
         }
         out.val[k] = static_cast<scalar_t>(v);
@@ -597,7 +581,7 @@ __global__ void __launch_bounds__(kMaxThreadsPerBlock)
     scalar_t* y_row = y + row * hidden;
     for (int64_t j = threadIdx.x; j < row_hidden; j += blockDim.x) {
       acc_t v = static_cast<acc_t>(x_row[j]) * rstd;
-      if (weight != nullptr) {
+      if (has_weight<kCasting>(weight)) {
         v = weighted<kCasting, scalar_t>(v, static_cast<acc_t>(weight[j]), offset);
       }
       y_row[j] = static_cast<scalar_t>(v);
@@ -850,10 +834,8 @@ constexpr RowKernelLimits kBackwardLimits{/*max_vectors_per_thread=*/kBackwardVe
 // registers), rows strided over it.
 template <typename scalar_t, Casting kCasting>
 __global__ void __launch_bounds__(kBackwardMaxThreads)
-    rms_norm_backward_vector_kernel(const scalar_t* __restrict__ grad_out,
-                                    const scalar_t* __restrict__ x,
-                                    const scalar_t* __restrict__ weight,
-                                    scalar_t* __restrict__ grad_x,
+    rms_norm_backward_vector_kernel(const scalar_t* grad_out, const scalar_t* __restrict__ x,
+                                    const scalar_t* __restrict__ weight, scalar_t* grad_x,
                                     acc_type<scalar_t>* __restrict__ weight_partials, int64_t rows,
                                     int64_t hidden, acc_type<scalar_t> eps,
                                     acc_type<scalar_t> offset) {
@@ -899,11 +881,11 @@ __global__ void __launch_bounds__(kBackwardMaxThreads)
       const int idx = threadIdx.x + i * blockDim.x;
       if (idx < row_vectors) {
         Vec wv;
-        if (weight_vec != nullptr) {
+        if (has_weight<kCasting>(weight_vec)) {
           wv = weight_vec[idx];
         }
-        add_backward_sums<kCasting>(xv[i], gov[i], elements_of(wv), weight_vec != nullptr, sums,
-                                    offset);
+        add_backward_sums<kCasting>(xv[i], gov[i], elements_of(wv),
+                                    has_weight<kCasting>(weight_vec), sums, offset);
       }
     }
     row_sum(sums);
@@ -915,11 +897,12 @@ __global__ void __launch_bounds__(kBackwardMaxThreads)
       const int idx = threadIdx.x + i * blockDim.x;
       if (idx < row_vectors) {
         Vec wv;
-        if (weight_vec != nullptr) {
+        if (has_weight<kCasting>(weight_vec)) {
           wv = weight_vec[idx];
         }
         reinterpret_cast<Vec*>(grad_x + row * hidden)[idx] = backward_vector<kCasting>(
-            xv[i], gov[i], elements_of(wv), weight_vec != nullptr, rstd, x_coeff, dw[i], offset);
+            xv[i], gov[i], elements_of(wv), has_weight<kCasting>(weight_vec), rstd, x_coeff, dw[i],
+            offset);
       }
     }
   }
@@ -984,10 +967,8 @@ constexpr int kBackwardStagedMaxVectors = 16;
 
 template <typename scalar_t, Casting kCasting, int kVectorsPerThread, int kCluster>
 __global__ void __launch_bounds__(kStagedThreads)
-    rms_norm_backward_staged_kernel(const scalar_t* __restrict__ grad_out,
-                                    const scalar_t* __restrict__ x,
-                                    const scalar_t* __restrict__ weight,
-                                    scalar_t* __restrict__ grad_x,
+    rms_norm_backward_staged_kernel(const scalar_t* grad_out, const scalar_t* __restrict__ x,
+                                    const scalar_t* __restrict__ weight, scalar_t* grad_x,
                                     acc_type<scalar_t>* __restrict__ weight_partials, int64_t rows,
                                     int64_t hidden, acc_type<scalar_t> eps,
                                     acc_type<scalar_t> offset) {
@@ -1026,8 +1007,8 @@ __global__ void __launch_bounds__(kStagedThreads)
       if (idx < part.num_vectors) {
         const Vec xv = staged_x[idx];
         const Vec gov = staged_go[idx];
-        add_backward_sums<kCasting>(xv, gov, elements_of(weight_vec, idx), weight_vec != nullptr,
-                                    sums, offset);
+        add_backward_sums<kCasting>(xv, gov, elements_of(weight_vec, idx),
+                                    has_weight<kCasting>(weight_vec), sums, offset);
       }
     }
     row_sum(sums);
@@ -1044,9 +1025,9 @@ __global__ void __launch_bounds__(kStagedThreads)
       if (idx < part.num_vectors) {
         const Vec xv = staged_x[idx];
         const Vec gov = staged_go[idx];
-        gx_part[idx] =
-            backward_vector<kCasting>(xv, gov, elements_of(weight_vec, idx), weight_vec != nullptr,
-                                      rstd, x_coeff, dw[i], offset);
+        gx_part[idx] = backward_vector<kCasting>(xv, gov, elements_of(weight_vec, idx),
+                                                 has_weight<kCasting>(weight_vec), rstd, x_coeff,
+                                                 dw[i], offset);
         // After the store, which needs both reads: the copies may not overtake them.
         if (next >= 0) {
           stage_vector(staged_x + idx, x_next + idx);
@@ -1088,10 +1069,9 @@ __global__ void __launch_bounds__(kStagedThreads)
 // one offset from the vector boundary.
 template <typename scalar_t, Casting kCasting, int kVectorsPerThread, bool kWeightInRegisters>
 __global__ void __launch_bounds__(kMaxThreadsPerBlock)
-    rms_norm_backward_span_staged_kernel(const scalar_t* __restrict__ grad_out,
-                                         const scalar_t* __restrict__ x,
+    rms_norm_backward_span_staged_kernel(const scalar_t* grad_out, const scalar_t* __restrict__ x,
                                          const scalar_t* __restrict__ weight_copies,
-                                         scalar_t* __restrict__ grad_x,
+                                         scalar_t* grad_x,
                                          acc_type<scalar_t>* __restrict__ weight_partials,
                                          int64_t rows, int64_t hidden, int64_t span_vectors,
                                          acc_type<scalar_t> eps, acc_type<scalar_t> offset) {
@@ -1149,7 +1129,7 @@ __global__ void __launch_bounds__(kMaxThreadsPerBlock)
         for (int k = 0; k < kVec; ++k) {
           const acc_t xk = static_cast<acc_t>(xv.val[k]);
           acc_t gk = static_cast<acc_t>(gov.val[k]);
-          if (weight_vec != nullptr) {
+          if (has_weight<kCasting>(weight_vec)) {
             gk = weighted_grad<kCasting, scalar_t>(gk, static_cast<acc_t>(wv.val[k]), offset);
           }
           sums[0] += xk * xk;
@@ -1176,7 +1156,8 @@ __global__ void __launch_bounds__(kMaxThreadsPerBlock)
         for (int k = 0; k < kVec; ++k) {
           const acc_t xk = static_cast<acc_t>(xv.val[k]);
           const acc_t gok = static_cast<acc_t>(gov.val[k]);
-          const acc_t wk = weight_vec != nullptr ? static_cast<acc_t>(wv.val[k]) : acc_t(1);
+          const acc_t wk =
+              has_weight<kCasting>(weight_vec) ? static_cast<acc_t>(wv.val[k]) : acc_t(1);
           out.val[k] = static_cast<scalar_t>(
               grad_x_value<kCasting, scalar_t>(gok, wk, xk, rstd, x_coeff, offset));
           dw[i][k] += grad_weight_term<kCasting, scalar_t>(gok, xk, rstd);
@@ -1204,10 +1185,8 @@ __global__ void __launch_bounds__(kMaxThreadsPerBlock)
 // block-level reduction.
 template <typename scalar_t, Casting kCasting, typename Rows>
 __global__ void __launch_bounds__(Rows::kLaunchBound)
-    rms_norm_backward_scalar_kernel(const scalar_t* __restrict__ grad_out,
-                                    const scalar_t* __restrict__ x,
-                                    const scalar_t* __restrict__ weight,
-                                    scalar_t* __restrict__ grad_x,
+    rms_norm_backward_scalar_kernel(const scalar_t* grad_out, const scalar_t* __restrict__ x,
+                                    const scalar_t* __restrict__ weight, scalar_t* grad_x,
                                     acc_type<scalar_t>* __restrict__ weight_partials, int64_t rows,
                                     int64_t hidden, acc_type<scalar_t> eps,
                                     acc_type<scalar_t> offset) {
@@ -1255,7 +1234,7 @@ __global__ void __launch_bounds__(Rows::kLaunchBound)
     for (int i = 0; i < kElemsPerThread; ++i) {
       const acc_t xi = static_cast<acc_t>(xv[i]);
       acc_t gi = static_cast<acc_t>(gov[i]);
-      if (w_own != nullptr && i * stride < row_columns) {
+      if (has_weight<kCasting>(w_own) && i * stride < row_columns) {
         gi = weighted_grad<kCasting, scalar_t>(gi, static_cast<acc_t>(w_own[i * stride]), offset);
       }
       sums[0] += xi * xi;
@@ -1270,7 +1249,8 @@ __global__ void __launch_bounds__(Rows::kLaunchBound)
       if (i * stride < row_columns) {
         const acc_t xi = static_cast<acc_t>(xv[i]);
         const acc_t goi = static_cast<acc_t>(gov[i]);
-        const acc_t wi = w_own != nullptr ? static_cast<acc_t>(w_own[i * stride]) : acc_t(1);
+        const acc_t wi =
+            has_weight<kCasting>(w_own) ? static_cast<acc_t>(w_own[i * stride]) : acc_t(1);
         gx_own[i * stride] = static_cast<scalar_t>(
             grad_x_value<kCasting, scalar_t>(goi, wi, xi, rstd, x_coeff, offset));
         dw(i) += grad_weight_term<kCasting, scalar_t>(goi, xi, rstd);
@@ -1296,10 +1276,8 @@ __global__ void __launch_bounds__(Rows::kLaunchBound)
 // without any other thread touching those elements.
 template <typename scalar_t, Casting kCasting>
 __global__ void __launch_bounds__(kMaxThreadsPerBlock)
-    rms_norm_backward_generic_kernel(const scalar_t* __restrict__ grad_out,
-                                     const scalar_t* __restrict__ x,
-                                     const scalar_t* __restrict__ weight,
-                                     scalar_t* __restrict__ grad_x,
+    rms_norm_backward_generic_kernel(const scalar_t* grad_out, const scalar_t* __restrict__ x,
+                                     const scalar_t* __restrict__ weight, scalar_t* grad_x,
                                      acc_type<scalar_t>* __restrict__ weight_partials, int64_t rows,
                                      int64_t hidden, acc_type<scalar_t> eps,
                                      acc_type<scalar_t> offset) {
@@ -1317,7 +1295,7 @@ __global__ void __launch_bounds__(kMaxThreadsPerBlock)
     for (int64_t j = threadIdx.x; j < row_hidden; j += blockDim.x) {
       const acc_t xj = static_cast<acc_t>(x_row[j]);
       acc_t gj = static_cast<acc_t>(go_row[j]);
-      if (weight != nullptr) {
+      if (has_weight<kCasting>(weight)) {
         gj = weighted_grad<kCasting, scalar_t>(gj, static_cast<acc_t>(weight[j]), offset);
       }
       sums[0] += xj * xj;
@@ -1330,7 +1308,7 @@ __global__ void __launch_bounds__(kMaxThreadsPerBlock)
     for (int64_t j = threadIdx.x; j < row_hidden; j += blockDim.x) {
       const acc_t xj = static_cast<acc_t>(x_row[j]);
       const acc_t goj = static_cast<acc_t>(go_row[j]);
-      const acc_t wj = weight != nullptr ? static_cast<acc_t>(weight[j]) : acc_t(1);
+      const acc_t wj = has_weight<kCasting>(weight) ? static_cast<acc_t>(weight[j]) : acc_t(1);
       gx_row[j] = static_cast<scalar_t>(
           grad_x_value<kCasting, scalar_t>(goj, wj, xj, rstd, x_coeff, offset));
       if (partial_row != nullptr) {
@@ -1449,7 +1427,10 @@ void launch_rms_norm_backward(const scalar_t* grad_out, const scalar_t* x, const
     const int64_t span_vectors = widest_span_vectors<scalar_t>(hidden);
     const RowLaunch span_plan =
         plan_row_launch(span_vectors * kVec, kVec, /*vector_ok=*/true, kSpanStagedLimits);
-    if (span_plan.vectors_per_thread != 0 &&
+    // Not in place (grad_x over grad_out): a span's edge vectors reach into the rows beside
+    // it, which other blocks then write while this one copies them. Those rows take the
+    // kernels below, which read and write their own row's elements only.
+    if (span_plan.vectors_per_thread != 0 && grad_x != grad_out &&
         spans_line_up<scalar_t>(hidden, {grad_out, x, grad_x})) {
       const std::optional<Tensor> copies = shifted_weight_copies(weight, hidden, stream, like);
       auto run = [&](auto kernel) {
@@ -1543,11 +1524,12 @@ Tensor rms_norm_cuda(const Tensor& x, const std::optional<Tensor>& weight, doubl
   const int64_t rows = x.numel() / hidden;
   HOTLOOP_DISPATCH_FLOATING(x.scalar_type(), "rms_norm_cuda", [&] {
     // Without a weight every mode computes the same: the kTorch kernels take those rows.
-    dispatch_casting(w_contig ? mode : Casting::kTorch, [&](auto tag) {
-      launch_rms_norm<scalar_t, decltype(tag)::value>(
-          const_data<scalar_t>(x_contig), w_contig ? const_data<scalar_t>(*w_contig) : nullptr,
-          mutable_data<scalar_t>(y_contig), rows, hidden, eps, offset, x);
-    });
+    dispatch_casting<scalar_t>(
+        w_contig ? mode : Casting::kTorch, offset, [&](auto tag, double kernel_offset) {
+          launch_rms_norm<scalar_t, decltype(tag)::value>(
+              const_data<scalar_t>(x_contig), w_contig ? const_data<scalar_t>(*w_contig) : nullptr,
+              mutable_data<scalar_t>(y_contig), rows, hidden, eps, kernel_offset, x);
+        });
   });
   return finish_rms_norm_output(y, y_contig);
 }
@@ -1572,12 +1554,14 @@ Tensor rms_norm_backward_cuda_into(const Tensor& grad_out, const Tensor& x,
   const int64_t hidden = x.size(-1);
   const int64_t rows = x.numel() / hidden;
   HOTLOOP_DISPATCH_FLOATING(x.scalar_type(), "rms_norm_backward_cuda", [&] {
-    dispatch_casting(w_contig ? mode : Casting::kTorch, [&](auto tag) {
-      launch_rms_norm_backward<scalar_t, decltype(tag)::value>(
-          const_data<scalar_t>(go_contig), const_data<scalar_t>(x_contig),
-          w_contig ? const_data<scalar_t>(*w_contig) : nullptr, mutable_data<scalar_t>(grad_x),
-          w_contig ? mutable_data<scalar_t>(grad_weight) : nullptr, rows, hidden, eps, offset, x);
-    });
+    dispatch_casting<scalar_t>(
+        w_contig ? mode : Casting::kTorch, offset, [&](auto tag, double kernel_offset) {
+          launch_rms_norm_backward<scalar_t, decltype(tag)::value>(
+              const_data<scalar_t>(go_contig), const_data<scalar_t>(x_contig),
+              w_contig ? const_data<scalar_t>(*w_contig) : nullptr, mutable_data<scalar_t>(grad_x),
+              w_contig ? mutable_data<scalar_t>(grad_weight) : nullptr, rows, hidden, eps,
+              kernel_offset, x);
+        });
   });
   return grad_weight;
 }
@@ -1589,11 +1573,19 @@ std::tuple<Tensor, Tensor> rms_norm_backward_cuda(const Tensor& grad_out, const 
                               rms_norm_backward_cuda_into);
 }
 
+Tensor rms_norm_backward_in_place_cuda(Tensor& grad_out, const Tensor& x,
+                                       const std::optional<Tensor>& weight, double eps,
+                                       int64_t casting, double offset) {
+  return rms_norm_backward_in_place_op(grad_out, x, weight, eps, casting, offset,
+                                       rms_norm_backward_cuda_into);
+}
+
 }  // namespace
 
 HOTLOOP_LIBRARY_IMPL(CUDA, m) {
   m.impl("rms_norm", HOTLOOP_KERNEL(&rms_norm_cuda));
   m.impl("rms_norm_backward", HOTLOOP_KERNEL(&rms_norm_backward_cuda));
+  m.impl("rms_norm_backward_", HOTLOOP_KERNEL(&rms_norm_backward_in_place_cuda));
 }
 
 }  // namespace hotloop

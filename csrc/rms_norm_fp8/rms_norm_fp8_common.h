@@ -6,6 +6,13 @@
 // nearest even and saturated to +-448 (NaN stays NaN): the static ops take one
 // scale for the whole tensor, the dynamic ones compute one per row from the row's
 // largest |y|, formed as rstd * max|v * weight| (v: x, or the new residual).
+// y is the casting mode's (common/norm_casting.h) before its rounding to the dtype, which
+// the quantisation replaces: v * rstd * weight (torch), (v * rstd rounded to the dtype) *
+// weight (llama), v * rstd * (offset + weight) (gemma). The dynamic scale's weight is the
+// weight as it multiplies (offset + weight in gemma); llama's rounding of v * rstd stays out
+// of it, so that one exchange between threads still gives rstd and the maximum (a value
+// rounded up past rstd * max|v * weight| is within half a step of the dtype of it, which
+// e4m3's rounding at 448 absorbs).
 #pragma once
 
 #include <cmath>
@@ -17,6 +24,7 @@
 #include <vector>
 
 #include "../common/checks.h"
+#include "../common/norm_casting.h"
 // overlaps(): the fused ops write residual in place, as fused_add_rms_norm does.
 #include "../fused_add_rms_norm/fused_add_rms_norm_checks.h"
 
@@ -156,22 +164,25 @@ struct Fp8NormPointers {
   int64_t rows;
   int64_t hidden;
   double eps;
+  double offset;  // gemma's; the kernel's instantiation says the casting mode
 };
 
 // out, and the per-row scales of the dynamic ops.
 using Fp8NormOutputs = std::pair<Tensor, std::optional<Tensor>>;
 
 // The host side of all four ops for one device's Launch: checks, outputs,
-// contiguous inputs, dtype dispatch. Launch has
+// contiguous inputs, dtype and casting-mode dispatch. Launch has
 //   static void check_device(const char* op, const Tensor& x);  // after the input checks
-//   template <typename scalar_t>
-//   void operator()(const Tensor& x, const Fp8NormPointers<scalar_t>& p) const;
+//   template <typename scalar_t, Casting kCasting>
+//   static void run(const Tensor& x, const Fp8NormPointers<scalar_t>& p);
 // residual: nullptr unless fused; scale given for the static ops, scale_ub
 // optional for the dynamic ones.
 template <typename Launch>
 Fp8NormOutputs run_rms_norm_fp8(const char* op, const Tensor& x, Tensor* residual,
                                 const Tensor& weight, const std::optional<Tensor>& scale,
-                                const std::optional<Tensor>& scale_ub, double eps) {
+                                const std::optional<Tensor>& scale_ub, double eps, int64_t casting,
+                                double offset) {
+  const Casting mode = checked_casting(op, casting, offset);
   check_rms_norm_fp8_inputs(op, x, weight, scale, scale_ub);
   if (residual != nullptr) {
     check_fp8_residual(op, x, *residual, weight, scale.has_value() ? scale : scale_ub);
@@ -188,18 +199,22 @@ Fp8NormOutputs run_rms_norm_fp8(const char* op, const Tensor& x, Tensor* residua
   const Tensor x_contig = as_contiguous(x);
   const Tensor w_contig = as_contiguous(weight);
   HOTLOOP_DISPATCH_FLOATING(x.scalar_type(), op, [&] {
-    Launch{}(x, Fp8NormPointers<scalar_t>{
-                    const_data<scalar_t>(x_contig),
-                    residual != nullptr ? mutable_data<scalar_t>(*residual) : nullptr,
-                    const_data<scalar_t>(w_contig),
-                    scale.has_value() ? const_data<float>(*scale) : nullptr,
-                    scale_ub.has_value() ? const_data<float>(*scale_ub) : nullptr,
-                    mutable_data<uint8_t>(outputs.first),
-                    outputs.second.has_value() ? mutable_data<float>(*outputs.second) : nullptr,
-                    rows,
-                    x.size(-1),
-                    eps,
-                });
+    dispatch_casting<scalar_t>(mode, offset, [&](auto tag, double kernel_offset) {
+      Launch::template run<scalar_t, decltype(tag)::value>(
+          x, Fp8NormPointers<scalar_t>{
+                 const_data<scalar_t>(x_contig),
+                 residual != nullptr ? mutable_data<scalar_t>(*residual) : nullptr,
+                 const_data<scalar_t>(w_contig),
+                 scale.has_value() ? const_data<float>(*scale) : nullptr,
+                 scale_ub.has_value() ? const_data<float>(*scale_ub) : nullptr,
+                 mutable_data<uint8_t>(outputs.first),
+                 outputs.second.has_value() ? mutable_data<float>(*outputs.second) : nullptr,
+                 rows,
+                 x.size(-1),
+                 eps,
+                 kernel_offset,
+             });
+    });
   });
   return outputs;
 }
@@ -208,32 +223,36 @@ Fp8NormOutputs run_rms_norm_fp8(const char* op, const Tensor& x, Tensor* residua
 // for HOTLOOP_LIBRARY_IMPL to register.
 template <typename Launch>
 struct RmsNormFp8Ops {
-  static Tensor rms_norm_fp8(const Tensor& x, const Tensor& weight, const Tensor& scale,
-                             double eps) {
-    return run_rms_norm_fp8<Launch>("rms_norm_fp8", x, nullptr, weight, scale, std::nullopt, eps)
+  static Tensor rms_norm_fp8(const Tensor& x, const Tensor& weight, const Tensor& scale, double eps,
+                             int64_t casting, double offset) {
+    return run_rms_norm_fp8<Launch>("rms_norm_fp8", x, nullptr, weight, scale, std::nullopt, eps,
+                                    casting, offset)
         .first;
   }
 
   static std::tuple<Tensor, Tensor> rms_norm_fp8_dynamic(const Tensor& x, const Tensor& weight,
                                                          double eps,
-                                                         const std::optional<Tensor>& scale_ub) {
+                                                         const std::optional<Tensor>& scale_ub,
+                                                         int64_t casting, double offset) {
     Fp8NormOutputs outputs = run_rms_norm_fp8<Launch>("rms_norm_fp8_dynamic", x, nullptr, weight,
-                                                      std::nullopt, scale_ub, eps);
+                                                      std::nullopt, scale_ub, eps, casting, offset);
     return {outputs.first, *outputs.second};
   }
 
   static Tensor fused_add_rms_norm_fp8(const Tensor& x, Tensor& residual, const Tensor& weight,
-                                       const Tensor& scale, double eps) {
+                                       const Tensor& scale, double eps, int64_t casting,
+                                       double offset) {
     return run_rms_norm_fp8<Launch>("fused_add_rms_norm_fp8", x, &residual, weight, scale,
-                                    std::nullopt, eps)
+                                    std::nullopt, eps, casting, offset)
         .first;
   }
 
   static std::tuple<Tensor, Tensor> fused_add_rms_norm_fp8_dynamic(
       const Tensor& x, Tensor& residual, const Tensor& weight, double eps,
-      const std::optional<Tensor>& scale_ub) {
-    Fp8NormOutputs outputs = run_rms_norm_fp8<Launch>(
-        "fused_add_rms_norm_fp8_dynamic", x, &residual, weight, std::nullopt, scale_ub, eps);
+      const std::optional<Tensor>& scale_ub, int64_t casting, double offset) {
+    Fp8NormOutputs outputs =
+        run_rms_norm_fp8<Launch>("fused_add_rms_norm_fp8_dynamic", x, &residual, weight,
+                                 std::nullopt, scale_ub, eps, casting, offset);
     return {outputs.first, *outputs.second};
   }
 };

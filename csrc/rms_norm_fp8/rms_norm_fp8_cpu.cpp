@@ -2,9 +2,9 @@
 // fused_add_ twins): the reference the CUDA kernels are tested against.
 //
 // Per row: [residual += x, rounded to the dtype and stored;] rstd from the row
-// (the rounded residual), y = v * rstd * weight in float32 (float64 for float64),
-// [the row's scale from max |y|, formed as rstd * max |v * weight|;]
-// out = e4m3(y * (1 / scale)).
+// (the rounded residual), y = v * rstd * weight in float32 (float64 for float64) as the
+// casting mode forms it (rms_norm_fp8_common.h), [the row's scale from max |y|, formed as
+// rstd * max |v * weight|;] out = e4m3(y * (1 / scale)).
 #include <algorithm>
 #include <cmath>
 
@@ -43,10 +43,26 @@ acc_t blocked_sum(int64_t n, const Term& term) {
   return total;
 }
 
-template <typename scalar_t>
+// The weight as it multiplies: offset + w in kGemma (cpu_norm_casting.h's weight_at).
+template <Casting kCasting, typename acc_t>
+acc_t weight_value(acc_t w, acc_t offset) {
+  return kCasting == Casting::kGemma ? offset + w : w;
+}
+
+// y before its rounding to the dtype: xhat, rounded to the dtype first in kLlama, times the
+// weight as it multiplies (cpu_norm_casting.h's normed, for one element).
+template <typename scalar_t, Casting kCasting, typename acc_t>
+acc_t weighted(acc_t xhat, acc_t w, acc_t offset) {
+  const acc_t normed =
+      kCasting == Casting::kLlama ? static_cast<acc_t>(static_cast<scalar_t>(xhat)) : xhat;
+  return normed * weight_value<kCasting>(w, offset);
+}
+
+template <typename scalar_t, Casting kCasting>
 void rms_norm_fp8_cpu_kernel(const Fp8NormPointers<scalar_t>& p) {
   using acc_t = acc_type<scalar_t>;
   const acc_t eps = static_cast<acc_t>(p.eps);
+  const acc_t offset = static_cast<acc_t>(p.offset);
   const int64_t hidden = p.hidden;
   const float static_inv_scale = p.scale != nullptr ? 1.0f / *p.scale : 0.0f;
   const int64_t grain = std::max<int64_t>(1, kGrainSize / std::max<int64_t>(hidden, 1));
@@ -68,7 +84,8 @@ void rms_norm_fp8_cpu_kernel(const Fp8NormPointers<scalar_t>& p) {
       });
       const acc_t rstd = acc_t(1) / std::sqrt(sum_sq / static_cast<acc_t>(hidden) + eps);
       auto y_at = [&](int64_t j) {
-        return static_cast<acc_t>(v_row[j]) * rstd * static_cast<acc_t>(p.weight[j]);
+        return weighted<scalar_t, kCasting>(static_cast<acc_t>(v_row[j]) * rstd,
+                                            static_cast<acc_t>(p.weight[j]), offset);
       };
       float inv_scale = static_inv_scale;
       if (p.scale == nullptr) {
@@ -76,8 +93,8 @@ void rms_norm_fp8_cpu_kernel(const Fp8NormPointers<scalar_t>& p) {
         // know rstd, so that one exchange between threads gives both.
         acc_t max_vw = 0;
         for (int64_t j = 0; j < hidden; ++j) {
-          max_vw = std::fmax(
-              max_vw, std::fabs(static_cast<acc_t>(v_row[j]) * static_cast<acc_t>(p.weight[j])));
+          const acc_t w = weight_value<kCasting>(static_cast<acc_t>(p.weight[j]), offset);
+          max_vw = std::fmax(max_vw, std::fabs(static_cast<acc_t>(v_row[j]) * w));
         }
         const float row_scale = dynamic_row_scale(static_cast<float>(rstd * max_vw), p.scale_ub);
         p.row_scales[row] = row_scale;
@@ -94,9 +111,9 @@ void rms_norm_fp8_cpu_kernel(const Fp8NormPointers<scalar_t>& p) {
 struct LaunchCpu {
   static void check_device(const char* /*op*/, const Tensor& /*x*/) {}
 
-  template <typename scalar_t>
-  void operator()(const Tensor& /*x*/, const Fp8NormPointers<scalar_t>& p) const {
-    rms_norm_fp8_cpu_kernel(p);
+  template <typename scalar_t, Casting kCasting>
+  static void run(const Tensor& /*x*/, const Fp8NormPointers<scalar_t>& p) {
+    rms_norm_fp8_cpu_kernel<scalar_t, kCasting>(p);
   }
 };
 

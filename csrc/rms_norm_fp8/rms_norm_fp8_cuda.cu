@@ -19,6 +19,7 @@
 #include <cuda_fp8.h>
 
 #include "../common/cuda_utils.cuh"
+#include "../common/norm_casting.cuh"
 #include "../common/residual_add.cuh"
 #include "../common/row_launch.cuh"
 #include "../common/scalar_rows.cuh"
@@ -45,6 +46,17 @@ constexpr RowKernelLimits kFp8Limits{/*max_vectors_per_thread=*/kFp8WideVectors,
 // The first GPUs with FP8 conversion and FP8 tensor cores: Ada (8.9), Hopper (9.0).
 constexpr int kFp8MinCapability = 89;
 
+// Whether this compilation pass emits the kernels' code: not for the sm_80 and sm_86 cubins
+// of the wheel, whose GPUs check_device refuses before any launch, so that no caller reaches
+// their FP8 code there (the kernels stay, empty, so that the host code can name them).
+static_assert(kFp8MinCapability == 89, "the #if below spells out kFp8MinCapability");
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 890
+#define HOTLOOP_FP8_KERNEL_CODE 0
+#else
+#define HOTLOOP_FP8_KERNEL_CODE 1
+#endif
+
+#if HOTLOOP_FP8_KERNEL_CODE
 __device__ __forceinline__ __nv_fp8_storage_t e4m3(float v) {
   return __nv_cvt_float_to_fp8(v, __NV_SATFINITE, __NV_E4M3);
 }
@@ -53,6 +65,7 @@ __device__ __forceinline__ __nv_fp8_storage_t e4m3(float v) {
 __device__ __forceinline__ __nv_fp8x2_storage_t e4m3x2(float lo, float hi) {
   return __nv_cvt_float2_to_fp8x2(make_float2(lo, hi), __NV_SATFINITE, __NV_E4M3);
 }
+#endif
 
 // rstd and 1 / scale of one row.
 template <typename acc_t>
@@ -65,7 +78,7 @@ struct Fp8Row {
 // scale. The row's largest |y| is rstd * max|v * weight| (rstd > 0), which the CPU kernel
 // forms the same way, so the sum of squares and the maximum need one exchange; a static
 // scale needs neither the maximum nor its exchange.
-template <typename scalar_t, bool kDynamic>
+template <typename scalar_t, Casting kCasting, bool kDynamic>
 class Fp8RowQuantiser {
  public:
   using acc_t = acc_type<scalar_t>;
@@ -75,14 +88,21 @@ class Fp8RowQuantiser {
   __device__ __forceinline__ explicit Fp8RowQuantiser(const Fp8NormPointers<scalar_t>& p)
       : inv_hidden_(acc_t(1) / static_cast<acc_t>(p.hidden)),
         eps_(static_cast<acc_t>(p.eps)),
+        offset_(static_cast<acc_t>(p.offset)),
         static_inv_scale_(kDynamic ? 0.0f : 1.0f / *p.scale),
         scale_ub_(p.scale_ub),
         row_scales_(p.row_scales),
         rows_(p.rows) {}
 
-  // Only for a dynamic scale: v's contribution to stats[1].
-  static __device__ __forceinline__ void add_magnitude(Stats& stats, acc_t v, acc_t w) {
-    stats[1] = fmax(stats[1], fabs(v * w));
+  // Only for a dynamic scale: v's contribution to stats[1], with the weight as it multiplies
+  // (kLlama's rounding of v * rstd is left out: the scale only needs to bound the row).
+  __device__ __forceinline__ void add_magnitude(Stats& stats, acc_t v, acc_t w) const {
+    stats[1] = fmax(stats[1], fabs(v * weight_value<kCasting>(w, offset_)));
+  }
+
+  // y of the casting mode, before its rounding to the dtype (which quantisation replaces).
+  __device__ __forceinline__ acc_t y(acc_t v, acc_t rstd, acc_t w) const {
+    return weighted<kCasting, scalar_t>(v * rstd, w, offset_);
   }
 
   // Every thread of the block calls it (row_reduce says why); thread 0 of a dynamic row
@@ -93,7 +113,7 @@ class Fp8RowQuantiser {
     } else {
       row_sum(stats);
     }
-    const acc_t rstd = rsqrt_acc(stats[0] * inv_hidden_ + eps_);
+    const acc_t rstd = row_rstd<kCasting>(stats[0], inv_hidden_, eps_);
     if constexpr (kDynamic) {
       const float row_scale = dynamic_row_scale(static_cast<float>(rstd * stats[1]), scale_ub_);
       if (row < rows_ && threadIdx.x == 0) {
@@ -108,17 +128,19 @@ class Fp8RowQuantiser {
  private:
   acc_t inv_hidden_;
   acc_t eps_;
+  acc_t offset_;
   float static_inv_scale_;
   const float* scale_ub_;
   float* row_scales_;
   int64_t rows_;
 };
 
-template <typename scalar_t, bool kResidual, bool kDynamic, int kVectorsPerThread>
+template <typename scalar_t, Casting kCasting, bool kResidual, bool kDynamic, int kVectorsPerThread>
 __global__ void __launch_bounds__(kVectorsPerThread >= kFp8WideVectors ? kFp8MaxThreadsWide
                                                                        : kMaxThreadsPerBlock)
     rms_norm_fp8_vector_kernel(const Fp8NormPointers<scalar_t> p) {
-  using Quantiser = Fp8RowQuantiser<scalar_t, kDynamic>;
+#if HOTLOOP_FP8_KERNEL_CODE
+  using Quantiser = Fp8RowQuantiser<scalar_t, kCasting, kDynamic>;
   using acc_t = typename Quantiser::acc_t;
   constexpr int kVec = vector_size<scalar_t>();
   using Vec = AlignedVector<scalar_t, kVec>;
@@ -186,8 +208,8 @@ __global__ void __launch_bounds__(kVectorsPerThread >= kFp8WideVectors ? kFp8Max
           const Vec wv = weight_vec[idx];
 #pragma unroll
           for (int k = 0; k < kVec; ++k) {
-            Quantiser::add_magnitude(stats, static_cast<acc_t>(v[i].val[k]),
-                                     static_cast<acc_t>(wv.val[k]));
+            quantiser.add_magnitude(stats, static_cast<acc_t>(v[i].val[k]),
+                                    static_cast<acc_t>(wv.val[k]));
           }
         }
       }
@@ -203,10 +225,10 @@ __global__ void __launch_bounds__(kVectorsPerThread >= kFp8WideVectors ? kFp8Max
         OutVec out;
 #pragma unroll
         for (int k = 0; k < kVec / 2; ++k) {
-          const acc_t y0 =
-              static_cast<acc_t>(v[i].val[2 * k]) * r.rstd * static_cast<acc_t>(wv.val[2 * k]);
-          const acc_t y1 = static_cast<acc_t>(v[i].val[2 * k + 1]) * r.rstd *
-                           static_cast<acc_t>(wv.val[2 * k + 1]);
+          const acc_t y0 = quantiser.y(static_cast<acc_t>(v[i].val[2 * k]), r.rstd,
+                                       static_cast<acc_t>(wv.val[2 * k]));
+          const acc_t y1 = quantiser.y(static_cast<acc_t>(v[i].val[2 * k + 1]), r.rstd,
+                                       static_cast<acc_t>(wv.val[2 * k + 1]));
           out.val[k] =
               e4m3x2(static_cast<float>(y0 * r.inv_scale), static_cast<float>(y1 * r.inv_scale));
         }
@@ -214,15 +236,17 @@ __global__ void __launch_bounds__(kVectorsPerThread >= kFp8WideVectors ? kFp8Max
       }
     }
   }
+#endif
 }
 
 // Rows that the vector kernel cannot take but that fit in registers as scalars
 // (common/scalar_rows.cuh), so x (and the residual) is read once.
-template <typename scalar_t, bool kResidual, bool kDynamic, typename Rows>
+template <typename scalar_t, Casting kCasting, bool kResidual, bool kDynamic, typename Rows>
 __global__ void __launch_bounds__(Rows::kLaunchBound)
     rms_norm_fp8_scalar_kernel(const Fp8NormPointers<scalar_t> p) {
+#if HOTLOOP_FP8_KERNEL_CODE
   constexpr int kElemsPerThread = Rows::kElemsPerThread;
-  using Quantiser = Fp8RowQuantiser<scalar_t, kDynamic>;
+  using Quantiser = Fp8RowQuantiser<scalar_t, kCasting, kDynamic>;
   using acc_t = typename Quantiser::acc_t;
   const Quantiser quantiser(p);
   const int stride = scalar_stride<Rows>();
@@ -267,7 +291,7 @@ __global__ void __launch_bounds__(Rows::kLaunchBound)
       stats[0] += v[i] * v[i];
       if constexpr (kDynamic) {
         if (i * stride < row_columns) {
-          Quantiser::add_magnitude(stats, v[i], static_cast<acc_t>(w_own[i * stride]));
+          quantiser.add_magnitude(stats, v[i], static_cast<acc_t>(w_own[i * stride]));
         }
       }
     }
@@ -282,7 +306,7 @@ __global__ void __launch_bounds__(Rows::kLaunchBound)
 #pragma unroll
       for (int i = 0; i < kElemsPerThread; ++i) {
         if (i * stride < row_columns) {
-          const acc_t y = v[i] * r.rstd * static_cast<acc_t>(w_own[i * stride]);
+          const acc_t y = quantiser.y(v[i], r.rstd, static_cast<acc_t>(w_own[i * stride]));
           out_own[i * stride] = e4m3(static_cast<float>(y * r.inv_scale));
         }
       }
@@ -305,13 +329,14 @@ __global__ void __launch_bounds__(Rows::kLaunchBound)
         for (int j = 0; j < kWeightAhead; ++j) {
           const int i = group + j;
           if (i * stride < row_columns) {
-            const acc_t y = v[i] * r.rstd * w[j];
+            const acc_t y = quantiser.y(v[i], r.rstd, w[j]);
             out_own[i * stride] = e4m3(static_cast<float>(y * r.inv_scale));
           }
         }
       }
     }
   }
+#endif
 }
 
 // Any hidden size and alignment: the row is re-read (mostly from L1/L2) by each
@@ -319,10 +344,11 @@ __global__ void __launch_bounds__(Rows::kLaunchBound)
 // does (common/residual_add.cuh); the later steps re-read the residual elements this
 // same thread stored, so no barrier is needed between them.
 
-template <typename scalar_t, bool kResidual, bool kDynamic>
+template <typename scalar_t, Casting kCasting, bool kResidual, bool kDynamic>
 __global__ void __launch_bounds__(kMaxThreadsPerBlock)
     rms_norm_fp8_generic_kernel(const Fp8NormPointers<scalar_t> p) {
-  using Quantiser = Fp8RowQuantiser<scalar_t, kDynamic>;
+#if HOTLOOP_FP8_KERNEL_CODE
+  using Quantiser = Fp8RowQuantiser<scalar_t, kCasting, kDynamic>;
   using acc_t = typename Quantiser::acc_t;
   const Quantiser quantiser(p);
   for (int64_t block_row = static_cast<int64_t>(blockIdx.x) * blockDim.y; block_row < p.rows;
@@ -346,20 +372,22 @@ __global__ void __launch_bounds__(kMaxThreadsPerBlock)
           stats[0] += v * v;
         }
         if constexpr (kDynamic) {
-          Quantiser::add_magnitude(stats, v, static_cast<acc_t>(p.weight[j]));
+          quantiser.add_magnitude(stats, v, static_cast<acc_t>(p.weight[j]));
         }
       }
     }
     const Fp8Row<acc_t> r = quantiser.finish(stats, row);
     __nv_fp8_storage_t* out_row = reinterpret_cast<__nv_fp8_storage_t*>(p.out + offset);
     for (int64_t j = threadIdx.x; j < row_hidden; j += blockDim.x) {
-      const acc_t y = static_cast<acc_t>(v_row[j]) * r.rstd * static_cast<acc_t>(p.weight[j]);
+      const acc_t y =
+          quantiser.y(static_cast<acc_t>(v_row[j]), r.rstd, static_cast<acc_t>(p.weight[j]));
       out_row[j] = e4m3(static_cast<float>(y * r.inv_scale));
     }
   }
+#endif
 }
 
-template <typename scalar_t, bool kResidual, bool kDynamic>
+template <typename scalar_t, Casting kCasting, bool kResidual, bool kDynamic>
 void launch_rms_norm_fp8(const Fp8NormPointers<scalar_t>& p) {
   const bool aligned = is_vector_aligned(p.x) && is_vector_aligned(p.weight) &&
                        is_vector_aligned(p.out) && (!kResidual || is_vector_aligned(p.residual));
@@ -370,7 +398,7 @@ void launch_rms_norm_fp8(const Fp8NormPointers<scalar_t>& p) {
     const ScalarRowLaunch scalar_plan = plan_scalar_row_launch(p.hidden);
     const dim3 grid(static_cast<unsigned>(row_blocks(p.rows, scalar_plan.launch)));
     const bool launched = launch_scalar_rows<scalar_t>(scalar_plan, [&](auto rows_variant) {
-      rms_norm_fp8_scalar_kernel<scalar_t, kResidual, kDynamic, decltype(rows_variant)>
+      rms_norm_fp8_scalar_kernel<scalar_t, kCasting, kResidual, kDynamic, decltype(rows_variant)>
           <<<grid, scalar_plan.launch.block(), 0, stream>>>(p);
     });
     if (launched) {
@@ -380,10 +408,10 @@ void launch_rms_norm_fp8(const Fp8NormPointers<scalar_t>& p) {
   }
   const dim3 grid(static_cast<unsigned>(row_blocks(p.rows, plan)));
   switch (plan.vectors_per_thread) {
-#define HOTLOOP_LAUNCH(VPT)                                        \
-  case VPT:                                                        \
-    rms_norm_fp8_vector_kernel<scalar_t, kResidual, kDynamic, VPT> \
-        <<<grid, plan.block(), 0, stream>>>(p);                    \
+#define HOTLOOP_LAUNCH(VPT)                                                  \
+  case VPT:                                                                  \
+    rms_norm_fp8_vector_kernel<scalar_t, kCasting, kResidual, kDynamic, VPT> \
+        <<<grid, plan.block(), 0, stream>>>(p);                              \
     break;
     HOTLOOP_LAUNCH(1)
     HOTLOOP_LAUNCH(2)
@@ -391,7 +419,7 @@ void launch_rms_norm_fp8(const Fp8NormPointers<scalar_t>& p) {
 #undef HOTLOOP_LAUNCH
     default:
       HOTLOOP_INTERNAL_ASSERT(plan.vectors_per_thread == 0);
-      rms_norm_fp8_generic_kernel<scalar_t, kResidual, kDynamic>
+      rms_norm_fp8_generic_kernel<scalar_t, kCasting, kResidual, kDynamic>
           <<<grid, plan.block(), 0, stream>>>(p);
   }
   HOTLOOP_KERNEL_LAUNCH_CHECK();
@@ -418,19 +446,19 @@ struct LaunchCuda {
                   "run them on such a GPU, or on the CPU");
   }
 
-  template <typename scalar_t>
-  void operator()(const Tensor& x, const Fp8NormPointers<scalar_t>& p) const {
+  template <typename scalar_t, Casting kCasting>
+  static void run(const Tensor& x, const Fp8NormPointers<scalar_t>& p) {
     const CudaDeviceGuard guard(x);
     const bool fused = p.residual != nullptr;
     const bool dynamic = p.scale == nullptr;
     if (fused && dynamic) {
-      launch_rms_norm_fp8<scalar_t, true, true>(p);
+      launch_rms_norm_fp8<scalar_t, kCasting, true, true>(p);
     } else if (fused) {
-      launch_rms_norm_fp8<scalar_t, true, false>(p);
+      launch_rms_norm_fp8<scalar_t, kCasting, true, false>(p);
     } else if (dynamic) {
-      launch_rms_norm_fp8<scalar_t, false, true>(p);
+      launch_rms_norm_fp8<scalar_t, kCasting, false, true>(p);
     } else {
-      launch_rms_norm_fp8<scalar_t, false, false>(p);
+      launch_rms_norm_fp8<scalar_t, kCasting, false, false>(p);
     }
   }
 };

@@ -93,11 +93,6 @@ class RMSNorm(nn.RMSNorm):
                 f"hotloop.RMSNorm: backend must be one of {BACKENDS} or None, got {backend!r}"
             )
         casting_index("hotloop.RMSNorm", casting, offset)  # now, rather than at the first call
-        if in_place_backward and backend != "triton":
-            raise ValueError(
-                "hotloop.RMSNorm(in_place_backward=True) needs backend='triton' (hotloop.rms_norm "
-                f"says why), got backend={backend!r}"
-            )
         super().__init__(shape[0], eps, elementwise_affine, device=device, dtype=dtype)
         self.backend = backend
         self.casting = casting

@@ -118,6 +118,18 @@ def main() -> int:
                         f"rms_norm backward dx[{backend}] {tag}", x.grad, x_ref.grad, 4 * tol
                     )
                 ok &= check(f"rms_norm backward dw[{backend}] {tag}", w.grad, w_ref.grad, 4 * tol)
+            # The native in-place backward (grad_x over the fresh gradient of y * dy), in
+            # Llama's mode, against its out-of-place backward.
+            x.grad = w.grad = None
+            y = hotloop.rms_norm(
+                x, w, 1e-6, backend="native", casting="llama", in_place_backward=True
+            )
+            (y * dy).sum().backward()
+            in_place = x.grad, w.grad
+            x.grad = w.grad = None
+            hotloop.rms_norm(x, w, 1e-6, backend="native", casting="llama").backward(dy)
+            for name, got, expected in zip(("dx", "dw"), in_place, (x.grad, w.grad)):
+                ok &= check(f"rms_norm in-place backward {name} {tag}", got, expected, 1e-6)
             xs = x.detach()[:, 1:] if hidden > 1 else x.detach()  # unaligned rows
             ok &= check(
                 f"rms_norm unaligned {tag}",
@@ -134,6 +146,17 @@ def main() -> int:
                 a,
                 F.rms_norm(summed, (hidden,), w.detach().double(), 1e-6),
                 2 * tol,
+            )
+            # Gemma's mode with its offset, against the unfused norm in that mode.
+            a = x.detach().clone()
+            residual = torch.randn_like(a)
+            summed = a + residual
+            hotloop.fused_add_rms_norm(a, residual, w.detach(), 1e-6, casting="gemma", offset=1.0)
+            ok &= check(
+                f"fused_add_rms_norm gemma {tag}",
+                a,
+                hotloop.rms_norm(summed, w.detach(), 1e-6, casting="gemma", offset=1.0),
+                tol,
             )
             b = torch.randn_like(a)
             ok &= check(

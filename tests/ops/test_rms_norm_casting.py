@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from contextlib import contextmanager
+from typing import Any
 
 import pytest
 import torch
@@ -388,6 +389,114 @@ def test_module_shows_its_casting() -> None:
     assert "casting" not in repr(hotloop.RMSNorm(8))
 
 
+# Rows of each CUDA kernel of the fused and FP8 ops (bfloat16): vectors in registers (64,
+# 4096), scalars in registers (an odd row), staged in shared memory (fused_add_rms_norm's
+# 32768), the generic kernel (an odd row past the scalar kernels' 16384).
+FUSED_WIDTHS = [64, 1001, 4096, 20001, 32768]
+
+
+def halves(v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """x and residual whose sum, rounded to the dtype, is v exactly."""
+    return v * 0.5, v * 0.5
+
+
+@pytest.mark.parametrize("casting", list(MODEL_FORMULAS))
+@pytest.mark.parametrize("dtype", HALF_DTYPES)
+@pytest.mark.parametrize("hidden", FUSED_WIDTHS)
+def test_fused_add_rms_norm_gives_the_models_bits(
+    device: str, casting: str, dtype: torch.dtype, hidden: int
+) -> None:
+    # residual += x, then x = the model's norm of the new residual, bit for bit.
+    offset, formula, model_weight = MODEL_FORMULAS[casting]
+    v = exact_square_sums(9, hidden, dtype, device, seed=hidden)
+    x, residual = halves(v)
+    weight = model_weight(weight_like(hidden, dtype, device, 0.3, seed=hidden + 1)).to(dtype)
+    with torch.no_grad():
+        hotloop.fused_add_rms_norm(x, residual, weight, EPS, casting=casting, offset=offset)
+    assert_same_bits(residual, v)
+    assert_same_bits(x, formula(v, weight, EPS))
+
+
+def mode_y(v: torch.Tensor, weight: torch.Tensor, casting: str, offset: float) -> torch.Tensor:
+    """The mode's y in float32 before its rounding to v's dtype, the FP8 ops' definition
+    (csrc/rms_norm_fp8/rms_norm_fp8_common.h), with the rstd the models' formulas form."""
+    vf = v.float()
+    x_hat = vf * torch.rsqrt(vf.pow(2).mean(-1, keepdim=True) + EPS)
+    if casting == "llama":
+        return x_hat.to(v.dtype).float() * weight.float()
+    return x_hat * (offset + weight.float())
+
+
+def e4m3(q: torch.Tensor) -> torch.Tensor:
+    """Rounded to nearest even and saturated to +-448, as the kernels quantise."""
+    return q.clamp(-448.0, 448.0).to(torch.float8_e4m3fn)
+
+
+FP8_OPS = [
+    "rms_norm_fp8",
+    "rms_norm_fp8_dynamic",
+    "fused_add_rms_norm_fp8",
+    "fused_add_rms_norm_fp8_dynamic",
+]
+
+
+def run_fp8(
+    op: str, v: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor, **mode: Any
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(out, the scales that dequantise it) of the FP8 op on v (the fused ops: on halves of
+    v, whose sum, stored into the residual, must be v)."""
+    with torch.no_grad():
+        if not op.startswith("fused_add"):
+            if op.endswith("dynamic"):
+                out, scales = hotloop.rms_norm_fp8_dynamic(v, weight, EPS, **mode)
+                return out, scales
+            return hotloop.rms_norm_fp8(v, weight, scale, EPS, **mode), scale
+        x, residual = halves(v)
+        if op.endswith("dynamic"):
+            out, scales = hotloop.fused_add_rms_norm_fp8_dynamic(x, residual, weight, EPS, **mode)
+        else:
+            out, scales = (
+                hotloop.fused_add_rms_norm_fp8(x, residual, weight, scale, EPS, **mode),
+                scale,
+            )
+    assert_same_bits(residual, v)
+    return out, scales
+
+
+@pytest.mark.parametrize("op", FP8_OPS)
+@pytest.mark.parametrize("casting", list(MODEL_FORMULAS))
+@pytest.mark.parametrize("dtype", HALF_DTYPES)
+@pytest.mark.parametrize("hidden", FUSED_WIDTHS[:4])
+def test_fp8_ops_quantise_the_modes_y(
+    device: str, op: str, casting: str, dtype: torch.dtype, hidden: int
+) -> None:
+    if device == "cuda" and torch.cuda.get_device_capability() < hotloop.ops.FP8_MIN_CAPABILITY:
+        pytest.skip("the CUDA FP8 ops need compute capability 8.9 or newer")
+    offset, _, model_weight = MODEL_FORMULAS[casting]
+    v = exact_square_sums(9, hidden, dtype, device, seed=hidden)
+    weight = model_weight(weight_like(hidden, dtype, device, 0.3, seed=hidden + 1)).to(dtype)
+    scale = torch.full((1,), 2.0**-6, device=device)  # some values saturate
+    out, scales = run_fp8(op, v, weight, scale, casting=casting, offset=offset)
+    if op.endswith("dynamic"):
+        # rstd * max|v * (the weight as it multiplies)|: Llama's rounding stays out of it.
+        vf = v.float()
+        rstd = torch.rsqrt(vf.pow(2).mean(-1, keepdim=True) + EPS)
+        applied = weight.float() + offset if casting == "gemma" else weight.float()
+        amax = rstd * (vf * applied).abs().amax(-1, keepdim=True)
+        # (Divided by a tensor: torch's CUDA division by a Python number multiplies by its
+        # reciprocal, which rounds differently.)
+        expected = (amax / torch.full_like(amax, 448.0)).clamp(min=1.0 / (448.0 * 512.0))
+        assert torch.equal(scales, expected)
+    y = mode_y(v, weight, casting, offset)
+    inv_scales = torch.ones_like(scales) / scales
+    assert torch.equal(out.view(torch.uint8), e4m3(y * inv_scales).view(torch.uint8))
+    if hidden >= 1001:
+        # The default quantises another y from the same inputs (on short rows e4m3's coarse
+        # steps can hide Llama's rounding): the bits above are the mode's.
+        default, _ = run_fp8(op, v, weight, scale)
+        assert not torch.equal(default.view(torch.uint8), out.view(torch.uint8))
+
+
 FUSED_CALLS = {
     "fused_add_rms_norm": lambda x, w, scale, **mode: hotloop.fused_add_rms_norm(
         x, x.clone(), w, EPS, **mode
@@ -406,19 +515,53 @@ FUSED_CALLS = {
 
 
 @pytest.mark.parametrize("op", list(FUSED_CALLS))
-def test_fused_ops_refuse_other_modes_naming_the_unfused_calls(op: str) -> None:
-    # Their kernels round as torch.nn.RMSNorm does; a mode they would not honour is refused
-    # before anything is written, with the calls that give its bits.
+def test_fused_ops_refuse_bad_modes_before_writing(op: str) -> None:
     x, w, scale = torch.randn(2, 8), torch.ones(8), torch.ones(1)
     kept = x.clone()
     with torch.no_grad():
-        with pytest.raises(
-            NotImplementedError, match=rf"{op}: casting='llama' is not .* unfused: "
-        ):
-            FUSED_CALLS[op](x, w, scale, casting="llama")
-        with pytest.raises(NotImplementedError, match=r"casting='gemma', offset=1.0\)"):
-            FUSED_CALLS[op](x, w, scale, casting="gemma", offset=1.0)
-        with pytest.raises(ValueError, match=r"casting must be one of"):
+        with pytest.raises(ValueError, match=rf"{op}: casting must be one of"):
             FUSED_CALLS[op](x, w, scale, casting="t5")
+        with pytest.raises(ValueError, match=rf"{op}: offset=1.0 is Gemma's"):
+            FUSED_CALLS[op](x, w, scale, casting="llama", offset=1.0)
         assert torch.equal(x, kept)
-        FUSED_CALLS[op](x, w, scale, casting="torch")  # the default, named, runs
+        # The ops' own check (torch.ops callers pass the mode's index), kernels and fake
+        # kernels alike.
+        for t in (x, x.to("meta")):
+            with pytest.raises(RuntimeError, match=rf"{op}: offset 1 is Gemma's"):
+                call_op(op, t, w.to(t.device), scale.to(t.device), 1, 1.0)
+            with pytest.raises(RuntimeError, match=rf"{op}: casting must be 0 \(torch\)"):
+                call_op(op, t, w.to(t.device), scale.to(t.device), 3, 0.0)
+        assert torch.equal(x, kept)
+
+
+def call_op(op: str, x: torch.Tensor, w: torch.Tensor, scale: torch.Tensor, *mode: Any) -> Any:
+    """torch.ops.hotloop.<op> on x (and a residual made up), with casting and offset."""
+    fn = getattr(torch.ops.hotloop, op).default
+    residual = x.clone() + 1
+    if op == "fused_add_rms_norm":
+        return fn(x, residual, w, EPS, *mode)
+    head = (x, residual) if op.startswith("fused_add") else (x,)
+    tail = (w, EPS, None) if op.endswith("dynamic") else (w, scale, EPS)
+    return fn(*head, *tail, *mode)
+
+
+@pytest.mark.parametrize("op", list(FUSED_CALLS))
+@pytest.mark.parametrize(("casting", "offset"), [(1, 0.0), (2, 1.0)])
+def test_opcheck_fused_ops_with_casting(device: str, op: str, casting: int, offset: float) -> None:
+    if (
+        device == "cuda"
+        and "fp8" in op
+        and (torch.cuda.get_device_capability() < hotloop.ops.FP8_MIN_CAPABILITY)
+    ):
+        pytest.skip("the CUDA FP8 ops need compute capability 8.9 or newer")
+    x, w = torch.randn(3, 5, 40, device=device), torch.randn(40, device=device)
+    scale = torch.full((1,), 0.05, device=device)
+    fn = getattr(torch.ops.hotloop, op).default
+    residual = torch.randn_like(x)
+    if op == "fused_add_rms_norm":
+        args: tuple[Any, ...] = (x, residual, w, EPS, casting, offset)
+    else:
+        head = (x, residual) if op.startswith("fused_add") else (x,)
+        tail = (w, EPS, None) if op.endswith("dynamic") else (w, scale, EPS)
+        args = (*head, *tail, casting, offset)
+    torch.library.opcheck(fn, args)

@@ -188,9 +188,98 @@ def test_the_write_bumps_the_gradients_version() -> None:
     assert versions == [1]
 
 
-def test_native_kernels_refuse_it(device: str) -> None:
-    x = torch.randn(2, 8, device=device, requires_grad=True)
-    with pytest.raises(ValueError, match=r"in_place_backward=True\) needs backend='triton'"):
-        hotloop.rms_norm(x, None, 1e-6, in_place_backward=True)
-    with pytest.raises(ValueError, match=r"needs backend='triton' .* got backend=None"):
-        hotloop.RMSNorm(8, in_place_backward=True)
+# The native kernels' in-place backward (torch.ops.hotloop.rms_norm_backward_): rows of each
+# CUDA backward kernel (vectors in registers; an odd row, which leaves the span kernel for
+# the scalar one when in place; 3-d activations, whose gradient is a view; staged rows;
+# the generic kernel), in each casting mode.
+NATIVE_STEPS = [
+    ((6, 64), torch.float32, "torch"),
+    ((3, 1001), torch.float16, "llama"),
+    ((2, 3, 4096), torch.bfloat16, "gemma"),
+    ((2, 32768), torch.bfloat16, "torch"),
+    ((2, 20001), torch.float32, "llama"),
+]
+
+
+def native_step(
+    device: str,
+    shape: tuple[int, ...],
+    dtype: torch.dtype,
+    in_place: bool,
+    casting: str = "torch",
+    fan_out: bool = False,
+) -> tuple[torch.Tensor, torch.Tensor, tuple[int, int], int]:
+    """(x.grad, w.grad, the incoming gradient's (data_ptr, version), x.grad's version) of
+    a training step through rms_norm on the native kernels."""
+    gen = torch.Generator().manual_seed(0)
+    offset = 1.0 if casting == "gemma" else 0.0
+    x = torch.randn(shape, generator=gen).to(device, dtype).requires_grad_()
+    w = (1 - offset + 0.1 * torch.randn(shape[-1], generator=gen)).to(device, dtype)
+    w.requires_grad_()
+    proj = torch.randn(shape[-1], 5, generator=gen).to(device, dtype)
+    y = hotloop.rms_norm(
+        x, w, 1e-6, backend="native", casting=casting, offset=offset, in_place_backward=in_place
+    )
+    seen: list[tuple[int, int]] = []
+    y.register_hook(lambda g: seen.append((g.data_ptr(), g._version)))  # keeps no reference
+    ((x + y if fan_out else y) @ proj).float().sum().backward()
+    assert x.grad is not None
+    assert w.grad is not None
+    return x.grad, w.grad, seen[0], x.grad._version
+
+
+@pytest.mark.parametrize(("shape", "dtype", "casting"), NATIVE_STEPS)
+def test_native_backward_writes_over_a_fresh_gradient(
+    device: str, shape: tuple[int, ...], dtype: torch.dtype, casting: str
+) -> None:
+    gx, gw, _, _ = native_step(device, shape, dtype, False, casting)
+    ix, iw, (ptr, version), x_version = native_step(device, shape, dtype, True, casting)
+    assert torch.equal(ix, gx)
+    assert torch.equal(iw, gw)
+    assert ix.data_ptr() == ptr, "grad_x was not written over the incoming gradient"
+    assert x_version > version
+
+
+def test_native_backward_keeps_what_others_hold(device: str) -> None:
+    # x + rms_norm(x): the add hands x's edge the same tensor; it must keep its value.
+    gx, gw, _, _ = native_step(device, (6, 64), torch.float32, False, fan_out=True)
+    ix, iw, (ptr, _), _ = native_step(device, (6, 64), torch.float32, True, fan_out=True)
+    assert torch.equal(ix, gx)
+    assert torch.equal(iw, gw)
+    assert ix.data_ptr() != ptr
+    # A gradient the caller passed stays as it was, through the module too.
+    norm = hotloop.RMSNorm(64, in_place_backward=True).to(device)
+    x = torch.randn(4, 64, device=device, requires_grad=True)
+    dy = torch.randn(4, 64, device=device)
+    kept = dy.clone()
+    norm(x).backward(dy)
+    assert torch.equal(dy, kept)
+
+
+@pytest.mark.parametrize("casting", [0, 1, 2])
+def test_in_place_backward_op_equals_the_backward_op(device: str, casting: int) -> None:
+    offset = 1.0 if casting == 2 else 0.0
+    x = torch.randn(5, 1001, device=device, dtype=torch.bfloat16)
+    w = torch.randn(1001, device=device, dtype=torch.bfloat16)
+    grad_out = torch.randn_like(x)
+    grad_x, grad_w = torch.ops.hotloop.rms_norm_backward(grad_out, x, w, 1e-6, casting, offset)
+    written = grad_out.clone()
+    got_w = torch.ops.hotloop.rms_norm_backward_(written, x, w, 1e-6, casting, offset)
+    assert torch.equal(written, grad_x)
+    assert torch.equal(got_w, grad_w)
+    without_weight = torch.ops.hotloop.rms_norm_backward(grad_out, x, None, 1e-6)[0]
+    assert torch.ops.hotloop.rms_norm_backward_(grad_out, x, None, 1e-6).shape == (0,)
+    assert torch.equal(grad_out, without_weight)
+    torch.library.opcheck(
+        torch.ops.hotloop.rms_norm_backward_.default,
+        (torch.randn_like(x), x, w, 1e-6, casting, offset),
+    )
+
+
+def test_in_place_backward_op_refuses_what_it_cannot_write(device: str) -> None:
+    x = torch.randn(4, 8, device=device)
+    grad_out = torch.randn(8, 4, device=device).t()
+    with pytest.raises(RuntimeError, match=r"rms_norm_backward_: grad_x is written over grad_out"):
+        torch.ops.hotloop.rms_norm_backward_(grad_out, x, None, 1e-6)
+    with pytest.raises(RuntimeError, match=r"rms_norm_backward_: unsupported operation: .* x and"):
+        torch.ops.hotloop.rms_norm_backward_(x, x, None, 1e-6)

@@ -9,7 +9,8 @@ import torch
 from torch import Tensor
 from torch.autograd import forward_ad
 
-from hotloop._casting import GEMMA, LLAMA, TORCH, casting_index
+from hotloop._casting import GEMMA, LLAMA, casting_index
+from hotloop._grad_ownership import GradOverwritingFunction, engine_alone_holders
 
 try:
     from hotloop import triton_rms_norm
@@ -117,13 +118,14 @@ def rms_norm(
     returns ``weight * rms_norm(x)`` in the promoted dtype, as ``LlamaRMSNorm`` does, and
     "gemma" applies the weight in float32, as ``GemmaRMSNorm`` does.
 
-    ``in_place_backward=True`` (``backend="triton"``): an eager backward writes grad_x over
-    the gradient it receives wherever only autograd's engine holds that gradient, which
-    saves one x-sized buffer at the norm's backward; where anything else holds it (a
-    fan-out such as ``x + rms_norm(x)``, the caller, a hook) the usual backward runs
+    ``in_place_backward=True``: an eager backward writes grad_x over the gradient it
+    receives wherever only autograd's engine holds that gradient, which saves one x-sized
+    buffer at the norm's backward; where anything else holds it (a fan-out such as
+    ``x + rms_norm(x)``, the caller, a hook) the usual backward runs
     (hotloop._grad_ownership says how it tells). Compiled and torch.func calls take the
-    usual backward. The native kernels read grad_out while they write grad_x through
-    pointers they assume apart, so they refuse it.
+    usual backward, and so does a backward that builds a graph (``create_graph``); the
+    in-place one is not differentiable again. Every backend takes it (the native ones
+    through ``torch.ops.hotloop.rms_norm_backward_``).
     """
     if x is None:  # before x.dtype below, which would fail without naming the op
         raise _missing_tensor("rms_norm", "x")
@@ -139,13 +141,15 @@ def rms_norm(
                 "install a CUDA build of torch, which brings Triton"
             )
         return triton_rms_norm.rms_norm(x, weight, eps, mode, offset, in_place_backward)
-    if in_place_backward:
-        raise ValueError(
-            "rms_norm(in_place_backward=True) needs backend='triton': the native kernels' "
-            "backward reads grad_out while it writes grad_x through pointers it assumes "
-            "apart, so it cannot write over grad_out. Pass backend='triton' (CUDA), or leave "
-            "in_place_backward off"
-        )
+    if (
+        in_place_backward
+        and torch.is_grad_enabled()
+        and (x.requires_grad or (weight is not None and weight.requires_grad))
+        and _plain_eager_call(x, weight)
+    ):
+        engine_alone_holders()  # measured here, before any backward needs it
+        y_in_place: Tensor = _EagerRmsNormInPlace.apply(x, weight, eps, mode, offset)
+        return y_in_place
     if _autograd_has_nothing_to_do(x, weight) and not torch.is_inference_mode_enabled():
         # (Inference mode keeps the dispatcher out of Autograd kernels already, and the
         # guard costs a decode-sized call about 0.4 us.)
@@ -158,6 +162,7 @@ def rms_norm(
 
 
 _RMS_NORM_BACKWARD = torch.ops.hotloop.rms_norm_backward.default
+_RMS_NORM_BACKWARD_IN_PLACE = torch.ops.hotloop.rms_norm_backward_.default
 
 
 def _plain_eager_call(x: Tensor, weight: Tensor | None) -> bool:
@@ -176,6 +181,17 @@ def _plain_eager_call(x: Tensor, weight: Tensor | None) -> bool:
     )
 
 
+def _eager_forward(
+    ctx: Any, x: Tensor, weight: Tensor | None, eps: float, mode: int, offset: float
+) -> Tensor:
+    """The forward of the eager Functions below: what their backward needs saved, and the
+    forward op below autograd."""
+    ctx.save_for_backward(x, weight)
+    ctx.mode = (eps, mode, offset)
+    with torch._C._AutoDispatchBelowAutograd():
+        return _RMS_NORM(x, weight, eps, mode, offset)
+
+
 class _EagerRmsNorm(torch.autograd.Function):
     """What the op's Autograd kernel (hotloop.ops.autograd) records for an eager call that
     needs gradients, without the dispatcher's trips through Python around it: the op's
@@ -188,10 +204,7 @@ class _EagerRmsNorm(torch.autograd.Function):
     def forward(
         ctx: Any, x: Tensor, weight: Tensor | None, eps: float, mode: int, offset: float
     ) -> Tensor:
-        ctx.save_for_backward(x, weight)
-        ctx.mode = (eps, mode, offset)
-        with torch._C._AutoDispatchBelowAutograd():
-            return _RMS_NORM(x, weight, eps, mode, offset)
+        return _eager_forward(ctx, x, weight, eps, mode, offset)
 
     @staticmethod
     def backward(ctx: Any, grad: Tensor) -> tuple[Tensor | None, ...]:
@@ -200,6 +213,31 @@ class _EagerRmsNorm(torch.autograd.Function):
             grad_x, grad_weight = _RMS_NORM_BACKWARD(grad, x, weight, *ctx.mode)
         else:
             with torch._C._AutoDispatchBelowAutograd():
+                grad_x, grad_weight = _RMS_NORM_BACKWARD(grad, x, weight, *ctx.mode)
+        return grad_x, (grad_weight if weight is not None else None), None, None, None
+
+
+class _EagerRmsNormInPlace(GradOverwritingFunction):
+    """_EagerRmsNorm with the in-place backward: grad_x is written over the gradient received
+    wherever only autograd's engine holds it (hotloop._grad_ownership), by the backward op's
+    in-place twin; elsewhere the backward op runs as usual."""
+
+    @staticmethod
+    def forward(
+        ctx: Any, x: Tensor, weight: Tensor | None, eps: float, mode: int, offset: float
+    ) -> Tensor:
+        GradOverwritingFunction.setup(ctx, True)
+        return _eager_forward(ctx, x, weight, eps, mode, offset)
+
+    @staticmethod
+    def backward_writing(ctx: Any, grad: Tensor, writable: bool) -> tuple[Tensor | None, ...]:
+        x, weight = ctx.saved_tensors
+        # Below ADInplaceOrView: GradOverwritingFunction bumps grad's version after the write.
+        with torch._C._AutoDispatchBelowADInplaceOrView():
+            if writable:
+                grad_x = grad
+                grad_weight = _RMS_NORM_BACKWARD_IN_PLACE(grad, x, weight, *ctx.mode)
+            else:
                 grad_x, grad_weight = _RMS_NORM_BACKWARD(grad, x, weight, *ctx.mode)
         return grad_x, (grad_weight if weight is not None else None), None, None, None
 
@@ -264,34 +302,6 @@ def _rms_norm_mixed(
     return y.to(x.dtype)
 
 
-# What the fused and FP8 ops' callers run instead for another casting mode than "torch".
-_FP8_UNFUSED = (
-    "y = hotloop.rms_norm({x}, weight, eps, casting={casting!r}, offset={offset}), then "
-    "quantise y.float() * (1 / scale) with torch ops (clamp to +-448, .to(torch.float8_e4m3fn))"
-)
-_UNFUSED = {
-    "fused_add_rms_norm": "residual.add_(x); x.copy_(hotloop.rms_norm(residual, weight, eps, "
-    "casting={casting!r}, offset={offset}))",
-    "rms_norm_fp8": _FP8_UNFUSED.replace("{x}", "x"),
-    "rms_norm_fp8_dynamic": _FP8_UNFUSED.replace("{x}", "x"),
-    "fused_add_rms_norm_fp8": _FP8_UNFUSED.replace("{x}", "residual.add_(x)"),
-    "fused_add_rms_norm_fp8_dynamic": _FP8_UNFUSED.replace("{x}", "residual.add_(x)"),
-}
-
-
-def _refuse_other_castings(op: str, casting: str, offset: float) -> None:
-    """The fused and FP8 ops' kernels round as torch.nn.RMSNorm does, and take no other
-    casting mode: another is refused, naming the unfused calls that compute it."""
-    if casting == "torch" and offset == 0.0:  # first: the common call pays for two comparisons
-        return
-    if casting_index(op, casting, offset) != TORCH:
-        raise NotImplementedError(
-            f"{op}: casting={casting!r} is not implemented by its kernels, which round as "
-            "torch.nn.RMSNorm does (casting='torch'). For that mode's bits run it unfused: "
-            + _UNFUSED[op].format(casting=casting, offset=offset)
-        )
-
-
 def fused_add_rms_norm(
     x: Tensor,
     residual: Tensor,
@@ -304,16 +314,17 @@ def fused_add_rms_norm(
     """In place: ``residual += x``, then ``x = rms_norm(residual) * weight``.
 
     The inference step between two transformer blocks, in one pass over memory. It has no
-    backward: call it under ``torch.no_grad()`` or ``torch.inference_mode()``. Its kernels
-    round as ``casting="torch"``; another mode is refused, naming the unfused calls.
+    backward: call it under ``torch.no_grad()`` or ``torch.inference_mode()``. ``casting``
+    and ``offset`` are :func:`rms_norm`'s: the op equals ``residual.add_(x);
+    x.copy_(rms_norm(residual, weight, eps, casting=casting, offset=offset))``.
     """
-    _refuse_other_castings("fused_add_rms_norm", casting, offset)
+    mode = casting_index("fused_add_rms_norm", casting, offset)
     if _autograd_has_nothing_to_do(x, residual, weight):
         _bump_versions_in_place("fused_add_rms_norm", ("x", x), ("residual", residual))
         with torch._C._AutoDispatchBelowADInplaceOrView():
-            torch.ops.hotloop.fused_add_rms_norm.default(x, residual, weight, eps)
+            torch.ops.hotloop.fused_add_rms_norm.default(x, residual, weight, eps, mode, offset)
         return
-    torch.ops.hotloop.fused_add_rms_norm.default(x, residual, weight, eps)
+    torch.ops.hotloop.fused_add_rms_norm.default(x, residual, weight, eps, mode, offset)
 
 
 def rms_norm_fp8(
@@ -332,11 +343,14 @@ def rms_norm_fp8(
     rounded to nearest even and saturated to +-448. ``scale`` is a float32 tensor of one
     element on x's device (read there: no host synchronisation); ``out.float() * scale``
     dequantises. CUDA needs compute capability 8.9 or newer. Inference only: no backward.
-    The FP8 ops' kernels round as ``casting="torch"``; another mode is refused, naming the
-    unfused calls.
+
+    ``casting`` and ``offset`` are :func:`rms_norm`'s, in all four FP8 ops: ``y`` is the
+    mode's before its rounding to x's dtype, which the quantisation replaces
+    (``x_hat * weight`` for "torch", ``x_hat`` rounded to x's dtype times ``weight`` for
+    "llama", ``x_hat * (offset + weight)`` for "gemma"; ``x_hat = x * rstd`` in float32).
     """
-    _refuse_other_castings("rms_norm_fp8", casting, offset)
-    return torch.ops.hotloop.rms_norm_fp8.default(x, weight, scale, eps)
+    mode = casting_index("rms_norm_fp8", casting, offset)
+    return torch.ops.hotloop.rms_norm_fp8.default(x, weight, scale, eps, mode, offset)
 
 
 def rms_norm_fp8_dynamic(
@@ -354,10 +368,15 @@ def rms_norm_fp8_dynamic(
     ``scales = max(min(max|y_row|, scale_ub) / 448, 1 / (448 * 512))`` with ``y`` the
     normalised row times ``weight``; the floor keeps a row of zeros from a zero scale.
     ``out = e4m3(y / scales)`` as in :func:`rms_norm_fp8`; values above ``scale_ub``
-    saturate. ``out.float() * scales`` dequantises.
+    saturate. ``out.float() * scales`` dequantises. ``casting`` and ``offset`` as in
+    :func:`rms_norm_fp8`; the weight in ``max|y_row|`` is the one that multiplies
+    (``offset + weight`` for "gemma"), and it is formed as ``rstd * max|x * weight|``, so
+    "llama"'s rounding of ``x_hat`` stays out of the scale.
     """
-    _refuse_other_castings("rms_norm_fp8_dynamic", casting, offset)
-    out, scales = torch.ops.hotloop.rms_norm_fp8_dynamic.default(x, weight, eps, scale_ub)
+    mode = casting_index("rms_norm_fp8_dynamic", casting, offset)
+    out, scales = torch.ops.hotloop.rms_norm_fp8_dynamic.default(
+        x, weight, eps, scale_ub, mode, offset
+    )
     return out, scales
 
 
@@ -375,10 +394,13 @@ def fused_add_rms_norm_fp8(
 
     The step between two transformer blocks feeding an FP8 GEMM, in one pass over memory:
     equals ``residual.add_(x); rms_norm_fp8(residual, weight, scale, eps)``. x is only
-    read. Call it under ``torch.no_grad()`` or ``torch.inference_mode()``.
+    read. Call it under ``torch.no_grad()`` or ``torch.inference_mode()``. ``casting`` and
+    ``offset`` as in :func:`rms_norm_fp8`.
     """
-    _refuse_other_castings("fused_add_rms_norm_fp8", casting, offset)
-    return torch.ops.hotloop.fused_add_rms_norm_fp8.default(x, residual, weight, scale, eps)
+    mode = casting_index("fused_add_rms_norm_fp8", casting, offset)
+    return torch.ops.hotloop.fused_add_rms_norm_fp8.default(
+        x, residual, weight, scale, eps, mode, offset
+    )
 
 
 def fused_add_rms_norm_fp8_dynamic(
@@ -392,9 +414,9 @@ def fused_add_rms_norm_fp8_dynamic(
     offset: float = 0.0,
 ) -> tuple[Tensor, Tensor]:
     """In place ``residual += x``, then :func:`rms_norm_fp8_dynamic` of the new residual."""
-    _refuse_other_castings("fused_add_rms_norm_fp8_dynamic", casting, offset)
+    mode = casting_index("fused_add_rms_norm_fp8_dynamic", casting, offset)
     out, scales = torch.ops.hotloop.fused_add_rms_norm_fp8_dynamic.default(
-        x, residual, weight, eps, scale_ub
+        x, residual, weight, eps, scale_ub, mode, offset
     )
     return out, scales
 

@@ -63,30 +63,70 @@ def _rms_norm_backward_fake(
     return grad_x, torch.empty(weight.shape, dtype=weight.dtype, device=weight.device)
 
 
+@torch.library.register_fake("hotloop::rms_norm_backward_")
+def _rms_norm_backward_in_place_fake(
+    grad_out: Tensor,
+    x: Tensor,
+    weight: Tensor | None,
+    eps: float,
+    casting: int = 0,
+    offset: float = 0.0,
+) -> Tensor:
+    check_casting("rms_norm_backward_", casting, offset)
+    _check_rms_norm_backward_inputs("rms_norm_backward_", grad_out, x, weight)
+    if weight is None:
+        return x.new_empty((0,))
+    return torch.empty(weight.shape, dtype=weight.dtype, device=weight.device)
+
+
 @torch.library.register_fake("hotloop::fused_add_rms_norm")
-def _fused_add_rms_norm_fake(x: Tensor, residual: Tensor, weight: Tensor, eps: float) -> None:
+def _fused_add_rms_norm_fake(
+    x: Tensor,
+    residual: Tensor,
+    weight: Tensor,
+    eps: float,
+    casting: int = 0,
+    offset: float = 0.0,
+) -> None:
+    check_casting("fused_add_rms_norm", casting, offset)
     _check_fused_add_rms_norm_inputs(x, residual, weight)
 
 
 @torch.library.register_fake("hotloop::rms_norm_fp8")
-def _rms_norm_fp8_fake(x: Tensor, weight: Tensor, scale: Tensor, eps: float) -> Tensor:
+def _rms_norm_fp8_fake(
+    x: Tensor, weight: Tensor, scale: Tensor, eps: float, casting: int = 0, offset: float = 0.0
+) -> Tensor:
+    check_casting("rms_norm_fp8", casting, offset)
     _check_rms_norm_fp8_inputs("rms_norm_fp8", x, weight, ("scale", scale))
     return _fp8_outputs(x, dynamic=False)[0]
 
 
 @torch.library.register_fake("hotloop::rms_norm_fp8_dynamic")
 def _rms_norm_fp8_dynamic_fake(
-    x: Tensor, weight: Tensor, eps: float, scale_ub: Tensor | None = None
+    x: Tensor,
+    weight: Tensor,
+    eps: float,
+    scale_ub: Tensor | None = None,
+    casting: int = 0,
+    offset: float = 0.0,
 ) -> tuple[Tensor, Tensor | None]:
+    check_casting("rms_norm_fp8_dynamic", casting, offset)
     _check_rms_norm_fp8_inputs("rms_norm_fp8_dynamic", x, weight, ("scale_ub", scale_ub))
     return _fp8_outputs(x, dynamic=True)
 
 
 @torch.library.register_fake("hotloop::fused_add_rms_norm_fp8")
 def _fused_add_rms_norm_fp8_fake(
-    x: Tensor, residual: Tensor, weight: Tensor, scale: Tensor, eps: float
+    x: Tensor,
+    residual: Tensor,
+    weight: Tensor,
+    scale: Tensor,
+    eps: float,
+    casting: int = 0,
+    offset: float = 0.0,
 ) -> Tensor:
     op = "fused_add_rms_norm_fp8"
+    check_casting(op, casting, offset)
     _check_rms_norm_fp8_inputs(op, x, weight, ("scale", scale))
     _check_fp8_residual(op, x, residual, weight, scale)
     return _fp8_outputs(x, dynamic=False)[0]
@@ -94,9 +134,16 @@ def _fused_add_rms_norm_fp8_fake(
 
 @torch.library.register_fake("hotloop::fused_add_rms_norm_fp8_dynamic")
 def _fused_add_rms_norm_fp8_dynamic_fake(
-    x: Tensor, residual: Tensor, weight: Tensor, eps: float, scale_ub: Tensor | None = None
+    x: Tensor,
+    residual: Tensor,
+    weight: Tensor,
+    eps: float,
+    scale_ub: Tensor | None = None,
+    casting: int = 0,
+    offset: float = 0.0,
 ) -> tuple[Tensor, Tensor | None]:
     op = "fused_add_rms_norm_fp8_dynamic"
+    check_casting(op, casting, offset)
     _check_rms_norm_fp8_inputs(op, x, weight, ("scale_ub", scale_ub))
     _check_fp8_residual(op, x, residual, weight, scale_ub)
     return _fp8_outputs(x, dynamic=True)

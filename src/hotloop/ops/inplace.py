@@ -43,17 +43,35 @@ def _refuse_dual(op: str, names: tuple[str, ...], args: tuple[Any, ...]) -> None
 
 
 def _fused_add_rms_norm_inplace_or_view(
-    keyset: torch._C.DispatchKeySet, x: Tensor, residual: Tensor, weight: Tensor, eps: float
+    keyset: torch._C.DispatchKeySet,
+    x: Tensor,
+    residual: Tensor,
+    weight: Tensor,
+    eps: float,
+    casting: int = 0,
+    offset: float = 0.0,
 ) -> None:
     _bump_versions_in_place("fused_add_rms_norm", ("x", x), ("residual", residual))
     with torch._C._AutoDispatchBelowADInplaceOrView():
         torch.ops.hotloop.fused_add_rms_norm.default.redispatch(
-            keyset & torch._C._after_ADInplaceOrView_keyset, x, residual, weight, eps
+            keyset & torch._C._after_ADInplaceOrView_keyset,
+            x,
+            residual,
+            weight,
+            eps,
+            casting,
+            offset,
         )
 
 
 def _fused_add_rms_norm_autograd(
-    keyset: torch._C.DispatchKeySet, x: Tensor, residual: Tensor, weight: Tensor, eps: float
+    keyset: torch._C.DispatchKeySet,
+    x: Tensor,
+    residual: Tensor,
+    weight: Tensor,
+    eps: float,
+    casting: int = 0,
+    offset: float = 0.0,
 ) -> None:
     _refuse_none("fused_add_rms_norm", ("x", x), ("residual", residual), ("weight", weight))
     _refuse_dual("fused_add_rms_norm", ("x", "residual", "weight"), (x, residual, weight))
@@ -76,7 +94,7 @@ def _fused_add_rms_norm_autograd(
             )
     # The ADInplaceOrView step runs from here rather than as a second dispatch through
     # Python: each Python kernel adds about 25 us to a call (no_grad, CPU, torch 2.11).
-    _fused_add_rms_norm_inplace_or_view(keyset, x, residual, weight, eps)
+    _fused_add_rms_norm_inplace_or_view(keyset, x, residual, weight, eps, casting, offset)
 
 
 _LIB.impl("fused_add_rms_norm", _fused_add_rms_norm_autograd, "Autograd", with_keyset=True)
@@ -139,11 +157,18 @@ def _register_inference_op(name: str, arg_names: tuple[str, ...], written: str |
         _LIB.impl(name, inplace_or_view, "ADInplaceOrView", with_keyset=True)
 
 
-_register_inference_op("rms_norm_fp8", ("x", "weight", "scale", "eps"), None)
-_register_inference_op("rms_norm_fp8_dynamic", ("x", "weight", "eps", "scale_ub"), None)
+_CASTING_ARGS = ("casting", "offset")
+_register_inference_op("rms_norm_fp8", ("x", "weight", "scale", "eps", *_CASTING_ARGS), None)
 _register_inference_op(
-    "fused_add_rms_norm_fp8", ("x", "residual", "weight", "scale", "eps"), "residual"
+    "rms_norm_fp8_dynamic", ("x", "weight", "eps", "scale_ub", *_CASTING_ARGS), None
 )
 _register_inference_op(
-    "fused_add_rms_norm_fp8_dynamic", ("x", "residual", "weight", "eps", "scale_ub"), "residual"
+    "fused_add_rms_norm_fp8",
+    ("x", "residual", "weight", "scale", "eps", *_CASTING_ARGS),
+    "residual",
+)
+_register_inference_op(
+    "fused_add_rms_norm_fp8_dynamic",
+    ("x", "residual", "weight", "eps", "scale_ub", *_CASTING_ARGS),
+    "residual",
 )

@@ -16,7 +16,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from hotloop._casting import GEMMA, LLAMA, check_casting
+from hotloop._casting import CASTINGS, GEMMA, LLAMA, check_casting
 from hotloop.ops.api import (
     _RMS_NORM,
     _refuse_none,
@@ -187,9 +187,13 @@ def _fused_add_rms_norm_vmap(
     residual: Tensor,
     weight: Tensor,
     eps: float,
+    casting: int = 0,
+    offset: float = 0.0,
 ) -> tuple[None, None]:
+    check_casting("fused_add_rms_norm", casting, offset)
     _refuse_none("fused_add_rms_norm", ("x", x), ("residual", residual), ("weight", weight))
-    x_dim, residual_dim, weight_dim, _ = in_dims
+    x_dim, residual_dim, weight_dim = in_dims[:3]
+    name = CASTINGS[casting]
     if x_dim is None or residual_dim is None:
         unbatched = [n for n, d in (("x", x_dim), ("residual", residual_dim)) if d is None]
         # torch's in-place ops refuse the same ("vmap: inplace arithmetic(self, *extra_args)
@@ -217,15 +221,15 @@ def _fused_add_rms_norm_vmap(
         # The op's definition, unfused: residual += x rounded to the dtype (torch's add_
         # adds in float32 too), then the norm of that rounded residual.
         residual_rows.add_(x_rows)
-        x_rows.copy_(_rms_norm_batched_weight(residual_rows, weight_rows, eps))
+        x_rows.copy_(_rms_norm_batched_weight(residual_rows, weight_rows, eps, casting, offset))
         return None, None
     if x_rows.is_contiguous() and residual_rows.is_contiguous():
-        fused_add_rms_norm(x_rows, residual_rows, weight, eps)
+        fused_add_rms_norm(x_rows, residual_rows, weight, eps, casting=name, offset=offset)
         return None, None
     # The kernel writes contiguous memory only; a batch dim that is not the outermost
     # one gets contiguous copies, written back afterwards.
     x_copy, residual_copy = x_rows.contiguous(), residual_rows.contiguous()
-    fused_add_rms_norm(x_copy, residual_copy, weight, eps)
+    fused_add_rms_norm(x_copy, residual_copy, weight, eps, casting=name, offset=offset)
     x_rows.copy_(x_copy)
     residual_rows.copy_(residual_copy)
     return None, None
@@ -253,13 +257,21 @@ def _refuse_batched(op: str, in_dims: Sequence[int | None], names: Sequence[str]
 
 @torch.library.register_vmap("hotloop::rms_norm_fp8")
 def _rms_norm_fp8_vmap(
-    info: Any, in_dims: Sequence[int | None], x: Tensor, weight: Tensor, scale: Tensor, eps: float
+    info: Any,
+    in_dims: Sequence[int | None],
+    x: Tensor,
+    weight: Tensor,
+    scale: Tensor,
+    eps: float,
+    casting: int = 0,
+    offset: float = 0.0,
 ) -> tuple[Tensor, int]:
+    check_casting("rms_norm_fp8", casting, offset)
     _refuse_none("rms_norm_fp8", ("x", x), ("weight", weight), ("scale", scale))
     _refuse_batched("rms_norm_fp8", in_dims[1:3], ("weight", "scale"))
     x = _batch_first(x, in_dims[0], info.batch_size)
     _check_batched_norm_input("rms_norm_fp8", x)
-    return rms_norm_fp8(x, weight, scale, eps), 0
+    return rms_norm_fp8(x, weight, scale, eps, casting=CASTINGS[casting], offset=offset), 0
 
 
 @torch.library.register_vmap("hotloop::rms_norm_fp8_dynamic")
@@ -270,13 +282,17 @@ def _rms_norm_fp8_dynamic_vmap(
     weight: Tensor,
     eps: float,
     scale_ub: Tensor | None = None,
+    casting: int = 0,
+    offset: float = 0.0,
 ) -> tuple[tuple[Tensor, Tensor], tuple[int, int]]:
+    check_casting("rms_norm_fp8_dynamic", casting, offset)
     in_dims = _padded(in_dims, 4)
     _refuse_none("rms_norm_fp8_dynamic", ("x", x), ("weight", weight))
     _refuse_batched("rms_norm_fp8_dynamic", (in_dims[1], in_dims[3]), ("weight", "scale_ub"))
     x = _batch_first(x, in_dims[0], info.batch_size)
     _check_batched_norm_input("rms_norm_fp8_dynamic", x)
-    return rms_norm_fp8_dynamic(x, weight, eps, scale_ub), (0, 0)
+    name = CASTINGS[casting]
+    return rms_norm_fp8_dynamic(x, weight, eps, scale_ub, casting=name, offset=offset), (0, 0)
 
 
 def _fused_fp8_rows(
@@ -326,13 +342,20 @@ def _fused_add_rms_norm_fp8_vmap(
     weight: Tensor,
     scale: Tensor,
     eps: float,
+    casting: int = 0,
+    offset: float = 0.0,
 ) -> tuple[Tensor, int]:
     op = "fused_add_rms_norm_fp8"
+    check_casting(op, casting, offset)
     _refuse_batched(op, in_dims[2:4], ("weight", "scale"))
     read = (("weight", weight), ("scale", scale))
     x_rows, residual_rows = _fused_fp8_rows(op, info, in_dims, x, residual, read)
+    name = CASTINGS[casting]
     out = _run_fused_fp8(
-        residual_rows, lambda r: fused_add_rms_norm_fp8(x_rows, r, weight, scale, eps)
+        residual_rows,
+        lambda r: fused_add_rms_norm_fp8(
+            x_rows, r, weight, scale, eps, casting=name, offset=offset
+        ),
     )
     return out, 0
 
@@ -346,13 +369,20 @@ def _fused_add_rms_norm_fp8_dynamic_vmap(
     weight: Tensor,
     eps: float,
     scale_ub: Tensor | None = None,
+    casting: int = 0,
+    offset: float = 0.0,
 ) -> tuple[tuple[Tensor, Tensor], tuple[int, int]]:
     op = "fused_add_rms_norm_fp8_dynamic"
+    check_casting(op, casting, offset)
     in_dims = _padded(in_dims, 5)
     _refuse_batched(op, (in_dims[2], in_dims[4]), ("weight", "scale_ub"))
     read = (("weight", weight), ("scale_ub", scale_ub))
     x_rows, residual_rows = _fused_fp8_rows(op, info, in_dims, x, residual, read)
+    name = CASTINGS[casting]
     outputs = _run_fused_fp8(
-        residual_rows, lambda r: fused_add_rms_norm_fp8_dynamic(x_rows, r, weight, eps, scale_ub)
+        residual_rows,
+        lambda r: fused_add_rms_norm_fp8_dynamic(
+            x_rows, r, weight, eps, scale_ub, casting=name, offset=offset
+        ),
     )
     return outputs, (0, 0)

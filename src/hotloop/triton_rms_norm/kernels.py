@@ -88,10 +88,38 @@ def _load_weight(W, cols, n_cols, offset, FP64: tl.constexpr, CASTING: tl.conste
 @triton.jit
 def _llama_rounded(v, P, CASTING: tl.constexpr):
     # v rounded to P's dtype and back in LLAMA (the value its weight multiplies), else v.
-    if CASTING == LLAMA:
+    if CASTING == LLAMA and P.dtype.element_ty == tl.bfloat16 and PAIRED_BF16_ROUNDING:
+        return _bf16_rounded(v)
+    elif CASTING == LLAMA:
         return v.to(P.dtype.element_ty).to(v.dtype)
     else:
         return v
+
+
+# Whether the kernels run in Triton's interpreter (``TRITON_INTERPRET=1`` was set when this
+# module was imported: ``triton.jit`` reads it at decoration time), where _bf16_rounded's
+# inline PTX cannot run.
+_INTERPRETING = not isinstance(_to_acc, JITFunction)
+PAIRED_BF16_ROUNDING: tl.constexpr = tl.constexpr(not _INTERPRETING)
+
+
+@triton.jit
+def _bf16_rounded(v):
+    # float32 v rounded to bfloat16 (to nearest even) and back, two elements a conversion:
+    # ptxas turns Triton's one-element round trip (cvt.rn.bf16.f32, then back) into
+    # F2F.BF16.F32, which sm_90 issues on its slow conversion pipe (LLAMA's headline
+    # backward: 32 of them a tile), and cvt.rn.bf16x2.f32 into F2FP.BF16.F32.PACK_AB, as
+    # its stores are. The pair's first element lands in the upper half, already a float32's
+    # bits; the second, shifted up.
+    return tl.inline_asm_elementwise(
+        "{ .reg .b32 t; cvt.rn.bf16x2.f32 t, $2, $3; and.b32 $0, t, 0xffff0000; "
+        "shl.b32 $1, t, 16; }",
+        "=r,=r,r,r",
+        [v],
+        dtype=tl.float32,
+        is_pure=True,
+        pack=2,
+    )
 
 
 @triton.jit
@@ -428,6 +456,3 @@ def interpreting() -> bool:
     """Whether the kernels run in Triton's interpreter (``TRITON_INTERPRET=1`` was set
     when this module was imported: ``triton.jit`` reads it at decoration time)."""
     return _INTERPRETING
-
-
-_INTERPRETING = not isinstance(rms_norm_fwd_kernel, JITFunction)
