@@ -15,7 +15,8 @@ SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "result_files.py"
 @pytest.fixture(scope="module")
 def result_files() -> Any:
     spec = importlib.util.spec_from_file_location("result_files", SCRIPT)
-    assert spec is not None and spec.loader is not None
+    assert spec is not None
+    assert spec.loader is not None
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
@@ -56,7 +57,8 @@ def test_a_table_without_its_record_is_refused(result_files: Any, tmp_path: Path
     with pytest.raises(SystemExit) as refused:
         result_files.claim(tmp_path, ["rms_norm.json", "rms_norm.md"], "bench_rms_norm")
     message = str(refused.value)
-    assert "rms_norm.json" in message and "rms_norm.md" in message
+    assert "rms_norm.json" in message
+    assert "rms_norm.md" in message
     assert "were not written by bench_rms_norm" in message
     assert "Pass another --out folder" in message
 
