@@ -30,7 +30,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from scripts import build, toolchain, wheeltest
+from scripts import build, diskspace, toolchain, wheeltest
 from scripts.basics import REPO
 from scripts.interpreters import Interpreter, find_with_reasons
 from scripts.matrix.digests import source_digest, suite_digest
@@ -110,7 +110,7 @@ def run_matrix(args: argparse.Namespace) -> dict[str, Any]:
     wheels by variant; :func:`scripts.matrix.render.merge_previous` makes it the table)."""
     started = time.monotonic()
     deadline = Deadline(parse_deadline(args.deadline))
-    disk = DiskFloor(args.min_free_gb)
+    disk = DiskFloor(args.min_free_gb, [toolchain.cache_dir(), build.uv_cache_dir()])
     rows = load_rows()
     selected = select_rows(rows, args.torch, all_rows=not args.torch)
     negative_plans = [] if args.no_negatives else plan_negatives(DEFAULT_NEGATIVES, rows)
@@ -159,9 +159,10 @@ def run_matrix(args: argparse.Namespace) -> dict[str, Any]:
             res = wheeltest.run_op_tests_in_venv(
                 f"torch=={row.torch}", state.wheel, interp, work / state.row.variant / row.torch
             )
-        except OSError as exc:
-            # The machine, not the wheel (a full disk): this cell has no result, the run goes
-            # on and still writes the table; not recorded, so the next run tries it again.
+        except (OSError, diskspace.DiskSpaceError) as exc:
+            # The machine, not the wheel (a full disk, or too little free for the venv's torch:
+            # a SystemExit that would end the run): this cell has no result, the run goes on
+            # and still writes the table; not recorded, so the next run tries it again.
             log(f"{name}: not run - {exc}")
             with lock:
                 cells[row.torch][interp.version] = {

@@ -11,15 +11,13 @@ from __future__ import annotations
 
 import datetime
 import heapq
-import os
-import shutil
 import threading
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-from scripts import toolchain
+from scripts import diskspace, toolchain
 from scripts.matrix.model import release
 from scripts.matrix.reuse import newest_wheel
 from scripts.matrix.table import Row
@@ -38,28 +36,17 @@ class Deadline:
         return self.at is not None and datetime.datetime.now(datetime.timezone.utc) >= self.at
 
 
-def install_paths() -> list[Path]:
-    """Where a cell's venv and downloads land: the cache folder (cells, the root's uv cache)
-    and uv's own cache."""
-    uv = os.environ.get("UV_CACHE_DIR") or os.path.join(
-        os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache", "uv"
-    )
-    return [toolchain.cache_dir(), Path(uv)]
-
-
 class DiskFloor:
-    """No cell starts while less than ``min_free_gb`` is free where cells install."""
+    """No cell starts while less than ``min_free_gb`` is free in any of ``paths`` (where cells
+    install: the cache folder with the cells and the root's uv cache, and uv's own cache)."""
 
-    def __init__(self, min_free_gb: float, paths: Sequence[Path] | None = None) -> None:
+    def __init__(self, min_free_gb: float, paths: Sequence[Path]) -> None:
         self.min_free_gb = min_free_gb
         self.paths = paths
 
     def shortage(self) -> str | None:
         """Why a cell must not start now, or None."""
-        paths = self.paths if self.paths is not None else install_paths()
-        # A folder not made yet lies on its nearest existing parent's filesystem.
-        existing = [next(p for p in (path, *path.parents) if p.exists()) for path in paths]
-        free = min(shutil.disk_usage(p).free for p in existing) / 2**30
+        free = min(diskspace.free_bytes(p) for p in self.paths) / diskspace.GIB
         if free >= self.min_free_gb:
             return None
         return (
