@@ -209,8 +209,10 @@ def free_threaded_note(name: str) -> str:
         f"**Free-threaded Python (3.14t, 3.15t): no {name} wheel.** torch publishes `cp314t` "
         f"and `cp315t` wheels, but {name}'s wheels use the limited API (`cp39-abi3`), which a "
         f'free-threaded interpreter cannot load, so pip and uv find no {name} wheel there ("no '
-        'matching distribution") and no cell tests it. Use the regular build of the same '
-        "Python (`python3.14`, not `python3.14t`)."
+        'matching distribution") and no cell tests it; a copy installed there anyway refuses '
+        "to import with an ImportError that says so. Use the regular build of the same Python "
+        "(`python3.14`, not `python3.14t`). Debian (sid, experimental) ships no free-threaded "
+        "interpreter to test that on."
     )
 
 

@@ -10,6 +10,8 @@ into an ImportError that says what was found, what is needed and what to install
 
 from __future__ import annotations
 
+import platform
+import sysconfig
 from pathlib import Path
 from typing import Any
 
@@ -72,6 +74,25 @@ def find_mismatch(
     if wheel_cuda and _variant.cuda_major(wheel_cuda) != _variant.cuda_major(torch_cuda):
         return f"{built}, but {running}: the CUDA major versions differ."
     return None
+
+
+def free_threaded_mismatch(build_info: dict[str, Any], python: str) -> str | None:
+    """Why this build can't load into a free-threaded Python ``python`` (X.Y.Z), or None
+    when the running interpreter has the GIL.
+
+    Its ``_C`` module uses the limited API (a ``cp39-abi3`` wheel), and a free-threaded
+    interpreter imports no ``.abi3.so`` module: without this, the import reads as a damaged
+    wheel.
+    """
+    if not sysconfig.get_config_var("Py_GIL_DISABLED"):
+        return None
+    name = "python" + ".".join(python.split(".")[:2])
+    return (
+        f"hotloop {build_info['version']} is a limited-API build (a cp39-abi3 wheel), which a "
+        f"free-threaded Python cannot load, but this Python {python} is free-threaded. hotloop "
+        f"has no free-threaded build. To fix: use the regular build of the same Python "
+        f"({name}, not {name}t) with torch's wheel for it"
+    )
 
 
 def _serves(variant: _variant.Variant) -> str:
@@ -162,6 +183,9 @@ def load_extension() -> None:
     import torch
 
     build_info = read_build_info()
+    free_threaded = free_threaded_mismatch(build_info, platform.python_version())
+    if free_threaded:
+        raise ImportError(f"{free_threaded}.")
     hip = getattr(torch.version, "hip", None)
     mismatch = find_mismatch(build_info, torch.__version__, torch.version.cuda, hip)
     if mismatch:

@@ -227,6 +227,26 @@ def test_doctor_reports_a_torch_the_wheel_does_not_serve_instead_of_crashing() -
     assert "verdict      BROKEN" in result.stdout
 
 
+def test_a_free_threaded_python_is_told_to_use_the_regular_build() -> None:
+    """An abi3 wheel has no free-threaded build (3.14t imports no ``.abi3.so``): where one
+    got installed anyway (``--target``, a copied site-packages), the import must say so, not
+    that the wheel is damaged."""
+    code = (
+        "import sysconfig, torch\n"
+        "real = sysconfig.get_config_var\n"
+        "sysconfig.get_config_var = lambda n: 1 if n == 'Py_GIL_DISABLED' else real(n)\n"
+        "import hotloop\n"
+    )
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert result.returncode != 0
+    python = f"python{sys.version_info.major}.{sys.version_info.minor}"
+    assert "ImportError" in result.stderr
+    assert "free-threaded" in result.stderr
+    assert f"{python}, not {python}t" in result.stderr
+    assert hotloop.BUILD_INFO["version"] in result.stderr
+    assert "failed to load" not in result.stderr
+
+
 @pytest.mark.skipif(hotloop.BUILD_INFO["cuda_version"] is None, reason="a CPU build loads anywhere")
 def test_cuda_build_with_cpu_torch_raises_import_error() -> None:
     result = run_with_torch_version(torch.__version__.split("+")[0] + "+cpu", None)

@@ -286,6 +286,7 @@ def test_the_table_says_free_threaded_pythons_get_no_wheel(fake_run) -> None:
     md = render.render_markdown(render.merge_previous(report, None, matrix.load_rows()))
     assert "Free-threaded Python (3.14t, 3.15t): no hotloop wheel." in md
     assert "`cp39-abi3`" in md
+    assert "refuses to import with an ImportError" in md  # the guard's message, tests/ops
 
 
 def test_below_the_free_disk_floor_cells_are_not_run_and_say_so(fake_run, monkeypatch) -> None:
