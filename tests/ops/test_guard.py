@@ -166,6 +166,11 @@ def test_a_development_build_says_it_knows_no_released_wheels() -> None:
     assert "hotloop==" not in hint
 
 
+def run_python(code: str) -> subprocess.CompletedProcess:
+    """``python -c CODE`` in a fresh interpreter, its output captured."""
+    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+
+
 def run_with_torch_version(
     version: str, cuda: str | None, *args: str
 ) -> subprocess.CompletedProcess:
@@ -181,7 +186,7 @@ def run_with_torch_version(
         else f"import torch\ntorch.__version__ = {version!r}\ntorch.version.cuda = {cuda!r}\n"
         "import hotloop\n"
     )
-    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    return run_python(code)
 
 
 def unserved_torch_version(build_info: dict, torch_cuda: str | None) -> str:
@@ -237,7 +242,7 @@ def test_a_free_threaded_python_is_told_to_use_the_regular_build() -> None:
         "sysconfig.get_config_var = lambda n: 1 if n == 'Py_GIL_DISABLED' else real(n)\n"
         "import hotloop\n"
     )
-    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    result = run_python(code)
     assert result.returncode != 0
     python = f"python{sys.version_info.major}.{sys.version_info.minor}"
     assert "ImportError" in result.stderr
@@ -297,7 +302,7 @@ def test_python_m_hotloop_shows_arch_specific_targets() -> None:
         "sys.argv = ['-m', 'hotloop']\n"
         "runpy.run_module('hotloop', run_name='__main__', alter_sys=True)\n"
     )
-    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    result = run_python(code)
     assert "Traceback" not in result.stderr, result.stderr
     assert (
         "archs        sm_80, sm_90, sm_90a (arch-specific: compute capability 9.0 only), "
@@ -323,5 +328,5 @@ def test_library_path_loads_with_torch_ops_load_library() -> None:
         "torch.testing.assert_close(torch.ops.hotloop.rms_norm(x, None, 1e-6),\n"
         "                           torch.nn.functional.rms_norm(x, (8,), eps=1e-6))\n"
     )
-    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    result = run_python(code)
     assert result.returncode == 0, result.stderr
