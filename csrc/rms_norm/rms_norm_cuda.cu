@@ -59,10 +59,11 @@ constexpr RowKernelLimits kForwardLimits{/*max_vectors_per_thread=*/8, /*target_
 // the backward's from these.
 // ---------------------------------------------------------------------------
 
-// v rounded to scalar_t and back by a lone conversion, as the backward kernels round kLlama's
-// values: the paired conversion of rounded() (common/norm_casting.cuh) made the bfloat16
-// vector kernel spill (16 bytes at its 128 registers) and H = 4096 forward+backward 1.3 %
-// slower on an H100 (0.470 -> 0.477 ms, run 80), where this one costs nothing against kTorch.
+// v rounded to scalar_t and back by a lone conversion: kLlama's rounding in the backward's
+// one-element paths (the span-staged, scalar and generic kernels). In the bfloat16 vector
+// kernel, at the 128-register cap of its launch bound, common/norm_casting.cuh's rounded()
+// (v paired with itself) spilled 16 bytes and made H = 4096 forward+backward 1.3 % slower on
+// an H100 (0.470 -> 0.477 ms, run 80); the vector helpers round in pairs (rounded_pairs).
 template <typename scalar_t, typename acc_t>
 __device__ __forceinline__ acc_t rounded_alone(acc_t v) {
   return static_cast<acc_t>(static_cast<scalar_t>(v));
@@ -74,6 +75,30 @@ __device__ __forceinline__ acc_t rounded_alone(acc_t v) {
 template <Casting kCasting, typename T>
 __device__ __forceinline__ bool has_weight(const T* weight) {
   return kCasting != Casting::kTorch || weight != nullptr;
+}
+
+// Each of v's values rounded to scalar_t and back, two a conversion for bfloat16: one
+// F2FP.BF16.F32.PACK_AB a pair, where the lone conversion compiles to F2F.BF16.F32, on sm_90's
+// slow conversion pipe (kLlama's bfloat16 vector kernel had 160 of them; with pairs, none,
+// 1376 instructions on 127 registers, kTorch's 1520 on 128). On an H100 the two tie at the
+// headline (run 81: 0.470-0.472 ms, the default 0.471-0.472): F2F hide behind its memory
+// there. The H200, whose memory is faster, showed kLlama +4 % with them (last session's run);
+// not re-measured on one since.
+template <typename scalar_t, typename acc_t, int kCount>
+__device__ __forceinline__ void rounded_pairs(acc_t (&v)[kCount]) {
+  if constexpr (std::is_same_v<scalar_t, BFloat16> && kCount % 2 == 0) {
+#pragma unroll
+    for (int k = 0; k < kCount; k += 2) {
+      const __nv_bfloat162 pair = __floats2bfloat162_rn(v[k], v[k + 1]);
+      v[k] = __low2float(pair);
+      v[k + 1] = __high2float(pair);
+    }
+  } else {
+#pragma unroll
+    for (int k = 0; k < kCount; ++k) {
+      v[k] = rounded_alone<scalar_t>(v[k]);
+    }
+  }
 }
 
 // g = grad_out * weight; rounded to the dtype in kLlama, as autograd's product of two
@@ -774,13 +799,29 @@ __device__ __forceinline__ auto elements_of(const Vec* vectors, int idx) {
 // through references into shared memory, its bfloat16 SASS grew from 2840 to 3080
 // instructions and H = 32768 forward+backward fell from 89 to 77 % of copy on an H100;
 // benchmarks/NOTES.md, runs 75-78). The span-staged kernel keeps its own two loops: through
-// these helpers nvcc scheduled it differently, and H = 8193 fell from 83 to 70 %.
+// these helpers nvcc scheduled it differently, and H = 8193 fell from 83 to 70 %. kLlama (which
+// always has a weight) forms the vector's values first and rounds them in pairs.
 template <Casting kCasting, typename Vec, typename acc_t, typename WeightAt>
 __device__ __forceinline__ void add_backward_sums(const Vec& x, const Vec& grad_out,
                                                   const WeightAt& weight_at, bool has_weight,
                                                   acc_t (&sums)[2], acc_t offset) {
   using scalar_t = std::remove_cv_t<std::remove_reference_t<decltype(x.val[0])>>;
   constexpr int kVec = sizeof(x.val) / sizeof(x.val[0]);
+  if constexpr (kCasting == Casting::kLlama) {
+    acc_t g[kVec];
+#pragma unroll
+    for (int k = 0; k < kVec; ++k) {
+      g[k] = static_cast<acc_t>(grad_out.val[k]) * static_cast<acc_t>(weight_at(k));
+    }
+    rounded_pairs<scalar_t>(g);
+#pragma unroll
+    for (int k = 0; k < kVec; ++k) {
+      const acc_t xk = static_cast<acc_t>(x.val[k]);
+      sums[0] += xk * xk;
+      sums[1] += g[k] * xk;
+    }
+    return;
+  }
 #pragma unroll
   for (int k = 0; k < kVec; ++k) {
     const acc_t xk = static_cast<acc_t>(x.val[k]);
@@ -802,6 +843,24 @@ __device__ __forceinline__ Vec backward_vector(const Vec& x, const Vec& grad_out
                                                acc_t offset) {
   using scalar_t = std::remove_cv_t<std::remove_reference_t<decltype(x.val[0])>>;
   Vec out;
+  if constexpr (kCasting == Casting::kLlama) {
+    acc_t g[kVec];
+    acc_t xhat[kVec];
+#pragma unroll
+    for (int k = 0; k < kVec; ++k) {
+      g[k] = static_cast<acc_t>(grad_out.val[k]) * static_cast<acc_t>(weight_at(k));
+      xhat[k] = static_cast<acc_t>(x.val[k]) * rstd;
+    }
+    rounded_pairs<scalar_t>(g);
+    rounded_pairs<scalar_t>(xhat);
+#pragma unroll
+    for (int k = 0; k < kVec; ++k) {
+      const acc_t xk = static_cast<acc_t>(x.val[k]);
+      out.val[k] = static_cast<scalar_t>(rstd * g[k] - xk * x_coeff);
+      dw[k] += static_cast<acc_t>(grad_out.val[k]) * xhat[k];
+    }
+    return out;
+  }
 #pragma unroll
   for (int k = 0; k < kVec; ++k) {
     const acc_t xk = static_cast<acc_t>(x.val[k]);
@@ -1066,7 +1125,10 @@ __global__ void __launch_bounds__(kStagedThreads)
 // in registers; so does the weight's copy where the block is small enough (kWeightInRegisters,
 // see kSpanWeightRegistersMaxThreads), else it is read again each pass. The grid is a
 // multiple of kVec blocks (or one row a block: span_grid), so every row of a block sits at
-// one offset from the vector boundary.
+// one offset from the vector boundary. It tests the weight at run time in every mode, not
+// through has_weight: with it, nvcc scheduled kTorch's kernel differently (bfloat16, two
+// vectors, weight not in registers: 1912 -> 1896 instructions), and H = 8193 forward+backward
+// went from 0.535 to 0.640 ms on an H100 (runs 80-81), the fall 2f615c8 once caused here too.
 template <typename scalar_t, Casting kCasting, int kVectorsPerThread, bool kWeightInRegisters>
 __global__ void __launch_bounds__(kMaxThreadsPerBlock)
     rms_norm_backward_span_staged_kernel(const scalar_t* grad_out, const scalar_t* __restrict__ x,
@@ -1129,7 +1191,7 @@ __global__ void __launch_bounds__(kMaxThreadsPerBlock)
         for (int k = 0; k < kVec; ++k) {
           const acc_t xk = static_cast<acc_t>(xv.val[k]);
           acc_t gk = static_cast<acc_t>(gov.val[k]);
-          if (has_weight<kCasting>(weight_vec)) {
+          if (weight_vec != nullptr) {
             gk = weighted_grad<kCasting, scalar_t>(gk, static_cast<acc_t>(wv.val[k]), offset);
           }
           sums[0] += xk * xk;
@@ -1156,8 +1218,7 @@ __global__ void __launch_bounds__(kMaxThreadsPerBlock)
         for (int k = 0; k < kVec; ++k) {
           const acc_t xk = static_cast<acc_t>(xv.val[k]);
           const acc_t gok = static_cast<acc_t>(gov.val[k]);
-          const acc_t wk =
-              has_weight<kCasting>(weight_vec) ? static_cast<acc_t>(wv.val[k]) : acc_t(1);
+          const acc_t wk = weight_vec != nullptr ? static_cast<acc_t>(wv.val[k]) : acc_t(1);
           out.val[k] = static_cast<scalar_t>(
               grad_x_value<kCasting, scalar_t>(gok, wk, xk, rstd, x_coeff, offset));
           dw[i][k] += grad_weight_term<kCasting, scalar_t>(gok, xk, rstd);
