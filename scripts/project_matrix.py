@@ -94,7 +94,13 @@ def run_cells(
         results = test_wheel(table, wheel, torch, found, workdir / torch / wheel.stem)
         for (cell, _), result in zip(group, results):
             cell.seconds, cell.log, cell.summary = result.seconds, result.log, result.summary
-            if result.status == "missing":
+            if result.status == "skipped":  # a Python only the Debian root has
+                cell.status = NO_PYTHON
+                cell.summary = (
+                    f"no Python {cell.python} on this host; the Debian root's interpreters "
+                    "(scripts/interpreter_root.py) are not run with --project yet"
+                )
+            elif result.status == "missing":
                 cell.status = NO_PYTHON
             else:
                 cell.status = PASSED if result.status == "passed" else FAILED

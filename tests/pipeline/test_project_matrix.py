@@ -45,7 +45,9 @@ def recorded(monkeypatch, tmp_path):
         calls.append((torch, wheel_path.name, list(interpreters)))
         results = []
         for version, interp in interpreters.items():
-            status = "missing" if interp is None else "failed" if version == "3.11" else "passed"
+            status = "failed" if version == "3.11" else "passed"
+            if interp is None:  # as wheeltest says it: the Debian root's Pythons are "skipped"
+                status = "skipped" if version in ("3.14", "3.15") else "missing"
             results.append(PythonTestResult(version, status, summary=f"{status} on {version}"))
         return results
 
@@ -53,7 +55,7 @@ def recorded(monkeypatch, tmp_path):
     monkeypatch.setattr(
         project_matrix,
         "find_interpreters",
-        lambda versions: {v: None if v == "3.9" else object() for v in versions},
+        lambda versions: {v: None if v in ("3.9", "3.14") else object() for v in versions},
     )
     monkeypatch.setenv("HOTLOOP_CACHE_DIR", str(tmp_path / "cache"))
     return calls
@@ -87,6 +89,21 @@ def test_a_run_writes_the_table_into_its_own_folder(tmp_path, recorded) -> None:
         "compatibility.json",
         "compatibility.md",
     ]
+
+
+def test_a_python_only_the_debian_root_has_is_no_python_not_a_failure(tmp_path, recorded) -> None:
+    wheels = tmp_path / "wheelhouse"
+    wheel(wheels, "stable.cpu")
+    out = tmp_path / "out"
+    args = ["--project", str(FIXTURE), "--cpu", "--wheels", str(wheels), "--out", str(out)]
+    assert (
+        project_matrix.main([*args, "--torch", "2.15", "--python", "3.12", "--python", "3.14"]) == 0
+    )
+    cells = {c["python"]: c for c in json.loads((out / "compatibility.json").read_text())["cells"]}
+    assert cells["3.12"]["status"] == "passed"
+    assert cells["3.14"]["status"] == "no python"
+    assert "not run with --project" in cells["3.14"]["summary"]
+    assert "Failed cells" not in (out / "compatibility.md").read_text()
 
 
 def test_an_output_folder_it_did_not_write_is_refused(tmp_path, recorded) -> None:
