@@ -140,6 +140,10 @@ def run_in_fresh_venv(
     output = proc.stdout + proc.stderr
     log_path.write_text(output)
     status = "passed" if proc.returncode == 0 else "failed"
+    if status == "passed":
+        # A whole CUDA torch, 4 to 5 GB where uv cannot hardlink it from its cache: a
+        # table's cells would fill the disk. A failed cell keeps its venv to look into.
+        shutil.rmtree(cell / "venv", ignore_errors=True)
     return PythonTestResult(
         interp.version,
         status,

@@ -5,6 +5,8 @@ from __future__ import annotations
 import subprocess
 from pathlib import Path
 
+import pytest
+
 from scripts import wheeltest
 
 
@@ -79,3 +81,28 @@ def test_an_extension_imported_before_torch_is_explained() -> None:
 def test_a_plain_summary_gets_no_hint() -> None:
     output = "collected 3 items\n...\n============ 3 passed in 1.2s ============\n"
     assert wheeltest.last_summary_line(output) == "3 passed in 1.2s"
+
+
+@pytest.mark.parametrize(("returncode", "kept"), [(0, False), (1, True)], ids=["passed", "failed"])
+def test_a_passed_cells_venv_is_removed_a_failed_ones_kept(
+    monkeypatch, tmp_path, returncode, kept
+) -> None:
+    """A cell's venv holds a whole CUDA torch (4 to 5 GB when uv cannot hardlink it): a
+    project's table of 8 rows x 4 Pythons filled this machine's disk. A passed cell removes
+    its venv; a failed one keeps it to look into."""
+
+    def fake_create_venv(path, interp, packages, seed=False):
+        (path / "bin").mkdir(parents=True)
+        return path / "bin" / "python"
+
+    monkeypatch.setattr(wheeltest, "create_venv", fake_create_venv)
+    monkeypatch.setattr(
+        wheeltest.subprocess,
+        "run",
+        lambda cmd, **kw: subprocess.CompletedProcess(cmd, returncode, "1 passed\n", ""),
+    )
+    interp = wheeltest.Interpreter("3.12", Path("/usr/bin/python3.12"), "test")
+    res = wheeltest.run_op_tests_in_venv("torch==2.11.0", tmp_path / "x.whl", interp, tmp_path)
+    assert res.status == ("failed" if kept else "passed")
+    assert (tmp_path / "py3.12" / "venv").exists() == kept
+    assert (tmp_path / "py3.12.log").exists()
