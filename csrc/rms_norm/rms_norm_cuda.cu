@@ -873,6 +873,37 @@ __device__ __forceinline__ Vec backward_vector(const Vec& x, const Vec& grad_out
   return out;
 }
 
+// A thread's grad_weight accumulator of the vector kernels: element k of its vector i.
+template <int kVectorsPerThread, int kVec, typename acc_t>
+__device__ __forceinline__ void zero_accumulator(acc_t (&dw)[kVectorsPerThread][kVec]) {
+#pragma unroll
+  for (int i = 0; i < kVectorsPerThread; ++i) {
+#pragma unroll
+    for (int k = 0; k < kVec; ++k) {
+      dw[i][k] = 0;
+    }
+  }
+}
+
+// The accumulator's vectors idx = threadIdx.x + i * stride < num_vectors into `partial`.
+template <int kVectorsPerThread, int kVec, typename acc_t>
+__device__ __forceinline__ void store_partial_vectors(AlignedVector<acc_t, kVec>* partial,
+                                                      const acc_t (&dw)[kVectorsPerThread][kVec],
+                                                      int stride, int num_vectors) {
+#pragma unroll
+  for (int i = 0; i < kVectorsPerThread; ++i) {
+    const int idx = threadIdx.x + i * stride;
+    if (idx < num_vectors) {
+      AlignedVector<acc_t, kVec> out;
+#pragma unroll
+      for (int k = 0; k < kVec; ++k) {
+        out.val[k] = dw[i][k];
+      }
+      partial[idx] = out;
+    }
+  }
+}
+
 // Four 16-byte vectors a thread on up to 512 threads (bfloat16 rows up to H = 16384), a
 // variant built for 512 threads so that its 4 vectors of x, of grad_out and of the
 // grad_weight accumulator stay in registers (two vectors on 1024 threads, at most 64
@@ -909,13 +940,7 @@ __global__ void __launch_bounds__(kBackwardMaxThreads)
   const Vec* weight_vec = reinterpret_cast<const Vec*>(weight);
 
   acc_t dw[kVectorsPerThread][kVec];
-#pragma unroll
-  for (int i = 0; i < kVectorsPerThread; ++i) {
-#pragma unroll
-    for (int k = 0; k < kVec; ++k) {
-      dw[i][k] = 0;
-    }
-  }
+  zero_accumulator(dw);
 
   // The loop bound is the same for the whole block; rows past the end are masked.
   for (int64_t block_row = static_cast<int64_t>(blockIdx.x) * blockDim.y; block_row < rows;
@@ -1003,19 +1028,8 @@ __global__ void __launch_bounds__(kBackwardMaxThreads)
       }
     }
   }
-  acc_t* partial_row = weight_partials + blockIdx.x * hidden;
-#pragma unroll
-  for (int i = 0; i < kVectorsPerThread; ++i) {
-    const int idx = threadIdx.x + i * blockDim.x;
-    if (idx < num_vectors) {
-      AccVec out;
-#pragma unroll
-      for (int k = 0; k < kVec; ++k) {
-        out.val[k] = dw[i][k];
-      }
-      reinterpret_cast<AccVec*>(partial_row)[idx] = out;
-    }
-  }
+  store_partial_vectors(reinterpret_cast<AccVec*>(weight_partials + blockIdx.x * hidden), dw,
+                        blockDim.x, num_vectors);
 }
 
 // Aligned rows longer than the vector kernels take: x and grad_out of the row staged in
@@ -1043,13 +1057,7 @@ __global__ void __launch_bounds__(kStagedThreads)
   const Vec* weight_vec = weight != nullptr ? part_vectors<Vec>(weight, 0, hidden, part) : nullptr;
 
   acc_t dw[kVectorsPerThread][kVec];
-#pragma unroll
-  for (int i = 0; i < kVectorsPerThread; ++i) {
-#pragma unroll
-    for (int k = 0; k < kVec; ++k) {
-      dw[i][k] = 0;
-    }
-  }
+  zero_accumulator(dw);
   if (part.first_row < rows) {
     stage_vectors<kStagedThreads>(staged_x, part_vectors<Vec>(x, part.first_row, hidden, part),
                                   part.num_vectors);
@@ -1100,21 +1108,10 @@ __global__ void __launch_bounds__(kStagedThreads)
     return;
   }
   // One partial row per cluster, each block writing its columns.
-  AccVec* partial_part =
+  store_partial_vectors(
       reinterpret_cast<AccVec*>(weight_partials + (blockIdx.x / kCluster) * hidden) +
-      part.first_vector;
-#pragma unroll
-  for (int i = 0; i < kVectorsPerThread; ++i) {
-    const int idx = threadIdx.x + i * kStagedThreads;
-    if (idx < part.num_vectors) {
-      AccVec out;
-#pragma unroll
-      for (int k = 0; k < kVec; ++k) {
-        out.val[k] = dw[i][k];
-      }
-      partial_part[idx] = out;
-    }
-  }
+          part.first_vector,
+      dw, kStagedThreads, part.num_vectors);
 }
 
 // Span rows (see row_span) of the backward staged in shared memory: x and grad_out of the
@@ -1151,13 +1148,7 @@ __global__ void __launch_bounds__(kMaxThreadsPerBlock)
                                                                                    num_vectors);
 
   acc_t dw[kVectorsPerThread][kVec];
-#pragma unroll
-  for (int i = 0; i < kVectorsPerThread; ++i) {
-#pragma unroll
-    for (int k = 0; k < kVec; ++k) {
-      dw[i][k] = 0;
-    }
-  }
+  zero_accumulator(dw);
   const auto stage = [&](int64_t row, const RowSpan& span, int idx) {
     stage_span_vector(staged_x + idx, x + row * hidden, span, idx, hidden_int);
     stage_span_vector(staged_go + idx, grad_out + row * hidden, span, idx, hidden_int);
