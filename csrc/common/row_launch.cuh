@@ -92,4 +92,21 @@ inline int64_t row_blocks(int64_t rows, const RowLaunch& plan) {
   return std::min<int64_t>(ceil_div(rows, plan.rows_per_block), int64_t{1} << 20);
 }
 
+// kernel(args...) on the plan's blocks, row_blocks of them, and the launch's error check.
+template <typename... Params, typename... Args>
+void launch_row_kernel(void (*kernel)(Params...), const RowLaunch& plan, int64_t rows,
+                       cudaStream_t stream, Args... args) {
+  kernel<<<dim3(static_cast<unsigned>(row_blocks(rows, plan))), plan.block(), 0, stream>>>(args...);
+  HOTLOOP_KERNEL_LAUNCH_CHECK();
+}
+
+// launch_row_kernel of kernel_of(std::integral_constant<int, V>{}) for the V of kVariants the
+// plan picked; returns whether it picked one (as launch_vector_rows).
+template <int... kVariants, typename KernelOf, typename... Args>
+bool launch_vector_row_kernel(const RowLaunch& plan, int64_t rows, cudaStream_t stream,
+                              const KernelOf& kernel_of, Args... args) {
+  return launch_vector_rows<kVariants...>(
+      plan, [&](auto vpt) { launch_row_kernel(kernel_of(vpt), plan, rows, stream, args...); });
+}
+
 }  // namespace hotloop

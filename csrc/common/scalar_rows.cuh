@@ -107,4 +107,20 @@ bool launch_scalar_rows(const ScalarRowLaunch& plan, Launch&& launch) {
   }
 }
 
+// The last resort of the row-wise norms' launchers: launch_row_kernel of
+// scalar_kernel_of(Rows{}) for the variant that plan_scalar_row_launch picks for rows of
+// `hidden` elements, or, where none takes them, of `generic` on generic_plan's blocks.
+template <typename scalar_t, typename ScalarKernelOf, typename... Params, typename... Args>
+void launch_scalar_or_generic(int64_t hidden, int64_t rows, cudaStream_t stream,
+                              const ScalarKernelOf& scalar_kernel_of, void (*generic)(Params...),
+                              const RowLaunch& generic_plan, Args... args) {
+  const ScalarRowLaunch plan = plan_scalar_row_launch(hidden);
+  const bool launched = launch_scalar_rows<scalar_t>(plan, [&](auto rows_variant) {
+    launch_row_kernel(scalar_kernel_of(rows_variant), plan.launch, rows, stream, args...);
+  });
+  if (!launched) {
+    launch_row_kernel(generic, generic_plan, rows, stream, args...);
+  }
+}
+
 }  // namespace hotloop

@@ -252,13 +252,12 @@ void launch_fused_add_rms_norm(scalar_t* x, scalar_t* residual, const scalar_t* 
   const RowLaunch plan = plan_row_launch(hidden, vector_size<scalar_t>(), aligned, kFusedLimits);
   const cudaStream_t stream = current_stream();
   const acc_t eps_acc = static_cast<acc_t>(eps);
-  const dim3 grid(static_cast<unsigned>(row_blocks(rows, plan)));
-  const bool vector_launched = launch_vector_rows<1, 2, kFusedWideVectors>(plan, [&](auto vpt) {
-    fused_add_rms_norm_vector_kernel<scalar_t, kCasting, decltype(vpt)::value>
-        <<<grid, plan.block(), 0, stream>>>(x, residual, weight, rows, hidden, eps_acc, offset_acc);
-  });
-  if (vector_launched) {
-    HOTLOOP_KERNEL_LAUNCH_CHECK();
+  const auto vector_kernel = [](auto vpt) {
+    return fused_add_rms_norm_vector_kernel<scalar_t, kCasting, decltype(vpt)::value>;
+  };
+  if (launch_vector_row_kernel<1, 2, kFusedWideVectors>(plan, rows, stream, vector_kernel, x,
+                                                        residual, weight, rows, hidden, eps_acc,
+                                                        offset_acc)) {
     return;
   }
   const int64_t row_bytes = hidden * static_cast<int64_t>(sizeof(scalar_t));
@@ -269,18 +268,12 @@ void launch_fused_add_rms_norm(scalar_t* x, scalar_t* residual, const scalar_t* 
     launch_staged(staged, stream, kernel, x, residual, weight, rows, hidden, eps_acc, offset_acc);
     return;
   }
-  const ScalarRowLaunch scalar_plan = plan_scalar_row_launch(hidden);
-  const dim3 scalar_grid(static_cast<unsigned>(row_blocks(rows, scalar_plan.launch)));
-  const bool scalar_launched = launch_scalar_rows<scalar_t>(scalar_plan, [&](auto rows_variant) {
-    fused_add_rms_norm_scalar_kernel<scalar_t, kCasting, decltype(rows_variant)>
-        <<<scalar_grid, scalar_plan.launch.block(), 0, stream>>>(x, residual, weight, rows, hidden,
-                                                                 eps_acc, offset_acc);
-  });
-  if (!scalar_launched) {
-    fused_add_rms_norm_generic_kernel<scalar_t, kCasting>
-        <<<grid, plan.block(), 0, stream>>>(x, residual, weight, rows, hidden, eps_acc, offset_acc);
-  }
-  HOTLOOP_KERNEL_LAUNCH_CHECK();
+  const auto scalar_kernel = [](auto rows_variant) {
+    return fused_add_rms_norm_scalar_kernel<scalar_t, kCasting, decltype(rows_variant)>;
+  };
+  launch_scalar_or_generic<scalar_t>(hidden, rows, stream, scalar_kernel,
+                                     fused_add_rms_norm_generic_kernel<scalar_t, kCasting>, plan, x,
+                                     residual, weight, rows, hidden, eps_acc, offset_acc);
 }
 
 void fused_add_rms_norm_cuda(Tensor& x, Tensor& residual, const Tensor& weight, double eps,

@@ -710,13 +710,12 @@ bool launch_shifted_rms_norm(const scalar_t* x, const scalar_t* weight, scalar_t
       return false;
     }
     const std::optional<Tensor> shifted = shifted_weight_copies(weight, hidden, stream, like);
-    const scalar_t* shifted_weight = shifted ? const_data<scalar_t>(*shifted) : nullptr;
-    const dim3 grid(static_cast<unsigned>(row_blocks(rows, plan)));
-    return launch_vector_rows<2>(plan, [&](auto vpt) {
-      rms_norm_shifted_kernel<scalar_t, kCasting, decltype(vpt)::value>
-          <<<grid, plan.block(), 0, stream>>>(x, shifted_weight, y, rows, hidden, span_vectors, eps,
-                                              offset);
-    });
+    const auto kernel = [](auto vpt) {
+      return rms_norm_shifted_kernel<scalar_t, kCasting, decltype(vpt)::value>;
+    };
+    return launch_vector_row_kernel<2>(plan, rows, stream, kernel, x,
+                                       shifted ? const_data<scalar_t>(*shifted) : nullptr, y, rows,
+                                       hidden, span_vectors, eps, offset);
   }
 }
 
@@ -730,14 +729,13 @@ void launch_rms_norm(const scalar_t* x, const scalar_t* weight, scalar_t* y, int
   const cudaStream_t stream = current_stream();
   const acc_t eps_acc = static_cast<acc_t>(eps);
   const acc_t offset_acc = static_cast<acc_t>(offset);
-  const dim3 grid(static_cast<unsigned>(row_blocks(rows, plan)));
-  const bool vector_launched = launch_vector_rows<2, 4, 8>(plan, [&](auto vpt) {
-    rms_norm_vector_kernel<scalar_t, kCasting, decltype(vpt)::value>
-        <<<grid, plan.block(), 0, stream>>>(x, weight, y, rows, hidden, eps_acc, offset_acc);
-  });
-  if (vector_launched || launch_shifted_rms_norm<scalar_t, kCasting>(
-                             x, weight, y, rows, hidden, eps_acc, offset_acc, stream, like)) {
-    HOTLOOP_KERNEL_LAUNCH_CHECK();
+  const auto vector_kernel = [](auto vpt) {
+    return rms_norm_vector_kernel<scalar_t, kCasting, decltype(vpt)::value>;
+  };
+  if (launch_vector_row_kernel<2, 4, 8>(plan, rows, stream, vector_kernel, x, weight, y, rows,
+                                        hidden, eps_acc, offset_acc) ||
+      launch_shifted_rms_norm<scalar_t, kCasting>(x, weight, y, rows, hidden, eps_acc, offset_acc,
+                                                  stream, like)) {
     return;
   }
   const int64_t row_bytes = hidden * static_cast<int64_t>(sizeof(scalar_t));
@@ -753,18 +751,12 @@ void launch_rms_norm(const scalar_t* x, const scalar_t* weight, scalar_t* y, int
     launch_staged(staged, stream, kernel, x, weight, y, rows, hidden, eps_acc, offset_acc);
     return;
   }
-  const ScalarRowLaunch scalar_plan = plan_scalar_row_launch(hidden);
-  const dim3 scalar_grid(static_cast<unsigned>(row_blocks(rows, scalar_plan.launch)));
-  const bool scalar_launched = launch_scalar_rows<scalar_t>(scalar_plan, [&](auto rows_variant) {
-    rms_norm_scalar_kernel<scalar_t, kCasting, decltype(rows_variant)>
-        <<<scalar_grid, scalar_plan.launch.block(), 0, stream>>>(x, weight, y, rows, hidden,
-                                                                 eps_acc, offset_acc);
-  });
-  if (!scalar_launched) {
-    rms_norm_generic_kernel<scalar_t, kCasting>
-        <<<grid, plan.block(), 0, stream>>>(x, weight, y, rows, hidden, eps_acc, offset_acc);
-  }
-  HOTLOOP_KERNEL_LAUNCH_CHECK();
+  const auto scalar_kernel = [](auto rows_variant) {
+    return rms_norm_scalar_kernel<scalar_t, kCasting, decltype(rows_variant)>;
+  };
+  launch_scalar_or_generic<scalar_t>(hidden, rows, stream, scalar_kernel,
+                                     rms_norm_generic_kernel<scalar_t, kCasting>, plan, x, weight,
+                                     y, rows, hidden, eps_acc, offset_acc);
 }
 
 // ---------------------------------------------------------------------------

@@ -394,35 +394,19 @@ void launch_rms_norm_fp8(const Fp8NormPointers<scalar_t>& p) {
   const RowLaunch plan =
       plan_row_launch(p.hidden, vector_size<scalar_t>(), aligned, kFp8Limits<kResidual>);
   const cudaStream_t stream = current_stream();
-  if (plan.vectors_per_thread == 0) {
-    const ScalarRowLaunch scalar_plan = plan_scalar_row_launch(p.hidden);
-    const dim3 grid(static_cast<unsigned>(row_blocks(p.rows, scalar_plan.launch)));
-    const bool launched = launch_scalar_rows<scalar_t>(scalar_plan, [&](auto rows_variant) {
-      rms_norm_fp8_scalar_kernel<scalar_t, kCasting, kResidual, kDynamic, decltype(rows_variant)>
-          <<<grid, scalar_plan.launch.block(), 0, stream>>>(p);
-    });
-    if (launched) {
-      HOTLOOP_KERNEL_LAUNCH_CHECK();
-      return;
-    }
+  const auto vector_kernel = [](auto vpt) {
+    return rms_norm_fp8_vector_kernel<scalar_t, kCasting, kResidual, kDynamic,
+                                      decltype(vpt)::value>;
+  };
+  if (!launch_vector_row_kernel<1, 2, kFp8WideVectors>(plan, p.rows, stream, vector_kernel, p)) {
+    const auto scalar_kernel = [](auto rows_variant) {
+      return rms_norm_fp8_scalar_kernel<scalar_t, kCasting, kResidual, kDynamic,
+                                        decltype(rows_variant)>;
+    };
+    launch_scalar_or_generic<scalar_t>(
+        p.hidden, p.rows, stream, scalar_kernel,
+        rms_norm_fp8_generic_kernel<scalar_t, kCasting, kResidual, kDynamic>, plan, p);
   }
-  const dim3 grid(static_cast<unsigned>(row_blocks(p.rows, plan)));
-  switch (plan.vectors_per_thread) {
-#define HOTLOOP_LAUNCH(VPT)                                                  \
-  case VPT:                                                                  \
-    rms_norm_fp8_vector_kernel<scalar_t, kCasting, kResidual, kDynamic, VPT> \
-        <<<grid, plan.block(), 0, stream>>>(p);                              \
-    break;
-    HOTLOOP_LAUNCH(1)
-    HOTLOOP_LAUNCH(2)
-    HOTLOOP_LAUNCH(kFp8WideVectors)
-#undef HOTLOOP_LAUNCH
-    default:
-      HOTLOOP_INTERNAL_ASSERT(plan.vectors_per_thread == 0);
-      rms_norm_fp8_generic_kernel<scalar_t, kCasting, kResidual, kDynamic>
-          <<<grid, plan.block(), 0, stream>>>(p);
-  }
-  HOTLOOP_KERNEL_LAUNCH_CHECK();
 }
 
 struct LaunchCuda {
