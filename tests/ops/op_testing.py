@@ -2,12 +2,54 @@
 
 from __future__ import annotations
 
+import inspect
+import sys
+from collections.abc import Sequence
+from typing import Any
+
 import pytest
 import torch
+import torch._dynamo
 from torch.utils._python_dispatch import TorchDispatchMode
 
 requires_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 DEVICES = ["cpu", pytest.param("cuda", marks=[pytest.mark.gpu, requires_cuda])]
+
+
+# torch.compile where this torch supports it on this Python. torch 2.9 refuses Python 3.14
+# ("torch.compile is not supported on Python 3.14+"), and opcheck's aot_dispatch tests, which
+# trace through the same machinery, fail there importing torch's own quantization code. The
+# wheel is still tested there: every eager test, and opcheck's other tests.
+def compile_supported() -> bool:
+    return bool(torch._dynamo.is_dynamo_supported())
+
+
+def requires_compile_marker() -> pytest.MarkDecorator:
+    python = f"{sys.version_info.major}.{sys.version_info.minor}"
+    return pytest.mark.skipif(
+        not compile_supported(),
+        reason=f"torch {torch.__version__} does not support torch.compile on Python {python} "
+        "(torch._dynamo.is_dynamo_supported() is False)",
+    )
+
+
+requires_compile = requires_compile_marker()
+
+
+def opcheck_utils() -> tuple[str, ...]:
+    """torch.library.opcheck's default tests, less the aot_dispatch ones where torch.compile
+    cannot run (see :func:`compile_supported`)."""
+    default: Sequence[str] = (
+        inspect.signature(torch.library.opcheck).parameters["test_utils"].default
+    )
+    if compile_supported():
+        return tuple(default)
+    return tuple(u for u in default if not u.startswith("test_aot_dispatch"))
+
+
+def opcheck(op: Any, args: tuple[Any, ...], kwargs: dict[str, Any] | None = None) -> dict[str, str]:
+    """torch.library.opcheck with every default test this torch can run on this Python."""
+    return torch.library.opcheck(op, args, kwargs, test_utils=opcheck_utils())
 
 
 # Every tolerance of the op tests, in one table.

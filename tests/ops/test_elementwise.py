@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from op_testing import TOLERANCES, requires_cuda
+from op_testing import TOLERANCES, opcheck, requires_compile, requires_cuda
 
 import hotloop
 
@@ -43,8 +43,8 @@ def test_muladd_and_mul_match_reference(device: str, dtype: torch.dtype) -> None
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_opcheck(device: str, dtype: torch.dtype) -> None:
     for a, b, c in sample_inputs(device, dtype, requires_grad=True)[:3]:
-        torch.library.opcheck(torch.ops.hotloop.muladd.default, (a, b, c))
-        torch.library.opcheck(torch.ops.hotloop.mul.default, (a, b))
+        opcheck(torch.ops.hotloop.muladd.default, (a, b, c))
+        opcheck(torch.ops.hotloop.mul.default, (a, b))
 
 
 def test_gradcheck(device: str) -> None:
@@ -62,6 +62,7 @@ def test_backward_calls_the_mul_op(device: str) -> None:
     torch.testing.assert_close(a.grad, b.detach())
 
 
+@requires_compile
 def test_compile_without_graph_breaks(device: str) -> None:
     def f(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
         return hotloop.muladd(a, b, 2.0).relu()

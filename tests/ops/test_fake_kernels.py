@@ -12,6 +12,7 @@ from typing import Any, Callable
 
 import pytest
 import torch
+from op_testing import requires_compile
 
 import hotloop
 
@@ -194,6 +195,7 @@ def test_wrong_weight_length_fails_at_trace_time() -> None:
 
 
 @pytest.mark.parametrize("dynamic", [False, True], ids=["static", "dynamic"])
+@requires_compile
 def test_compile_refuses_a_wrong_weight_while_tracing(dynamic: bool) -> None:
     def f(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
         return hotloop.rms_norm(x, w, 1e-6) * 2
@@ -216,6 +218,7 @@ def test_compile_refuses_a_wrong_weight_while_tracing(dynamic: bool) -> None:
         ),
     ],
 )
+@requires_compile
 def test_compile_of_an_integer_input_says_what_is_wrong(f: Callable, message: str) -> None:
     x = torch.ones(3, 4, dtype=torch.int64)
     with pytest.raises(RuntimeError, match=message) as info:

@@ -11,7 +11,7 @@ from typing import Callable
 
 import pytest
 import torch
-from op_testing import TOLERANCES
+from op_testing import TOLERANCES, opcheck, requires_compile
 
 import hotloop
 
@@ -110,7 +110,7 @@ def test_runs_in_inference_mode_with_parameters(device: str) -> None:
 def test_opcheck_with_grad_mode_on(device: str) -> None:
     """opcheck with nothing that requires grad: autograd is not involved, and the
     registration tests see the Autograd and ADInplaceOrView kernels."""
-    torch.library.opcheck(torch.ops.hotloop.fused_add_rms_norm.default, (*operands(device), 1e-5))
+    opcheck(torch.ops.hotloop.fused_add_rms_norm.default, (*operands(device), 1e-5))
 
 
 # Aliasing: the kernel writes x and residual while reading all three. torch refuses the
@@ -189,6 +189,7 @@ def _(x: torch.Tensor, residual: torch.Tensor) -> None:
     "select-views of one graph input",
     strict=True,
 )
+@requires_compile
 def test_inductor_dynamic_mutable_op_on_views_of_one_input() -> None:
     def step(buf: torch.Tensor) -> None:
         add_then_double(buf[0], buf[1])

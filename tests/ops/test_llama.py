@@ -6,7 +6,7 @@ import copy
 
 import pytest
 import torch
-from op_testing import MODEL_TOLERANCE
+from op_testing import MODEL_TOLERANCE, requires_compile
 
 import hotloop
 
@@ -28,7 +28,10 @@ def tiny_llama(device: str) -> torch.nn.Module:
     return transformers.LlamaForCausalLM(config).to(device=device, dtype=torch.bfloat16)
 
 
-@pytest.mark.parametrize("compiled", [False, True], ids=["eager", "compiled"])
+@pytest.mark.parametrize(
+    "compiled",
+    [pytest.param(False, id="eager"), pytest.param(True, id="compiled", marks=requires_compile)],
+)
 def test_swapped_llama_matches(device: str, compiled: bool) -> None:
     if compiled and device == "cpu":
         pytest.skip("minutes of inductor C++ compilation on the CPU; compile is covered on CUDA")

@@ -13,6 +13,7 @@ from typing import Any
 
 import pytest
 import torch
+from op_testing import requires_compile
 
 import hotloop
 from hotloop.ops import api
@@ -94,6 +95,7 @@ def test_none_for_a_required_tensor_names_op_and_argument(
 
 
 @pytest.mark.parametrize(("op", "position", "name"), CASES, ids=IDS)
+@requires_compile
 def test_none_for_a_required_tensor_under_compile(
     device: str, op: str, position: int, name: str
 ) -> None:

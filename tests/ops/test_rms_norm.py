@@ -5,7 +5,14 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.nn.functional as F
-from op_testing import TOLERANCES, OpRecorder, requires_cuda, rms_norm_samples
+from op_testing import (
+    TOLERANCES,
+    OpRecorder,
+    opcheck,
+    requires_compile,
+    requires_cuda,
+    rms_norm_samples,
+)
 
 import hotloop
 
@@ -184,11 +191,11 @@ def test_backward_matches_reference(device: str, dtype: torch.dtype) -> None:
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_opcheck(device: str, dtype: torch.dtype) -> None:
     for x, weight, eps in sample_inputs(device, dtype, requires_grad=True)[1:7:2]:
-        torch.library.opcheck(torch.ops.hotloop.rms_norm.default, (x, weight, eps))
+        opcheck(torch.ops.hotloop.rms_norm.default, (x, weight, eps))
         # the backward op has no derivative of its own: check it on plain tensors
         grad_out = torch.randn_like(x).detach()
         plain_weight = None if weight is None else weight.detach()
-        torch.library.opcheck(
+        opcheck(
             torch.ops.hotloop.rms_norm_backward.default, (grad_out, x.detach(), plain_weight, eps)
         )
 
@@ -207,6 +214,7 @@ def test_double_backward_is_refused() -> None:
         grad_x.sum().backward()
 
 
+@requires_compile
 def test_compile_dynamic_shapes_without_graph_breaks(device: str) -> None:
     norm = hotloop.RMSNorm(48, eps=1e-6, device=device)
 
@@ -249,11 +257,12 @@ def test_fused_add_rms_norm(device: str, dtype: torch.dtype) -> None:
         torch.testing.assert_close(x, expected_x, **tol)
 
 
+@requires_compile
 def test_fused_add_rms_norm_opcheck_and_compile(device: str) -> None:
     x = torch.randn(4, 33, device=device)
     residual = torch.randn(4, 33, device=device)
     weight = torch.rand(33, device=device)
-    torch.library.opcheck(torch.ops.hotloop.fused_add_rms_norm.default, (x, residual, weight, 1e-5))
+    opcheck(torch.ops.hotloop.fused_add_rms_norm.default, (x, residual, weight, 1e-5))
 
     def step(x: torch.Tensor, residual: torch.Tensor) -> torch.Tensor:
         hotloop.fused_add_rms_norm(x, residual, weight, 1e-5)

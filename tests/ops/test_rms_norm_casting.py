@@ -20,6 +20,8 @@ from op_testing import (
     exact_square_sums,
     gemma_rms_norm,
     llama_rms_norm,
+    opcheck,
+    requires_compile,
     requires_cuda,
 )
 
@@ -251,13 +253,14 @@ def test_offset_needs_gemma_casting(device: str) -> None:
 def test_opcheck_with_casting(device: str, casting: int, offset: float) -> None:
     x = torch.randn(3, 5, 40, device=device, requires_grad=True)
     w = torch.randn(40, device=device, requires_grad=True)
-    torch.library.opcheck(torch.ops.hotloop.rms_norm.default, (x, w, 1e-6, casting, offset))
-    torch.library.opcheck(
+    opcheck(torch.ops.hotloop.rms_norm.default, (x, w, 1e-6, casting, offset))
+    opcheck(
         torch.ops.hotloop.rms_norm_backward.default,
         (torch.randn_like(x), x.detach(), w.detach(), 1e-6, casting, offset),
     )
 
 
+@requires_compile
 def test_compiled_call_keeps_the_casting(device: str) -> None:
     x = exact_square_sums(4, 96, torch.bfloat16, device, seed=8)
     w = weight_like(96, torch.bfloat16, device, 0.3, seed=9)
@@ -564,4 +567,4 @@ def test_opcheck_fused_ops_with_casting(device: str, op: str, casting: int, offs
         head = (x, residual) if op.startswith("fused_add") else (x,)
         tail = (w, EPS, None) if op.endswith("dynamic") else (w, scale, EPS)
         args = (*head, *tail, casting, offset)
-    torch.library.opcheck(fn, args)
+    opcheck(fn, args)

@@ -18,7 +18,7 @@ from typing import Any, NamedTuple
 
 import pytest
 import torch
-from op_testing import TOLERANCES, requires_cuda
+from op_testing import TOLERANCES, opcheck, requires_compile, requires_cuda
 
 import hotloop
 from hotloop.__main__ import describe_ops, ops_for_capability
@@ -402,15 +402,16 @@ def test_opcheck(device: str, op: Fp8Op) -> None:
         sample_inputs(device, torch.bfloat16)[1:3] + sample_inputs(device, torch.float32)[-4:-2]
     ):
         scale = static_scale(sample.x, sample.weight)
-        torch.library.opcheck(op.op, op.args(sample.x, sample.weight, sample.eps, scale))
+        opcheck(op.op, op.args(sample.x, sample.weight, sample.eps, scale))
     if op.dynamic:
         x = torch.randn(3, 40, device=device)
         head = (x, torch.randn_like(x)) if op.fused else (x,)
         ub = torch.ones(1, device=device)
-        torch.library.opcheck(op.op, (*head, torch.rand(40, device=device), 1e-6, ub))
+        opcheck(op.op, (*head, torch.rand(40, device=device), 1e-6, ub))
 
 
 @pytest.mark.parametrize("op", OPS)
+@requires_compile
 def test_compile_dynamic_shapes_without_graph_breaks(device: str, op: Fp8Op) -> None:
     weight = torch.rand(48, device=device, dtype=torch.bfloat16) + 0.5
     scale = torch.full((1,), 0.01, device=device)

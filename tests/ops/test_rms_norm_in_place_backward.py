@@ -14,6 +14,7 @@ from typing import Any
 
 import pytest
 import torch
+from op_testing import opcheck
 
 import hotloop
 from hotloop import _grad_ownership
@@ -270,7 +271,7 @@ def test_in_place_backward_op_equals_the_backward_op(device: str, casting: int) 
     without_weight = torch.ops.hotloop.rms_norm_backward(grad_out, x, None, 1e-6)[0]
     assert torch.ops.hotloop.rms_norm_backward_(grad_out, x, None, 1e-6).shape == (0,)
     assert torch.equal(grad_out, without_weight)
-    torch.library.opcheck(
+    opcheck(
         torch.ops.hotloop.rms_norm_backward_.default,
         (torch.randn_like(x), x, w, 1e-6, casting, offset),
     )

@@ -22,6 +22,8 @@ from op_testing import (
     RELATIVE_TOLERANCES,
     TOLERANCES,
     OpRecorder,
+    opcheck,
+    requires_compile,
     requires_cuda,
     rms_norm_samples,
 )
@@ -202,10 +204,10 @@ def test_weight_gradient_over_many_rows() -> None:
 @requires_cuda
 def test_opcheck(dtype: torch.dtype) -> None:
     for x, weight, eps in sample_inputs("cuda", dtype, requires_grad=True):
-        torch.library.opcheck(torch.ops.hotloop.rms_norm_triton.default, (x, weight, eps))
+        opcheck(torch.ops.hotloop.rms_norm_triton.default, (x, weight, eps))
         grad_out = torch.randn_like(x.detach())
         args = (grad_out, x.detach(), None if weight is None else weight.detach(), eps)
-        torch.library.opcheck(torch.ops.hotloop.rms_norm_triton_backward.default, args)
+        opcheck(torch.ops.hotloop.rms_norm_triton_backward.default, args)
 
 
 @pytest.mark.gpu
@@ -225,6 +227,7 @@ def test_gradcheck() -> None:
 
 @pytest.mark.gpu
 @requires_cuda
+@requires_compile
 def test_compile_traces_into_the_kernels() -> None:
     from torch._inductor.utils import run_and_get_code
 
