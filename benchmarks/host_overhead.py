@@ -11,7 +11,13 @@ runtime calls it made (how many a call, and their time). The calls, from the flo
 * ``hotloop.rms_norm``: the Python API users call;
 * ``F.rms_norm``: torch's own.
 
-Each forward runs under ``inference_mode`` and under ``no_grad``. Writes
+Each forward runs under ``inference_mode`` and under ``no_grad``. Then a forward+backward
+(``y.backward(g)`` with x and the weight requiring gradients) of ``F.rms_norm``, of
+``hotloop.rms_norm`` and, on CUDA, of torch's own fused kernels (``aten._fused_rms_norm`` and
+its backward, what ``F.rms_norm`` runs there) behind a Python ``autograd.Function``: the least
+a forward+backward costs whose autograd is defined in Python, as the stable ABI leaves
+hotloop's. And the backward operators alone under ``inference_mode``: hotloop's and
+torch's. Writes
 ``host_overhead.json`` and ``host_overhead.md`` to ``--out``; compare figures within one
 run only (host timings move by several microseconds between runs on the same machine).
 
@@ -43,6 +49,7 @@ from result_files import claim
 SHAPES = ((1, 4096), (8, 4096), (32, 8192))
 DTYPE = torch.bfloat16
 EPS = 1e-6
+# Profiled calls a row: at most this, and no more than the timed rounds' --calls.
 PROFILED_CALLS = 200
 
 
@@ -79,7 +86,7 @@ def per_call_us(fn: Callable[[], Any], device: str, n: int = 2000, rounds: int =
     return times
 
 
-def host_events(fn: Callable[[], Any], device: str) -> list[dict[str, Any]]:
+def host_events(fn: Callable[[], Any], device: str, n: int) -> list[dict[str, Any]]:
     """What one call did on the host: every profiler event key with its count and self time
     per call (operators, and with CUDA the runtime API calls CUPTI saw)."""
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device == "cuda" else [])
@@ -87,17 +94,17 @@ def host_events(fn: Callable[[], Any], device: str) -> list[dict[str, Any]]:
         fn()
     synchronize(device)
     with profile(activities=activities) as prof:
-        for _ in range(PROFILED_CALLS):
+        for _ in range(n):
             fn()
         synchronize(device)
     events = []
     for e in prof.key_averages():
-        if e.key.startswith(("cudaDeviceSynchronize", "ProfilerStep")) or e.count < PROFILED_CALLS:
+        if e.key.startswith(("cudaDeviceSynchronize", "ProfilerStep")) or e.count < n:
             continue
         events.append(
             {
                 "name": e.key,
-                "per_call": e.count / PROFILED_CALLS,
+                "per_call": e.count / n,
                 "self_us": e.self_cpu_time_total / e.count,
                 "total_us": e.cpu_time_total / e.count,
             }
@@ -105,8 +112,81 @@ def host_events(fn: Callable[[], Any], device: str) -> list[dict[str, Any]]:
     return sorted(events, key=lambda e: -e["total_us"] * e["per_call"])
 
 
+class TorchKernelsFunction(torch.autograd.Function):
+    """torch's fused CUDA kernels behind a Python autograd.Function, as hotloop's are."""
+
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+        y, rstd = torch.ops.aten._fused_rms_norm.default(x, [x.shape[-1]], w, EPS)
+        ctx.save_for_backward(x, w, rstd)
+        return y
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        x, w, rstd = ctx.saved_tensors
+        grad_x, grad_w = torch.ops.aten._fused_rms_norm_backward.default(
+            grad, x, [x.shape[-1]], rstd, w, [True, True]
+        )
+        return grad_x, grad_w
+
+
+def training_calls(device: str, shape: tuple[int, int]) -> dict[str, Callable[[], Any]]:
+    """Forward+backward steps, gradients accumulating into x.grad and w.grad as in training."""
+    gen = torch.Generator(device=device).manual_seed(0)
+    x = torch.randn(shape, device=device, dtype=DTYPE, generator=gen).requires_grad_()
+    w = torch.randn(shape[-1], device=device, dtype=DTYPE, generator=gen).requires_grad_()
+    g = torch.randn(shape, device=device, dtype=DTYPE, generator=gen)
+    steps = {
+        "F.rms_norm": lambda: F.rms_norm(x, (shape[-1],), w, EPS).backward(g),
+        "hotloop.rms_norm": lambda: hotloop.rms_norm(x, w, EPS).backward(g),
+    }
+    if device == "cuda":  # aten._fused_rms_norm_backward has no CPU kernel
+        steps["autograd.Function over torch's kernels"] = lambda: TorchKernelsFunction.apply(
+            x, w
+        ).backward(g)
+    return steps
+
+
+def backward_op_calls(device: str, shape: tuple[int, int]) -> dict[str, Callable[[], Any]]:
+    gen = torch.Generator(device=device).manual_seed(0)
+    x = torch.randn(shape, device=device, dtype=DTYPE, generator=gen)
+    w = torch.randn(shape[-1], device=device, dtype=DTYPE, generator=gen)
+    g = torch.randn(shape, device=device, dtype=DTYPE, generator=gen)
+    ops = {
+        "torch.ops.hotloop.rms_norm_backward": lambda: torch.ops.hotloop.rms_norm_backward.default(
+            g, x, w, EPS
+        )
+    }
+    if device == "cuda":
+        rstd = torch.ops.aten._fused_rms_norm.default(x, [shape[-1]], w, EPS)[1]
+        ops["aten._fused_rms_norm_backward"] = lambda: (
+            torch.ops.aten._fused_rms_norm_backward.default(
+                g, x, [shape[-1]], rstd, w, [True, True]
+            )
+        )
+    return ops
+
+
 # Each forward runs under both: inference_mode keeps the dispatcher out of Autograd kernels.
 GRAD_MODES = {"inference_mode": torch.inference_mode, "no_grad": torch.no_grad}
+TRAINING = "forward+backward"
+
+
+def timed_row(
+    fn: Callable[[], Any], device: str, n_calls: int, shape: tuple[int, int], name: str, mode: str
+) -> dict[str, Any]:
+    times = per_call_us(fn, device, n_calls)
+    row = {
+        "shape": list(shape),
+        "call": name,
+        "mode": mode,
+        "us_median": statistics.median(times),
+        "us_min": min(times),
+        "us_max": max(times),
+        "events": host_events(fn, device, min(n_calls, PROFILED_CALLS)),
+    }
+    print(f"{shape} {name:40} {mode:16} {row['us_median']:7.2f} µs", flush=True)
+    return row
 
 
 def measure(device: str, n_calls: int) -> list[dict[str, Any]]:
@@ -115,20 +195,12 @@ def measure(device: str, n_calls: int) -> list[dict[str, Any]]:
         for name, fn in calls(device, shape).items():
             for mode, grad_mode in GRAD_MODES.items():
                 with grad_mode():
-                    times = per_call_us(fn, device, n_calls)
-                    events = host_events(fn, device)
-                rows.append(
-                    {
-                        "shape": list(shape),
-                        "call": name,
-                        "mode": mode,
-                        "us_median": statistics.median(times),
-                        "us_min": min(times),
-                        "us_max": max(times),
-                        "events": events,
-                    }
-                )
-                print(f"{shape} {name:28} {mode:15} {statistics.median(times):7.2f} µs", flush=True)
+                    rows.append(timed_row(fn, device, n_calls, shape, name, mode))
+        for name, fn in training_calls(device, shape).items():
+            rows.append(timed_row(fn, device, n_calls, shape, name, TRAINING))
+        with torch.inference_mode():
+            for name, fn in backward_op_calls(device, shape).items():
+                rows.append(timed_row(fn, device, n_calls, shape, name, "inference_mode"))
     return rows
 
 

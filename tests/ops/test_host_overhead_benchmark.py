@@ -26,11 +26,19 @@ def test_host_overhead_records_each_calls_operators(tmp_path: Path) -> None:
     assert module.main(["--device", "cpu", "--calls", "5", "--out", str(tmp_path)]) == 0
 
     rows = json.loads((tmp_path / "host_overhead.json").read_text())["rows"]
-    assert len(rows) == len(module.SHAPES) * 5 * 2
+    # Per shape: five forwards in two grad modes, two forward+backward steps (the third, over
+    # torch's fused kernels, is CUDA's only) and one backward operator.
+    assert len(rows) == len(module.SHAPES) * (5 * 2 + 2 + 1)
     by_call = {(r["call"], r["mode"], tuple(r["shape"])): r for r in rows}
     op = by_call["torch.ops.hotloop.rms_norm", "inference_mode", (1, 4096)]
     assert op["us_median"] > 0
     assert any(e["name"] == "hotloop::rms_norm" and e["per_call"] == 1 for e in op["events"])
+    step = by_call["hotloop.rms_norm", "forward+backward", (8, 4096)]
+    names = {e["name"]: e["per_call"] for e in step["events"]}
+    assert names.get("hotloop::rms_norm") == 1
+    assert names.get("hotloop::rms_norm_backward") == 1
+    backward = by_call["torch.ops.hotloop.rms_norm_backward", "inference_mode", (32, 8192)]
+    assert backward["us_median"] > 0
     assert "| (1, 4096) | F.rms_norm | no_grad |" in (tmp_path / "host_overhead.md").read_text()
 
 
