@@ -134,31 +134,41 @@ def rms_norm(
         eps = default_eps(x)
     if weight is not None and weight.dtype != x.dtype and _both_floating(x, weight):
         return _rms_norm_mixed(x, weight, eps, backend, mode, offset, in_place_backward)
-    if _pick_backend(x, backend) == "triton":
+    # (Without a backend, a comparison of constants tells that the native kernels run.)
+    if (backend is not None or DEFAULT_CUDA_BACKEND != "native") and _pick_backend(
+        x, backend
+    ) == "triton":
         if triton_rms_norm is None:
             raise RuntimeError(
                 f"rms_norm(backend='triton'): Triton can't be imported ({_TRITON_MISSING}); "
                 "install a CUDA build of torch, which brings Triton"
             )
         return triton_rms_norm.rms_norm(x, weight, eps, mode, offset, in_place_backward)
-    if (
-        in_place_backward
-        and torch.is_grad_enabled()
-        and (x.requires_grad or (weight is not None and weight.requires_grad))
-        and _plain_eager_call(x, weight)
-    ):
+    # The native kernels. The tests below are ordered by the calls that need fewest of them,
+    # since a decode-sized call is host-bound and F.rms_norm's host time is the bar: under
+    # torch.compile (Dynamo traces the op's own path, and cannot trace the torch._C calls),
+    # then inference mode (the dispatcher skips Autograd kernels by itself), then calls with
+    # nothing for autograd to record.
+    if torch.compiler.is_compiling() or torch.is_inference_mode_enabled():
+        return _RMS_NORM(x, weight, eps, mode, offset)
+    if not (torch.is_grad_enabled() and (x.requires_grad or _requires_grad(weight))):
+        if torch._C._are_functorch_transforms_active() or _forward_ad_active():
+            return _RMS_NORM(x, weight, eps, mode, offset)
+        # Below the op's Python Autograd kernel, which would only pass the call on.
+        with torch._C._AutoDispatchBelowAutograd():
+            return _RMS_NORM(x, weight, eps, mode, offset)
+    if not _plain_eager_call(x, weight):
+        return _RMS_NORM(x, weight, eps, mode, offset)
+    if in_place_backward:
         engine_alone_holders()  # measured here, before any backward needs it
         y_in_place: Tensor = _EagerRmsNormInPlace.apply(x, weight, eps, mode, offset)
         return y_in_place
-    if _autograd_has_nothing_to_do(x, weight) and not torch.is_inference_mode_enabled():
-        # (Inference mode keeps the dispatcher out of Autograd kernels already, and the
-        # guard costs a decode-sized call about 0.4 us.)
-        with torch._C._AutoDispatchBelowAutograd():
-            return _RMS_NORM(x, weight, eps, mode, offset)
-    if torch.is_grad_enabled() and _plain_eager_call(x, weight):
-        y: Tensor = _EagerRmsNorm.apply(x, weight, eps, mode, offset)
-        return y
-    return _RMS_NORM(x, weight, eps, mode, offset)
+    y: Tensor = _EagerRmsNorm.apply(x, weight, eps, mode, offset)
+    return y
+
+
+def _requires_grad(t: Tensor | None) -> bool:
+    return t is not None and t.requires_grad
 
 
 _RMS_NORM_BACKWARD = torch.ops.hotloop.rms_norm_backward.default
