@@ -26,6 +26,16 @@ constexpr int vector_size() {
   return kVectorBytes / static_cast<int>(sizeof(T));
 }
 
+// sum += each element of v squared, in acc_t, in order.
+template <typename acc_t, typename T, int kSize>
+__device__ __forceinline__ void add_squares(acc_t& sum, const AlignedVector<T, kSize>& v) {
+#pragma unroll
+  for (int k = 0; k < kSize; ++k) {
+    const acc_t value = static_cast<acc_t>(v.val[k]);
+    sum += value * value;
+  }
+}
+
 inline bool is_vector_aligned(const void* ptr) {
   return reinterpret_cast<std::uintptr_t>(ptr) % kVectorBytes == 0;
 }

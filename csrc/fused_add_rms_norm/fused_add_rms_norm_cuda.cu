@@ -72,13 +72,7 @@ __global__ void __launch_bounds__(kVectorsPerThread >= kFusedWideVectors ? kFuse
     for (int i = 0; i < kVectorsPerThread; ++i) {
       const int idx = threadIdx.x + i * blockDim.x;
       if (row_valid && idx < num_vectors) {
-#pragma unroll
-        for (int k = 0; k < kVec; ++k) {
-          sum[i].val[k] = static_cast<scalar_t>(static_cast<acc_t>(sum[i].val[k]) +
-                                                static_cast<acc_t>(rv[i].val[k]));
-          const acc_t v = static_cast<acc_t>(sum[i].val[k]);
-          sum_sq[0] += v * v;
-        }
+        add_rounded_squares(sum[i], rv[i], sum_sq[0]);
         res_row[idx] = sum[i];
       }
     }
@@ -134,8 +128,7 @@ __global__ void __launch_bounds__(Rows::kLaunchBound)
     acc_t sum_sq[1] = {0};
 #pragma unroll
     for (int i = 0; i < kElemsPerThread; ++i) {
-      const scalar_t s =
-          static_cast<scalar_t>(static_cast<acc_t>(xv[i]) + static_cast<acc_t>(rv[i]));
+      const scalar_t s = rounded_sum(xv[i], rv[i]);
       if (i * stride < row_columns) {
         res_own[i * stride] = s;
       }
@@ -188,13 +181,7 @@ __global__ void __launch_bounds__(kStagedThreads)
       for (int u = 0; u < kStagedUnroll; ++u) {
         const int idx = base + u * kStagedThreads;
         if (idx < num_vectors) {
-#pragma unroll
-          for (int k = 0; k < kVec; ++k) {
-            sum[u].val[k] = static_cast<scalar_t>(static_cast<acc_t>(sum[u].val[k]) +
-                                                  static_cast<acc_t>(rv[u].val[k]));
-            const acc_t v = static_cast<acc_t>(sum[u].val[k]);
-            sum_sq[0] += v * v;
-          }
+          add_rounded_squares(sum[u], rv[u], sum_sq[0]);
           res_row[idx] = sum[u];
           staged[idx] = sum[u];
         }

@@ -187,11 +187,7 @@ __global__ void __launch_bounds__(kVectorsPerThread >= 8 ? kForwardMaxThreadsAt8
       const int idx = threadIdx.x + i * blockDim.x;
       if (row_valid && idx < num_vectors) {
         xv[i] = x_row[idx];
-#pragma unroll
-        for (int k = 0; k < kVec; ++k) {
-          const acc_t v = static_cast<acc_t>(xv[i].val[k]);
-          sum_sq[0] += v * v;
-        }
+        add_squares(sum_sq[0], xv[i]);
       }
     }
     row_sum(sum_sq);
@@ -474,11 +470,7 @@ __global__ void __launch_bounds__(kVectorsPerThread >= 8 ? kForwardMaxThreadsAt8
     for (int i = 0; i < kVectorsPerThread; ++i) {
       const int idx = threadIdx.x + i * blockDim.x;
       if (idx < row_vectors) {
-#pragma unroll
-        for (int k = 0; k < kVec; ++k) {
-          const acc_t v = static_cast<acc_t>(xv[i].val[k]);
-          sum_sq[0] += v * v;
-        }
+        add_squares(sum_sq[0], xv[i]);
       }
     }
     row_sum(sum_sq);
@@ -550,12 +542,10 @@ __global__ void __launch_bounds__(kStagedForwardThreads)
     wait_for_staged_vectors();
     acc_t sum_sq[1] = {0};
     for (int idx = threadIdx.x; idx < part.num_vectors; idx += kStagedForwardThreads) {
+      // Copied first: read through a reference into shared memory, the 16-bit kernels
+      // compile to other instructions (as the backward's did in runs 75-78).
       const Vec xv = staged[idx];
-#pragma unroll
-      for (int k = 0; k < kVec; ++k) {
-        const acc_t v = static_cast<acc_t>(xv.val[k]);
-        sum_sq[0] += v * v;
-      }
+      add_squares(sum_sq[0], xv);
     }
     row_sum(sum_sq);
     cluster_sum<kCluster>(sum_sq, exchange, parity);

@@ -175,8 +175,7 @@ __global__ void __launch_bounds__(kVectorsPerThread >= kFp8WideVectors ? kFp8Max
         if (row_valid && idx < num_vectors) {
 #pragma unroll
           for (int k = 0; k < kVec; ++k) {
-            v[i].val[k] = static_cast<scalar_t>(static_cast<acc_t>(v[i].val[k]) +
-                                                static_cast<acc_t>(rv[i].val[k]));
+            v[i].val[k] = rounded_sum(v[i].val[k], rv[i].val[k]);
           }
           res_row[idx] = v[i];
         }
@@ -196,11 +195,7 @@ __global__ void __launch_bounds__(kVectorsPerThread >= kFp8WideVectors ? kFp8Max
     for (int i = 0; i < kVectorsPerThread; ++i) {
       const int idx = threadIdx.x + i * blockDim.x;
       if (row_valid && idx < num_vectors) {
-#pragma unroll
-        for (int k = 0; k < kVec; ++k) {
-          const acc_t value = static_cast<acc_t>(v[i].val[k]);
-          stats[0] += value * value;
-        }
+        add_squares(stats[0], v[i]);
         if constexpr (kDynamic) {
           // The output reads the weight again (from L1) rather than hold it in registers:
           // holding it, or loading all of a row's weight vectors at once, cost occupancy
@@ -272,8 +267,7 @@ __global__ void __launch_bounds__(Rows::kLaunchBound)
       }
 #pragma unroll
       for (int i = 0; i < kElemsPerThread; ++i) {
-        const scalar_t sum =
-            static_cast<scalar_t>(static_cast<acc_t>(xv[i]) + static_cast<acc_t>(rv[i]));
+        const scalar_t sum = rounded_sum(xv[i], rv[i]);
         if (i * stride < row_columns) {
           res_own[i * stride] = sum;
         }
