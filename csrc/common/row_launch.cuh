@@ -92,6 +92,43 @@ inline int64_t row_blocks(int64_t rows, const RowLaunch& plan) {
   return std::min<int64_t>(ceil_div(rows, plan.rows_per_block), int64_t{1} << 20);
 }
 
+// The rows of this thread, `for (const int64_t row : block_rows(rows))`: its block's rows,
+// blockDim.y of them (row threadIdx.y of each), strided over the grid. The loop bound is the
+// same for the whole block, as row_reduce needs, so a row may be past the end (>= rows): the
+// kernel masks it. (An iterator, not a loop around a lambda: through a lambda's captures nvcc
+// compiled fused_add_rms_norm's kernels differently.)
+class BlockRows {
+ public:
+  class Iterator {
+   public:
+    __device__ __forceinline__ Iterator(int64_t block_row, int64_t rows)
+        : block_row_(block_row), rows_(rows) {}
+    __device__ __forceinline__ int64_t operator*() const { return block_row_ + threadIdx.y; }
+    __device__ __forceinline__ Iterator& operator++() {
+      block_row_ += static_cast<int64_t>(gridDim.x) * blockDim.y;
+      return *this;
+    }
+    __device__ __forceinline__ bool operator!=(const Iterator& /*end*/) const {
+      return block_row_ < rows_;
+    }
+
+   private:
+    int64_t block_row_;
+    int64_t rows_;
+  };
+
+  __device__ __forceinline__ explicit BlockRows(int64_t rows) : rows_(rows) {}
+  __device__ __forceinline__ Iterator begin() const {
+    return Iterator(static_cast<int64_t>(blockIdx.x) * blockDim.y, rows_);
+  }
+  __device__ __forceinline__ Iterator end() const { return Iterator(rows_, rows_); }
+
+ private:
+  int64_t rows_;
+};
+
+__device__ __forceinline__ BlockRows block_rows(int64_t rows) { return BlockRows(rows); }
+
 // kernel(args...) on the plan's blocks, row_blocks of them, and the launch's error check.
 template <typename... Params, typename... Args>
 void launch_row_kernel(void (*kernel)(Params...), const RowLaunch& plan, int64_t rows,

@@ -50,10 +50,7 @@ __global__ void __launch_bounds__(kVectorsPerThread >= kFusedWideVectors ? kFuse
   const acc_t inv_hidden = acc_t(1) / static_cast<acc_t>(hidden);
   const Vec* weight_vec = reinterpret_cast<const Vec*>(weight);
 
-  // The loop bound is the same for the whole block; rows past the end are masked.
-  for (int64_t block_row = static_cast<int64_t>(blockIdx.x) * blockDim.y; block_row < rows;
-       block_row += static_cast<int64_t>(gridDim.x) * blockDim.y) {
-    const int64_t row = block_row + threadIdx.y;
+  for (const int64_t row : block_rows(rows)) {
     const bool row_valid = row < rows;
     Vec* x_row = reinterpret_cast<Vec*>(x + row * hidden);
     Vec* res_row = reinterpret_cast<Vec*>(residual + row * hidden);
@@ -110,9 +107,7 @@ __global__ void __launch_bounds__(Rows::kLaunchBound)
   // Element i of this thread is column threadIdx.x + i * stride of the row.
   const int own_columns = static_cast<int>(hidden) - static_cast<int>(threadIdx.x);
   const scalar_t* w_own = weight + threadIdx.x;
-  for (int64_t block_row = static_cast<int64_t>(blockIdx.x) * blockDim.y; block_row < rows;
-       block_row += static_cast<int64_t>(gridDim.x) * blockDim.y) {
-    const int64_t row = block_row + threadIdx.y;
+  for (const int64_t row : block_rows(rows)) {
     const int row_columns = row < rows ? own_columns : 0;  // masks rows past the end
     scalar_t* x_own = x + row * hidden + threadIdx.x;
     scalar_t* res_own = residual + row * hidden + threadIdx.x;
@@ -213,9 +208,7 @@ __global__ void __launch_bounds__(kMaxThreadsPerBlock)
                                       acc_type<scalar_t> offset) {
   using acc_t = acc_type<scalar_t>;
   const acc_t inv_hidden = acc_t(1) / static_cast<acc_t>(hidden);
-  for (int64_t block_row = static_cast<int64_t>(blockIdx.x) * blockDim.y; block_row < rows;
-       block_row += static_cast<int64_t>(gridDim.x) * blockDim.y) {
-    const int64_t row = block_row + threadIdx.y;
+  for (const int64_t row : block_rows(rows)) {
     const int64_t row_hidden = row < rows ? hidden : 0;  // masks rows past the end
     scalar_t* x_row = x + row * hidden;
     scalar_t* res_row = residual + row * hidden;

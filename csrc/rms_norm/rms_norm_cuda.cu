@@ -174,10 +174,7 @@ __global__ void __launch_bounds__(kVectorsPerThread >= 8 ? kForwardMaxThreadsAt8
   const acc_t inv_hidden = acc_t(1) / static_cast<acc_t>(hidden);
   const Vec* weight_vec = reinterpret_cast<const Vec*>(weight);
 
-  // The loop bound is the same for the whole block; rows past the end are masked.
-  for (int64_t block_row = static_cast<int64_t>(blockIdx.x) * blockDim.y; block_row < rows;
-       block_row += static_cast<int64_t>(gridDim.x) * blockDim.y) {
-    const int64_t row = block_row + threadIdx.y;
+  for (const int64_t row : block_rows(rows)) {
     const bool row_valid = row < rows;
     const Vec* x_row = reinterpret_cast<const Vec*>(x + row * hidden);
     Vec xv[kVectorsPerThread];
@@ -220,9 +217,7 @@ __global__ void __launch_bounds__(Rows::kLaunchBound)
   // Element i of this thread is column threadIdx.x + i * stride of the row.
   const int own_columns = hidden_int - static_cast<int>(threadIdx.x);
   const scalar_t* w_own = weight != nullptr ? weight + threadIdx.x : nullptr;
-  for (int64_t block_row = static_cast<int64_t>(blockIdx.x) * blockDim.y; block_row < rows;
-       block_row += static_cast<int64_t>(gridDim.x) * blockDim.y) {
-    const int64_t row = block_row + threadIdx.y;
+  for (const int64_t row : block_rows(rows)) {
     const int row_columns = row < rows ? own_columns : 0;  // masks rows past the end
     const scalar_t* x_own = x + row * hidden + threadIdx.x;
     acc_t xv[kElemsPerThread];
@@ -424,9 +419,7 @@ __global__ void __launch_bounds__(kVectorsPerThread >= 8 ? kForwardMaxThreadsAt8
   const int hidden_int = static_cast<int>(hidden);
   const acc_t inv_hidden = acc_t(1) / static_cast<acc_t>(hidden);
 
-  for (int64_t block_row = static_cast<int64_t>(blockIdx.x) * blockDim.y; block_row < rows;
-       block_row += static_cast<int64_t>(gridDim.x) * blockDim.y) {
-    const int64_t row = block_row + threadIdx.y;
+  for (const int64_t row : block_rows(rows)) {
     const scalar_t* x_row = x + row * hidden;
     // Elements of the span before the row's first: the same for x and y.
     const int lead = static_cast<int>(reinterpret_cast<std::uintptr_t>(x_row) % kVectorBytes) /
@@ -581,9 +574,7 @@ __global__ void __launch_bounds__(kMaxThreadsPerBlock)
                             acc_type<scalar_t> eps, acc_type<scalar_t> offset) {
   using acc_t = acc_type<scalar_t>;
   const acc_t inv_hidden = acc_t(1) / static_cast<acc_t>(hidden);
-  for (int64_t block_row = static_cast<int64_t>(blockIdx.x) * blockDim.y; block_row < rows;
-       block_row += static_cast<int64_t>(gridDim.x) * blockDim.y) {
-    const int64_t row = block_row + threadIdx.y;
+  for (const int64_t row : block_rows(rows)) {
     const int64_t row_hidden = row < rows ? hidden : 0;  // masks rows past the end
     const scalar_t* x_row = x + row * hidden;
     acc_t sum_sq[1] = {0};
@@ -924,7 +915,8 @@ __global__ void __launch_bounds__(kBackwardMaxThreads)
   acc_t dw[kVectorsPerThread][kVec];
   zero_accumulator(dw);
 
-  // The loop bound is the same for the whole block; rows past the end are masked.
+  // Not block_rows: with it nvcc compiles this kernel to other instructions. The loop bound is
+  // the same for the whole block; rows past the end are masked.
   for (int64_t block_row = static_cast<int64_t>(blockIdx.x) * blockDim.y; block_row < rows;
        block_row += row_slots) {
     const int64_t row = block_row + threadIdx.y;
@@ -1248,9 +1240,7 @@ __global__ void __launch_bounds__(Rows::kLaunchBound)
   for (int i = 0; i < kElemsPerThread; ++i) {
     dw(i) = 0;
   }
-  for (int64_t block_row = static_cast<int64_t>(blockIdx.x) * blockDim.y; block_row < rows;
-       block_row += static_cast<int64_t>(gridDim.x) * blockDim.y) {
-    const int64_t row = block_row + threadIdx.y;
+  for (const int64_t row : block_rows(rows)) {
     const int row_columns = row < rows ? own_columns : 0;  // masks rows past the end
     const int64_t own_offset = row * hidden + threadIdx.x;
     const scalar_t* x_own = x + own_offset;
@@ -1319,9 +1309,7 @@ __global__ void __launch_bounds__(kMaxThreadsPerBlock)
   const acc_t inv_hidden = acc_t(1) / static_cast<acc_t>(hidden);
   const int64_t slot = static_cast<int64_t>(blockIdx.x) * blockDim.y + threadIdx.y;
   acc_t* partial_row = weight_partials != nullptr ? weight_partials + slot * hidden : nullptr;
-  for (int64_t block_row = static_cast<int64_t>(blockIdx.x) * blockDim.y; block_row < rows;
-       block_row += static_cast<int64_t>(gridDim.x) * blockDim.y) {
-    const int64_t row = block_row + threadIdx.y;
+  for (const int64_t row : block_rows(rows)) {
     const int64_t row_hidden = row < rows ? hidden : 0;  // masks rows past the end
     const scalar_t* x_row = x + row * hidden;
     const scalar_t* go_row = grad_out + row * hidden;

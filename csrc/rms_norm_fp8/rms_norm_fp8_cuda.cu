@@ -149,10 +149,7 @@ __global__ void __launch_bounds__(kVectorsPerThread >= kFp8WideVectors ? kFp8Max
   const Quantiser quantiser(p);
   const Vec* weight_vec = reinterpret_cast<const Vec*>(p.weight);
 
-  // The loop bound is the same for the whole block; rows past the end are masked.
-  for (int64_t block_row = static_cast<int64_t>(blockIdx.x) * blockDim.y; block_row < p.rows;
-       block_row += static_cast<int64_t>(gridDim.x) * blockDim.y) {
-    const int64_t row = block_row + threadIdx.y;
+  for (const int64_t row : block_rows(p.rows)) {
     const bool row_valid = row < p.rows;
     const int64_t offset = row * p.hidden;
     Vec v[kVectorsPerThread];  // x, or the rounded new residual
@@ -248,9 +245,7 @@ __global__ void __launch_bounds__(Rows::kLaunchBound)
   // Element i of this thread is column threadIdx.x + i * stride of the row.
   const int own_columns = static_cast<int>(p.hidden) - static_cast<int>(threadIdx.x);
   const scalar_t* w_own = p.weight + threadIdx.x;
-  for (int64_t block_row = static_cast<int64_t>(blockIdx.x) * blockDim.y; block_row < p.rows;
-       block_row += static_cast<int64_t>(gridDim.x) * blockDim.y) {
-    const int64_t row = block_row + threadIdx.y;
+  for (const int64_t row : block_rows(p.rows)) {
     const int row_columns = row < p.rows ? own_columns : 0;  // masks rows past the end
     const int64_t own_offset = row * p.hidden + threadIdx.x;
     const scalar_t* x_own = p.x + own_offset;
@@ -345,9 +340,7 @@ __global__ void __launch_bounds__(kMaxThreadsPerBlock)
   using Quantiser = Fp8RowQuantiser<scalar_t, kCasting, kDynamic>;
   using acc_t = typename Quantiser::acc_t;
   const Quantiser quantiser(p);
-  for (int64_t block_row = static_cast<int64_t>(blockIdx.x) * blockDim.y; block_row < p.rows;
-       block_row += static_cast<int64_t>(gridDim.x) * blockDim.y) {
-    const int64_t row = block_row + threadIdx.y;
+  for (const int64_t row : block_rows(p.rows)) {
     const int64_t row_hidden = row < p.rows ? p.hidden : 0;  // masks rows past the end
     const int64_t offset = row * p.hidden;
     const scalar_t* v_row = p.x + offset;  // x, or the rounded new residual
