@@ -11,6 +11,11 @@
 
 namespace hotloop {
 
+// Every norm has a generic kernel besides its vector, staged and scalar variants: scalar
+// loads, any hidden size and alignment, the row re-read (mostly from L1/L2) for the second
+// pass. It is the one that takes every row the others cannot (float64 rows past the vector
+// kernels' reach, unaligned rows longer than the scalar variants hold), not a fast path.
+
 // Threads in a block whose rows are short enough to share it.
 constexpr int kThreadsForShortRows = 128;
 

@@ -18,8 +18,11 @@
 // fit at all.
 //
 // Before this, such rows took the generic kernels with scalar loads: 34% of copy
-// bandwidth for the forward at H = 65536 and 32% for forward+backward at H = 32768
-// (H100, bfloat16; benchmarks/NOTES.md).
+// bandwidth for the forward at H = 65536, 32% for forward+backward at H = 32768 and 44 / 41 %
+// for fused_add_rms_norm at 32768 / 65536 (H100, bfloat16; benchmarks/NOTES.md, run 12).
+// Staged: fused_add_rms_norm 94 / 91 % (run 13), forward+backward at 32768 90 % once the
+// copies went through cp.async (run 14), the forward at 65536 85 % on 1024 threads and a
+// cluster of two (runs 15-16 and the quick run after them).
 #pragma once
 
 #include <algorithm>

@@ -24,8 +24,8 @@ namespace {
 // Up to four 16-byte vectors per thread of x and of the residual (bfloat16 rows up to
 // 16384), the four-vector variant built for at most 512 threads: on 1024 threads, at
 // most 64 registers each, it spilled, and eight vectors spilled even on 512 (H100,
-// bfloat16, H = 16384: 70% and 62% of copy bandwidth). Longer rows take the generic
-// kernel.
+// bfloat16, H = 16384: 70% and 62% of copy bandwidth; benchmarks/NOTES.md, runs 3-5).
+// Longer aligned rows take the staged kernel.
 constexpr int kFusedWideVectors = 4;
 constexpr int kFusedMaxThreadsWide = 512;
 constexpr RowKernelLimits kFusedLimits{/*max_vectors_per_thread=*/kFusedWideVectors,
