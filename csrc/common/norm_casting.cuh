@@ -70,4 +70,19 @@ __device__ __forceinline__ acc_t weighted(acc_t xhat, acc_t w, acc_t offset) {
   return normed<kCasting, scalar_t>(xhat) * weight_value<kCasting>(w, offset);
 }
 
+// The outputs of one vector v of a row: weighted(v * rstd) by the weight's vector w, rounded to
+// the dtype.
+template <Casting kCasting, typename scalar_t, int kSize, typename acc_t>
+__device__ __forceinline__ AlignedVector<scalar_t, kSize> weighted_vector(
+    const AlignedVector<scalar_t, kSize>& v, acc_t rstd, const AlignedVector<scalar_t, kSize>& w,
+    acc_t offset) {
+  AlignedVector<scalar_t, kSize> out;
+#pragma unroll
+  for (int k = 0; k < kSize; ++k) {
+    out.val[k] = static_cast<scalar_t>(weighted<kCasting, scalar_t>(
+        static_cast<acc_t>(v.val[k]) * rstd, static_cast<acc_t>(w.val[k]), offset));
+  }
+  return out;
+}
+
 }  // namespace hotloop

@@ -57,6 +57,21 @@ __device__ __forceinline__ int scalar_stride() {
   return Rows::kFixedThreads > 0 ? Rows::kFixedThreads : static_cast<int>(blockDim.x);
 }
 
+// a[i] = a_own[i * stride] and b[i] = b_own[i * stride] for this thread's elements of the row
+// (i * stride < row_columns), zeros past its end: both tensors' loads before any store of the
+// caller's.
+template <int kElems, typename scalar_t>
+__device__ __forceinline__ void load_scalar_pairs(scalar_t (&a)[kElems], const scalar_t* a_own,
+                                                  scalar_t (&b)[kElems], const scalar_t* b_own,
+                                                  int stride, int row_columns) {
+#pragma unroll
+  for (int i = 0; i < kElems; ++i) {
+    const bool in_row = i * stride < row_columns;
+    a[i] = in_row ? a_own[i * stride] : scalar_t(0);
+    b[i] = in_row ? b_own[i * stride] : scalar_t(0);
+  }
+}
+
 template <typename scalar_t>
 constexpr bool kScalarRowsInRegisters = sizeof(scalar_t) <= 4;
 

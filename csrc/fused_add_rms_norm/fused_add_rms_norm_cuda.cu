@@ -80,13 +80,7 @@ __global__ void __launch_bounds__(kVectorsPerThread >= kFusedWideVectors ? kFuse
       const int idx = threadIdx.x + i * blockDim.x;
       if (row_valid && idx < num_vectors) {
         const Vec wv = weight_vec[idx];
-        Vec out;
-#pragma unroll
-        for (int k = 0; k < kVec; ++k) {
-          out.val[k] = static_cast<scalar_t>(weighted<kCasting, scalar_t>(
-              static_cast<acc_t>(sum[i].val[k]) * rstd, static_cast<acc_t>(wv.val[k]), offset));
-        }
-        x_row[idx] = out;
+        x_row[idx] = weighted_vector<kCasting>(sum[i], rstd, wv, offset);
       }
     }
   }
@@ -113,12 +107,7 @@ __global__ void __launch_bounds__(Rows::kLaunchBound)
     scalar_t* res_own = residual + row * hidden + threadIdx.x;
     scalar_t xv[kElemsPerThread];
     scalar_t rv[kElemsPerThread];
-#pragma unroll
-    for (int i = 0; i < kElemsPerThread; ++i) {
-      const bool in_row = i * stride < row_columns;
-      xv[i] = in_row ? x_own[i * stride] : scalar_t(0);
-      rv[i] = in_row ? res_own[i * stride] : scalar_t(0);
-    }
+    load_scalar_pairs(xv, x_own, rv, res_own, stride, row_columns);
     acc_t sum[kElemsPerThread];  // the rounded residual
     acc_t sum_sq[1] = {0};
 #pragma unroll
@@ -187,13 +176,7 @@ __global__ void __launch_bounds__(kStagedThreads)
     for (int idx = threadIdx.x; idx < num_vectors; idx += kStagedThreads) {
       const Vec sv = staged[idx];
       const Vec wv = weight_vec[idx];
-      Vec out;
-#pragma unroll
-      for (int k = 0; k < kVec; ++k) {
-        out.val[k] = static_cast<scalar_t>(weighted<kCasting, scalar_t>(
-            static_cast<acc_t>(sv.val[k]) * rstd, static_cast<acc_t>(wv.val[k]), offset));
-      }
-      x_row[idx] = out;
+      x_row[idx] = weighted_vector<kCasting>(sv, rstd, wv, offset);
     }
   }
 }

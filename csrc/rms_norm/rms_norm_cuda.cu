@@ -138,6 +138,16 @@ __device__ __forceinline__ acc_t grad_weight_term(acc_t go, acc_t x, acc_t rstd)
   }
 }
 
+// The weight's vector idx, or an unset one without a weight.
+template <Casting kCasting, typename Vec>
+__device__ __forceinline__ Vec weight_vector(const Vec* weight_vec, int idx) {
+  Vec wv;
+  if (has_weight<kCasting>(weight_vec)) {
+    wv = weight_vec[idx];
+  }
+  return wv;
+}
+
 // x * rstd, times the weight's vector `idx` where there is a weight (as kCasting does it).
 template <Casting kCasting, typename Vec, typename acc_t>
 __device__ __forceinline__ Vec normalized(const Vec& x, acc_t rstd, const Vec* weight_vec, int idx,
@@ -147,11 +157,7 @@ __device__ __forceinline__ Vec normalized(const Vec& x, acc_t rstd, const Vec* w
   Vec out;
   if (has_weight<kCasting>(weight_vec)) {
     const Vec wv = weight_vec[idx];
-#pragma unroll
-    for (int k = 0; k < kVec; ++k) {
-      out.val[k] = static_cast<scalar_t>(weighted<kCasting, scalar_t>(
-          static_cast<acc_t>(x.val[k]) * rstd, static_cast<acc_t>(wv.val[k]), offset));
-    }
+    out = weighted_vector<kCasting>(x, rstd, wv, offset);
   } else {
 #pragma unroll
     for (int k = 0; k < kVec; ++k) {
@@ -938,10 +944,7 @@ __global__ void __launch_bounds__(kBackwardMaxThreads)
     for (int i = 0; i < kVectorsPerThread; ++i) {
       const int idx = threadIdx.x + i * blockDim.x;
       if (idx < row_vectors) {
-        Vec wv;
-        if (has_weight<kCasting>(weight_vec)) {
-          wv = weight_vec[idx];
-        }
+        const Vec wv = weight_vector<kCasting>(weight_vec, idx);
         add_backward_sums<kCasting>(xv[i], gov[i], elements_of(wv),
                                     has_weight<kCasting>(weight_vec), sums, offset);
       }
@@ -954,10 +957,7 @@ __global__ void __launch_bounds__(kBackwardMaxThreads)
     for (int i = 0; i < kVectorsPerThread; ++i) {
       const int idx = threadIdx.x + i * blockDim.x;
       if (idx < row_vectors) {
-        Vec wv;
-        if (has_weight<kCasting>(weight_vec)) {
-          wv = weight_vec[idx];
-        }
+        const Vec wv = weight_vector<kCasting>(weight_vec, idx);
         reinterpret_cast<Vec*>(grad_x + row * hidden)[idx] = backward_vector<kCasting>(
             xv[i], gov[i], elements_of(wv), has_weight<kCasting>(weight_vec), rstd, x_coeff, dw[i],
             offset);
@@ -1248,12 +1248,7 @@ __global__ void __launch_bounds__(Rows::kLaunchBound)
     scalar_t xv[kElemsPerThread];
     scalar_t gov[kElemsPerThread];
     acc_t sums[2] = {0, 0};  // sum(x^2), sum(g * x)
-#pragma unroll
-    for (int i = 0; i < kElemsPerThread; ++i) {
-      const bool in_row = i * stride < row_columns;
-      xv[i] = in_row ? x_own[i * stride] : scalar_t(0);
-      gov[i] = in_row ? go_own[i * stride] : scalar_t(0);
-    }
+    load_scalar_pairs(xv, x_own, gov, go_own, stride, row_columns);
 #pragma unroll
     for (int i = 0; i < kElemsPerThread; ++i) {
       const acc_t xi = static_cast<acc_t>(xv[i]);

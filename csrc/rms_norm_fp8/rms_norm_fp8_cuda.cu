@@ -254,12 +254,7 @@ __global__ void __launch_bounds__(Rows::kLaunchBound)
       scalar_t* res_own = p.residual + own_offset;
       scalar_t xv[kElemsPerThread];
       scalar_t rv[kElemsPerThread];
-#pragma unroll
-      for (int i = 0; i < kElemsPerThread; ++i) {
-        const bool in_row = i * stride < row_columns;
-        xv[i] = in_row ? x_own[i * stride] : scalar_t(0);
-        rv[i] = in_row ? res_own[i * stride] : scalar_t(0);
-      }
+      load_scalar_pairs(xv, x_own, rv, res_own, stride, row_columns);
 #pragma unroll
       for (int i = 0; i < kElemsPerThread; ++i) {
         const scalar_t sum = rounded_sum(xv[i], rv[i]);
