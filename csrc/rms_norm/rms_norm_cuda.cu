@@ -799,17 +799,17 @@ __device__ __forceinline__ void add_backward_sums(const Vec& x, const Vec& grad_
       sums[0] += xk * xk;
       sums[1] += g[k] * xk;
     }
-    return;
-  }
+  } else {
 #pragma unroll
-  for (int k = 0; k < kVec; ++k) {
-    const acc_t xk = static_cast<acc_t>(x.val[k]);
-    acc_t gk = static_cast<acc_t>(grad_out.val[k]);
-    if (has_weight) {
-      gk = weighted_grad<kCasting, scalar_t>(gk, static_cast<acc_t>(weight_at(k)), offset);
+    for (int k = 0; k < kVec; ++k) {
+      const acc_t xk = static_cast<acc_t>(x.val[k]);
+      acc_t gk = static_cast<acc_t>(grad_out.val[k]);
+      if (has_weight) {
+        gk = weighted_grad<kCasting, scalar_t>(gk, static_cast<acc_t>(weight_at(k)), offset);
+      }
+      sums[0] += xk * xk;
+      sums[1] += gk * xk;
     }
-    sums[0] += xk * xk;
-    sums[1] += gk * xk;
   }
 }
 
@@ -838,16 +838,16 @@ __device__ __forceinline__ Vec backward_vector(const Vec& x, const Vec& grad_out
       out.val[k] = static_cast<scalar_t>(rstd * g[k] - xk * x_coeff);
       dw[k] += static_cast<acc_t>(grad_out.val[k]) * xhat[k];
     }
-    return out;
-  }
+  } else {
 #pragma unroll
-  for (int k = 0; k < kVec; ++k) {
-    const acc_t xk = static_cast<acc_t>(x.val[k]);
-    const acc_t gok = static_cast<acc_t>(grad_out.val[k]);
-    const acc_t wk = has_weight ? static_cast<acc_t>(weight_at(k)) : acc_t(1);
-    out.val[k] =
-        static_cast<scalar_t>(grad_x_value<kCasting, scalar_t>(gok, wk, xk, rstd, x_coeff, offset));
-    dw[k] += grad_weight_term<kCasting, scalar_t>(gok, xk, rstd);
+    for (int k = 0; k < kVec; ++k) {
+      const acc_t xk = static_cast<acc_t>(x.val[k]);
+      const acc_t gok = static_cast<acc_t>(grad_out.val[k]);
+      const acc_t wk = has_weight ? static_cast<acc_t>(weight_at(k)) : acc_t(1);
+      out.val[k] = static_cast<scalar_t>(
+          grad_x_value<kCasting, scalar_t>(gok, wk, xk, rstd, x_coeff, offset));
+      dw[k] += grad_weight_term<kCasting, scalar_t>(gok, xk, rstd);
+    }
   }
   return out;
 }
