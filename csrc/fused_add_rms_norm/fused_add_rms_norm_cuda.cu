@@ -56,14 +56,7 @@ __global__ void __launch_bounds__(kVectorsPerThread >= kFusedWideVectors ? kFuse
     Vec* res_row = reinterpret_cast<Vec*>(residual + row * hidden);
     Vec sum[kVectorsPerThread];  // x, then the rounded residual, kept for the second step
     Vec rv[kVectorsPerThread];
-#pragma unroll
-    for (int i = 0; i < kVectorsPerThread; ++i) {
-      const int idx = threadIdx.x + i * blockDim.x;
-      if (row_valid && idx < num_vectors) {
-        sum[i] = x_row[idx];
-        rv[i] = res_row[idx];
-      }
-    }
+    load_vector_pairs(sum, x_row, rv, res_row, row_valid, num_vectors);
     acc_t sum_sq[1] = {0};
 #pragma unroll
     for (int i = 0; i < kVectorsPerThread; ++i) {

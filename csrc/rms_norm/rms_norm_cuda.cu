@@ -932,14 +932,7 @@ __global__ void __launch_bounds__(kBackwardMaxThreads)
     acc_t sums[2] = {0, 0};  // sum(x^2) and sum(g * x)
     const Vec* x_vectors = reinterpret_cast<const Vec*>(x + row * hidden);
     const Vec* go_vectors = reinterpret_cast<const Vec*>(grad_out + row * hidden);
-#pragma unroll
-    for (int i = 0; i < kVectorsPerThread; ++i) {
-      const int idx = threadIdx.x + i * blockDim.x;
-      if (idx < row_vectors) {
-        xv[i] = x_vectors[idx];
-        gov[i] = go_vectors[idx];
-      }
-    }
+    load_vector_pairs(xv, x_vectors, gov, go_vectors, /*row_valid=*/true, row_vectors);
 #pragma unroll
     for (int i = 0; i < kVectorsPerThread; ++i) {
       const int idx = threadIdx.x + i * blockDim.x;

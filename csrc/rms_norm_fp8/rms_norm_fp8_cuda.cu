@@ -158,14 +158,7 @@ __global__ void __launch_bounds__(kVectorsPerThread >= kFp8WideVectors ? kFp8Max
       Vec rv[kVectorsPerThread];
       const Vec* x_row = reinterpret_cast<const Vec*>(p.x + offset);
       Vec* res_row = reinterpret_cast<Vec*>(p.residual + offset);
-#pragma unroll
-      for (int i = 0; i < kVectorsPerThread; ++i) {
-        const int idx = threadIdx.x + i * blockDim.x;
-        if (row_valid && idx < num_vectors) {
-          v[i] = x_row[idx];
-          rv[i] = res_row[idx];
-        }
-      }
+      load_vector_pairs(v, x_row, rv, res_row, row_valid, num_vectors);
 #pragma unroll
       for (int i = 0; i < kVectorsPerThread; ++i) {
         const int idx = threadIdx.x + i * blockDim.x;
