@@ -39,8 +39,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from bench_rms_norm import driver_version
-from result_files import claim
+from result_files import claim, driver_version, triton_version
 
 import hotloop
 
@@ -171,19 +170,13 @@ def generate_steps(
 def metadata(args: argparse.Namespace, logits_err: float) -> dict[str, Any]:
     import transformers
 
-    try:
-        import triton
-
-        triton_version: str | None = triton.__version__
-    except ImportError:
-        triton_version = None
     return {
         "date": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
         "device": torch.cuda.get_device_name(0),
         "driver": driver_version(),
         "torch": torch.__version__,
         "cuda": torch.version.cuda,
-        "triton": triton_version,
+        "triton": triton_version(),
         "transformers": transformers.__version__,
         "python": platform.python_version(),
         "hotloop": hotloop.__version__,

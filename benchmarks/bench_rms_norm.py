@@ -29,7 +29,6 @@ import json
 import math
 import platform
 import statistics
-import subprocess
 import sys
 import time
 import traceback
@@ -40,7 +39,7 @@ from typing import Any
 
 import torch
 import torch.nn.functional as F
-from result_files import claim
+from result_files import claim, driver_version
 
 HERE = Path(__file__).resolve().parent
 TOOL = "bench_rms_norm"
@@ -868,21 +867,6 @@ def _in_place_steps(
 def sweep_shape(hidden: int, total: int) -> tuple[int, int]:
     """(rows, hidden) with rows * hidden about `total` elements."""
     return (max(1, round(total / hidden)), hidden)
-
-
-def driver_version() -> str | None:
-    """The NVIDIA driver's version from nvidia-smi, None where it can't be read."""
-    try:
-        out = subprocess.run(
-            ["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
-            capture_output=True,
-            text=True,
-            timeout=20,
-            check=True,
-        ).stdout
-        return out.strip().splitlines()[0]
-    except Exception:
-        return None
 
 
 def metadata(hotloop: Any, liger_note: str | None, quick: bool) -> dict[str, Any]:

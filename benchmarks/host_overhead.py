@@ -44,7 +44,7 @@ import hotloop
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from result_files import claim
+from result_files import claim, driver_version, triton_version
 
 SHAPES = ((1, 4096), (8, 4096), (32, 8192))
 DTYPE = torch.bfloat16
@@ -206,8 +206,8 @@ def measure(device: str, n_calls: int) -> list[dict[str, Any]]:
 
 def markdown(rows: list[dict[str, Any]], meta: dict[str, Any]) -> str:
     lines = [
-        f"# Host time of decode-sized calls, bf16 ({meta['device_name']}, torch {meta['torch']}, "
-        f"CUDA {meta['cuda']})",
+        f"# Host time of decode-sized calls, bf16 ({meta['device_name']}, driver "
+        f"{meta['driver']}, torch {meta['torch']}, CUDA {meta['cuda']}, Triton {meta['triton']})",
         "",
         "| shape | call | mode | µs/call (min-max) | host events a call (self µs) |",
         "| --- | --- | --- | ---: | --- |",
@@ -245,8 +245,10 @@ def main(argv: list[str] | None = None) -> int:
         "device_name": torch.cuda.get_device_name()
         if args.device == "cuda"
         else platform.processor() or platform.machine(),
+        "driver": driver_version() if args.device == "cuda" else None,
         "torch": torch.__version__,
         "cuda": torch.version.cuda,
+        "triton": triton_version(),
         "hotloop": hotloop.__version__,
         "python": platform.python_version(),
         "tool": "host_overhead",

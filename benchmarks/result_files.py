@@ -5,12 +5,14 @@ given by ``--out``. A folder of the user's may already hold a file of that name 
 nothing to do with the benchmark, and a run of many minutes must not end by replacing it.
 Every JSON a benchmark writes records the tool in ``meta.tool``; a Markdown table or a plot
 belongs to the tool that wrote the JSON of the same stem beside it. ``claim`` checks all of a
-run's outputs before anything is measured.
+run's outputs before anything is measured. ``driver_version`` and ``triton_version`` are what
+each records of the GPU's driver and of Triton.
 """
 
 from __future__ import annotations
 
 import json
+import subprocess
 from collections.abc import Iterable
 from pathlib import Path
 
@@ -41,3 +43,27 @@ def claim(out: Path, names: Iterable[str], tool: str) -> None:
             f"{'it' if len(foreign) == 1 else 'them'}. Pass another --out folder, or move "
             "those files away."
         )
+
+
+def driver_version() -> str | None:
+    """The NVIDIA driver's version from nvidia-smi, None where it can't be read."""
+    try:
+        out = subprocess.run(
+            ["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
+            capture_output=True,
+            text=True,
+            timeout=20,
+            check=True,
+        ).stdout
+        return out.strip().splitlines()[0]
+    except Exception:
+        return None
+
+
+def triton_version() -> str | None:
+    """Triton's version, None where it is not installed (CPU builds of torch)."""
+    try:
+        import triton
+    except ImportError:
+        return None
+    return str(triton.__version__)

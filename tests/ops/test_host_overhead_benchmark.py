@@ -25,7 +25,11 @@ def test_host_overhead_records_each_calls_operators(tmp_path: Path) -> None:
     module = load_script()
     assert module.main(["--device", "cpu", "--calls", "5", "--out", str(tmp_path)]) == 0
 
-    rows = json.loads((tmp_path / "host_overhead.json").read_text())["rows"]
+    record = json.loads((tmp_path / "host_overhead.json").read_text())
+    # The versions every committed figure carries (no driver without a GPU).
+    assert {"device_name", "driver", "torch", "cuda", "triton"} <= set(record["meta"])
+    assert record["meta"]["driver"] is None
+    rows = record["rows"]
     # Per shape: five forwards in two grad modes, two forward+backward steps (the third, over
     # torch's fused kernels, is CUDA's only) and one backward operator.
     assert len(rows) == len(module.SHAPES) * (5 * 2 + 2 + 1)
