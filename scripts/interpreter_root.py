@@ -11,8 +11,9 @@ A cell enters the root as root with ``unshare --mount`` + ``chroot``: the bind m
 cell's folder and uv cache, the wheel, the op tests, uv itself, the host's CA bundle and DNS
 configuration) live in a private mount namespace and vanish with it, so nothing on the host
 changes. No podman is needed. Inside, uv makes a fresh venv with the root's interpreter,
-installs the row's torch from PyPI and the wheel, and the installed-wheel op suite runs, as in
-a host cell (:mod:`scripts.wheeltest`).
+installs the row's torch from PyPI and the wheel, and the test command runs, as in a host cell
+(:mod:`scripts.wheeltest`): this repository's installed-wheel op suite, or another project's
+``test-command`` (``nox -s matrix -- --project``).
 
     python -m scripts.interpreter_root            # make (or reuse) the root, list its Pythons
 """
@@ -26,19 +27,13 @@ import shlex
 import shutil
 import subprocess
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
 from scripts import basics, build, diskspace, mmdebstrap, toolchain
 from scripts.interpreters import CONTAINER, Interpreter
-from scripts.project import own_project
 from scripts.toolchain.cache import stamp, stamped
-from scripts.wheeltest import (
-    PythonTestResult,
-    installed_requirement,
-    last_summary_line,
-    pytest_command,
-)
+from scripts.wheeltest import PythonTestResult, last_summary_line
 
 SUITE = "sid"
 # The Pythons the root provides: the host has 3.9-3.13 (pyenv); sid has these.
@@ -217,11 +212,18 @@ def uv_cache() -> Path:
     return toolchain.cache_dir() / "uv-root"
 
 
-def run_op_tests_in_root(
-    torch_spec: str, wheel: Path, interp: Interpreter, workdir: Path
+def run_in_root(
+    packages: Sequence[str],
+    interp: Interpreter,
+    workdir: Path,
+    command: Callable[[Path], list[str]],
+    env_extra: Mapping[str, str],
+    reads: Sequence[Path],
 ) -> PythonTestResult:
-    """The installed-wheel op suite in a fresh venv of the root's ``interp`` (``workdir`` must
-    lie in the cache folder)."""
+    """:func:`scripts.wheeltest.run_in_fresh_venv` for a Python of the root: ``packages`` in a
+    fresh venv of ``interp`` and ``command(venv python)`` from an empty folder, all inside the
+    root, with ``reads`` (the checkout the command names, the wheel's folder) bound read-only at
+    their own paths (``workdir`` must lie in the cache folder)."""
     assert interp.root is not None
     start = time.monotonic()
     cell = workdir / f"py{interp.version}"
@@ -240,37 +242,23 @@ def run_op_tests_in_root(
     # Seeded like a user's `python -m venv` (as in a host cell).
     steps = [
         [str(uv), "venv", "--quiet", "--seed", "--python", str(interp.path), str(venv)],
-        [
-            str(uv),
-            "pip",
-            "install",
-            "--quiet",
-            "--python",
-            str(venv / "bin" / "python"),
-            torch_spec,
-            installed_requirement(own_project(), wheel),
-        ],
-        pytest_command(venv / "bin" / "python"),
+        [str(uv), "pip", "install", "--quiet", "--python", str(venv / "bin" / "python"), *packages],
+        command(venv / "bin" / "python"),
     ]
     script = " && ".join(shlex.join(step) for step in steps)
     shared = Path(os.path.commonpath([workdir.resolve(), uv_cache().resolve()]))
-    binds = {
-        shared: True,
-        basics.REPO: False,
-        wheel.resolve().parent: False,
-        uv: False,
-    }
+    binds = {shared: True, **{path.resolve(): False for path in reads}, uv: False}
     certs, cert_env = ca_bundle_env(os.environ)
     binds.update(certs)
     env = {
         **cert_env,
         "UV_CACHE_DIR": str(uv_cache().resolve()),
         "UV_PYTHON_DOWNLOADS": "never",
-        **own_project().test_env,
+        **env_extra,
         "PYTHONDONTWRITEBYTECODE": "1",
     }
-    command = enter_command(interp.root, ["sh", "-c", script], binds, env, cell / "run")
-    proc = subprocess.run(command, capture_output=True, text=True)
+    entered = enter_command(interp.root, ["sh", "-c", script], binds, env, cell / "run")
+    proc = subprocess.run(entered, capture_output=True, text=True)
     output = proc.stdout + proc.stderr
     log_path.write_text(output)
     return PythonTestResult(

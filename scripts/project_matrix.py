@@ -6,7 +6,9 @@ exactly that torch into a fresh venv, and the table's ``test-command`` runs ther
 empty folder. The wheel for a row is found by its variant label (``+pt29cu128``,
 ``+stable.cu13``, ``+stable.cpu`` with ``--cpu``) and, for per-Python wheels, by its
 ``cpXY`` tag; a row with no such wheel is a ``no wheel`` cell, a Python this machine lacks a
-``no python`` cell, and neither fails the run.
+``no python`` cell, and neither fails the run. A Python the host lacks but the Debian root has
+(3.14, 3.15: :mod:`scripts.interpreter_root`) runs its cell in that root, as this repository's own
+matrix does; where the root cannot be made or entered, the cell is ``not run`` and says why.
 
 The table lands in a folder this command owns (default ``build/projects/<distribution>/matrix``):
 ``compatibility.json`` (every cell, with the wheel, its sha256 and the test's last line) and
@@ -25,7 +27,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from scripts import audit, basics, matrix, project, toolchain, variant
-from scripts.interpreters import find_interpreters
+from scripts.interpreters import CONTAINER, find_with_reasons
 from scripts.matrix import Row
 from scripts.project_wheels import claim_output, cpu_row, served_rows, test_wheel
 from scripts.wheelfile import sha256_of_file
@@ -33,6 +35,7 @@ from scripts.wheelfile import sha256_of_file
 log = basics.logger("matrix")
 
 PASSED, FAILED, NO_WHEEL, NO_PYTHON = "passed", "failed", "no wheel", "no python"
+NOT_RUN = "not run"  # a Python of the Debian root, which could not be made or entered here
 
 
 @dataclass
@@ -48,6 +51,7 @@ class Cell:
     summary: str = ""
     seconds: float = 0.0
     log: str = ""
+    source: str = ""  # where the interpreter came from: host or container (the Debian root)
 
 
 def wheel_for(wheels: Sequence[Path], distribution: str, variant: str, python: str) -> Path | None:
@@ -81,25 +85,26 @@ def plan_cells(
 def run_cells(
     table: project.Project, planned: Sequence[tuple[Cell, Path | None]], workdir: Path
 ) -> list[Cell]:
-    """Test each planned cell that has a wheel, per torch: a fresh venv per Python."""
+    """Test each planned cell that has a wheel, per torch: a fresh venv per Python, on the
+    host or in the Debian root."""
     by_torch: dict[str, list[tuple[Cell, Path]]] = {}
     for cell, wheel in planned:
         if wheel is not None:
             cell.wheel, cell.sha256 = wheel.name, sha256_of_file(wheel)
             by_torch.setdefault(f"{cell.torch} {wheel.name}", []).append((cell, wheel))
+    # Once for every cell: the Debian root is made (or found unusable) a single time.
+    pythons = dict.fromkeys(cell.python for group in by_torch.values() for cell, _ in group)
+    found, reasons = find_with_reasons(pythons, container=True) if pythons else ({}, {})
     for group in by_torch.values():
         torch, wheel = group[0][0].torch, group[0][1]
-        found = find_interpreters([cell.python for cell, _ in group])
         log(f"torch {torch}, {wheel.name}: Python {', '.join(c.python for c, _ in group)}")
-        results = test_wheel(table, wheel, torch, found, workdir / torch / wheel.stem)
+        interpreters = {cell.python: found[cell.python] for cell, _ in group}
+        results = test_wheel(table, wheel, torch, interpreters, workdir / torch / wheel.stem)
         for (cell, _), result in zip(group, results):
-            cell.seconds, cell.log, cell.summary = result.seconds, result.log, result.summary
-            if result.status == "skipped":  # a Python only the Debian root has
-                cell.status = NO_PYTHON
-                cell.summary = (
-                    f"no Python {cell.python} on this host; the Debian root's interpreters "
-                    "(scripts/interpreter_root.py) are not run with --project yet"
-                )
+            cell.seconds, cell.log, cell.source = result.seconds, result.log, result.source
+            cell.summary = reasons.get(cell.python, result.summary)
+            if result.status == "skipped":  # a Python of the root, which is not usable here
+                cell.status = NOT_RUN
             elif result.status == "missing":
                 cell.status = NO_PYTHON
             else:
@@ -136,6 +141,14 @@ def render_markdown(table: project.Project, cells: Sequence[Cell], meta: dict[st
         lines += [
             f"- torch {c.torch}, Python {c.python}: {c.summary} (log {c.log})" for c in failed
         ]
+    not_run = [c for c in cells if c.status == NOT_RUN]
+    if not_run:
+        lines += ["", "Cells not run:", ""]
+        lines += [f"- torch {c.torch}, Python {c.python}: not run: {c.summary}" for c in not_run]
+    sources = {c.python: c.source for c in cells if c.source.startswith(CONTAINER)}
+    if sources:
+        lines += ["", "Interpreters not from this host:", ""]
+        lines += [f"- Python {python}: {source}" for python, source in sorted(sources.items())]
     return "\n".join(lines) + "\n"
 
 

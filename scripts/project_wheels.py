@@ -106,7 +106,12 @@ def test_wheel(
         interpreters,
         workdir,
         lambda i: run_in_fresh_venv(
-            packages, i, workdir, lambda py: project.test_arguments(str(py)), project.test_env
+            packages,
+            i,
+            workdir,
+            lambda py: project.test_arguments(str(py)),
+            project.test_env,
+            reads=(project.root, wheel.resolve().parent),
         ),
     )
 

@@ -94,18 +94,16 @@ def run_in_fresh_venv(
     workdir: Path,
     command: Callable[[Path], list[str]],
     env_extra: Mapping[str, str],
+    reads: Sequence[Path] = (),
 ) -> PythonTestResult:
     """Install ``packages`` into a fresh venv of ``interp`` and run ``command(venv python)``
-    there, from an empty folder (so that no source tree is imported)."""
-    if interp.root is not None:
-        return PythonTestResult(
-            interp.version,
-            "failed",
-            str(interp.path),
-            interp.origin,
-            f"Python {interp.version} lives in a Debian root (scripts/interpreter_root.py), "
-            "which runs this repository's own suite only; test this wheel on another Python",
-        )
+    there, from an empty folder (so that no source tree is imported). ``reads``: the host
+    folders that the packages and the command name (the wheel's, the checkout), which a Python
+    of the Debian root sees only when they are bound into it."""
+    if interp.root is not None:  # a Python of the Debian root: the venv lives in there
+        from scripts import interpreter_root  # it imports this module
+
+        return interpreter_root.run_in_root(packages, interp, workdir, command, env_extra, reads)
     start = time.monotonic()
     cell = workdir / f"py{interp.version}"
     log_path = workdir / f"py{interp.version}.log"  # not with_suffix: "py3.10"
@@ -159,10 +157,6 @@ def run_op_tests_in_venv(
     torch_spec: str, wheel: Path, interp: Interpreter, workdir: Path
 ) -> PythonTestResult:
     """This repository's op tests against ``wheel`` installed with ``torch_spec``."""
-    if interp.root is not None:  # a Python of the Debian root: the venv lives in there
-        from scripts import interpreter_root
-
-        return interpreter_root.run_op_tests_in_root(torch_spec, wheel, interp, workdir)
     table = own_project()
     return run_in_fresh_venv(
         [torch_spec, installed_requirement(table, wheel)],
@@ -170,6 +164,7 @@ def run_op_tests_in_venv(
         workdir,
         pytest_command,
         table.test_env,
+        reads=(REPO, wheel.resolve().parent),
     )
 
 

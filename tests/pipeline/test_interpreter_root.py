@@ -4,6 +4,7 @@ unshare + chroot, and where each interpreter comes from."""
 from __future__ import annotations
 
 import os
+import shlex
 import shutil
 import subprocess
 from pathlib import Path
@@ -11,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from scripts import diskspace, interpreter_root, interpreters, wheeltest
+from scripts.basics import REPO
 from scripts.interpreters import CONTAINER, Interpreter
 from tests.pipeline.disk_helpers import fake_statvfs
 
@@ -135,35 +137,46 @@ def test_a_path_inside_a_bound_folder_is_not_bound_again(tmp_path: Path) -> None
 def test_cells_of_a_root_interpreter_run_in_the_root(tmp_path, monkeypatch) -> None:
     ran = []
 
-    def fake(torch_spec, wheel, interp, workdir):
-        ran.append((torch_spec, interp.version))
+    def fake(packages, interp, workdir, command, env_extra, reads):
+        ran.append((packages[0], interp.version, reads))
         return wheeltest.PythonTestResult(interp.version, "passed", summary="9 passed")
 
-    monkeypatch.setattr(interpreter_root, "run_op_tests_in_root", fake)
+    monkeypatch.setattr(interpreter_root, "run_in_root", fake)
     res = wheeltest.run_op_tests_in_venv(
         "torch==2.15.0", tmp_path / "w.whl", root_interp(tmp_path), tmp_path
     )
     assert res.status == "passed"
-    assert ran == [("torch==2.15.0", "3.14")]
+    # the checkout (the op tests) and the wheel's folder are what the root must see
+    assert ran == [("torch==2.15.0", "3.14", (REPO, tmp_path.resolve()))]
 
 
 def test_a_root_cells_result_says_it_ran_in_the_container(tmp_path, monkeypatch) -> None:
-    """The wheels report and the matrix say where each Python came from: host or container."""
+    """The wheels report and the matrix say where each Python came from: host or container;
+    hotloop's root cell installs its torch and wheel and runs its op suite in the root."""
     ran = []
     monkeypatch.setattr(interpreter_root.build, "uv_exe", lambda: str(tmp_path / "uv"))
-    monkeypatch.setattr(interpreter_root, "uv_cache", lambda: tmp_path / "uv-root")
+    monkeypatch.setattr(interpreter_root, "uv_cache", lambda: tmp_path / "cache" / "uv-root")
 
     def fake_run(cmd, **kw):
         ran.append(cmd)
         return subprocess.CompletedProcess(cmd, 0, "9 passed in 1.0s\n", "")
 
     monkeypatch.setattr(interpreter_root.subprocess, "run", fake_run)
-    res = interpreter_root.run_op_tests_in_root(
-        "torch==2.15.0", tmp_path / "w.whl", root_interp(tmp_path), tmp_path / "cells"
+    wheel = tmp_path / "wheels" / "w.whl"
+    res = wheeltest.run_op_tests_in_venv(
+        "torch==2.15.0", wheel, root_interp(tmp_path), tmp_path / "cache" / "cells"
     )
     assert (res.status, res.summary) == ("passed", "9 passed in 1.0s")
     assert res.source == "container (Debian sid root)"
-    assert ran[0][:2] == ["unshare", "--mount"]
+    (cmd,) = ran
+    assert cmd[:2] == ["unshare", "--mount"]
+    script = cmd[-1]
+    for folder in (REPO, wheel.parent.resolve()):
+        assert f"mount -o remount,bind,ro {tmp_path}/rootfs{folder}" in script
+    python = tmp_path / "cache" / "cells" / "py3.14" / "venv" / "bin" / "python"
+    steps = shlex.split(shlex.split(script.splitlines()[-1])[-1])[-1]
+    assert f"torch==2.15.0 'hotloop[test] @ {wheel.resolve().as_uri()}'" in steps
+    assert steps.endswith(" && " + shlex.join(wheeltest.pytest_command(python)))
 
 
 def test_a_python_only_the_root_has_is_skipped_by_host_runs(tmp_path) -> None:

@@ -7,16 +7,23 @@ needs the wheels session's auditwheel to build)."""
 from __future__ import annotations
 
 import json
+import shlex
+import subprocess
 from pathlib import Path
 
 import pytest
 
-from scripts import project, project_matrix, project_wheels
+from scripts import interpreter_root, project, project_matrix, project_wheels
 from scripts.basics import REPO
+from scripts.interpreters import CONTAINER, Interpreter
 from scripts.wheeltest import PythonTestResult
 
 FIXTURE = REPO / "tests" / "fixtures" / "anyext"
 TAIL = "manylinux_2_24_x86_64.manylinux_2_28_x86_64.whl"
+NO_ROOT = (
+    "no Python 3.14 on this machine, and none from the Debian root: "
+    "entering the Debian root (unshare --mount + chroot) needs root on this machine"
+)
 
 
 def wheel(folder: Path, label: str, tag: str = "cp39-abi3") -> Path:
@@ -54,8 +61,11 @@ def recorded(monkeypatch, tmp_path):
     monkeypatch.setattr(project_matrix, "test_wheel", fake_test)
     monkeypatch.setattr(
         project_matrix,
-        "find_interpreters",
-        lambda versions: {v: None if v in ("3.9", "3.14") else object() for v in versions},
+        "find_with_reasons",
+        lambda versions, container: (
+            {v: None if v in ("3.9", "3.14") else object() for v in versions},
+            {"3.9": "no Python 3.9 on this machine", "3.14": NO_ROOT},
+        ),
     )
     monkeypatch.setenv("HOTLOOP_CACHE_DIR", str(tmp_path / "cache"))
     return calls
@@ -91,7 +101,9 @@ def test_a_run_writes_the_table_into_its_own_folder(tmp_path, recorded) -> None:
     ]
 
 
-def test_a_python_only_the_debian_root_has_is_no_python_not_a_failure(tmp_path, recorded) -> None:
+def test_a_python_whose_root_cannot_be_entered_is_not_run_with_the_reason(
+    tmp_path, recorded
+) -> None:
     wheels = tmp_path / "wheelhouse"
     wheel(wheels, "stable.cpu")
     out = tmp_path / "out"
@@ -101,9 +113,55 @@ def test_a_python_only_the_debian_root_has_is_no_python_not_a_failure(tmp_path, 
     )
     cells = {c["python"]: c for c in json.loads((out / "compatibility.json").read_text())["cells"]}
     assert cells["3.12"]["status"] == "passed"
-    assert cells["3.14"]["status"] == "no python"
-    assert "not run with --project" in cells["3.14"]["summary"]
-    assert "Failed cells" not in (out / "compatibility.md").read_text()
+    assert (cells["3.14"]["status"], cells["3.14"]["summary"]) == ("not run", NO_ROOT)
+    markdown = (out / "compatibility.md").read_text()
+    assert "Failed cells" not in markdown
+    assert f"- torch 2.15.0, Python 3.14: not run: {NO_ROOT}" in markdown
+
+
+def test_a_python_only_the_debian_root_has_runs_the_projects_tests_in_the_root(
+    tmp_path, monkeypatch
+) -> None:
+    """A 3.14 cell: a fresh venv of the root's interpreter with the row's torch, the wheel and
+    the table's test requirements, then the table's test command, all inside the root, with the
+    checkout and the wheelhouse bound read-only at their own paths."""
+    monkeypatch.setenv("HOTLOOP_CACHE_DIR", str(tmp_path / "cache"))
+    rootfs = tmp_path / "rootfs"
+    interp = Interpreter("3.14", Path("/usr/bin/python3.14"), CONTAINER, "Debian sid root", rootfs)
+    monkeypatch.setattr(
+        project_matrix,
+        "find_with_reasons",
+        lambda versions, container: ({v: interp for v in versions}, {}),
+    )
+    monkeypatch.setattr(interpreter_root.build, "uv_exe", lambda: str(tmp_path / "uv"))
+    entered = []
+
+    def fake_run(cmd, **kw):
+        entered.append(cmd)
+        return subprocess.CompletedProcess(cmd, 0, "2 passed in 0.5s\n", "")
+
+    monkeypatch.setattr(interpreter_root.subprocess, "run", fake_run)
+    wheels = tmp_path / "wheelhouse"
+    built = wheel(wheels, "stable.cpu")
+    out = tmp_path / "out"
+    args = ["--project", str(FIXTURE), "--cpu", "--wheels", str(wheels), "--out", str(out)]
+    assert project_matrix.main([*args, "--torch", "2.15", "--python", "3.14"]) == 0
+    (cell,) = json.loads((out / "compatibility.json").read_text())["cells"]
+    assert (cell["status"], cell["summary"]) == ("passed", "2 passed in 0.5s")
+    assert cell["source"] == "container (Debian sid root)"
+    assert "Python 3.14: container (Debian sid root)" in (out / "compatibility.md").read_text()
+    (cmd,) = entered
+    assert cmd[:2] == ["unshare", "--mount"]
+    script = cmd[-1]
+    checkout = project.load_project(FIXTURE).root
+    for folder in (checkout, wheels.resolve()):
+        assert f"mount -o remount,bind,ro {rootfs}{folder}" in script
+    venv_python = next(Path(tmp_path / "cache").rglob("py3.14")) / "venv" / "bin" / "python"
+    # chroot ... /bin/sh -c 'cd RUN && exec sh -c STEPS': the steps, joined with &&
+    steps = shlex.split(shlex.split(script.splitlines()[-1])[-1])[-1]
+    assert f"--python {venv_python} torch==2.15.0 'anyext[test] @ {built.as_uri()}'" in steps
+    test = project.load_project(FIXTURE).test_arguments(str(venv_python))
+    assert steps.endswith(f" && {shlex.join(test)}")
 
 
 def test_an_output_folder_it_did_not_write_is_refused(tmp_path, recorded) -> None:
