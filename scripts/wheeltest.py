@@ -103,7 +103,24 @@ def run_in_fresh_venv(
     if interp.root is not None:  # a Python of the Debian root: the venv lives in there
         from scripts import interpreter_root  # it imports this module
 
-        return interpreter_root.run_in_root(packages, interp, workdir, command, env_extra, reads)
+        result = interpreter_root.run_in_root(packages, interp, workdir, command, env_extra, reads)
+    else:
+        result = run_in_host_venv(packages, interp, workdir, command, env_extra)
+    if result.status == "passed":
+        # A whole CUDA torch, 4 to 5 GB where uv cannot hardlink it from its cache: a
+        # table's cells would fill the disk. A failed cell keeps its venv to look into.
+        shutil.rmtree(workdir / f"py{interp.version}" / "venv", ignore_errors=True)
+    return result
+
+
+def run_in_host_venv(
+    packages: Sequence[str],
+    interp: Interpreter,
+    workdir: Path,
+    command: Callable[[Path], list[str]],
+    env_extra: Mapping[str, str],
+) -> PythonTestResult:
+    """run_in_fresh_venv for a Python of this host."""
     start = time.monotonic()
     cell = workdir / f"py{interp.version}"
     log_path = workdir / f"py{interp.version}.log"  # not with_suffix: "py3.10"
@@ -137,14 +154,9 @@ def run_in_fresh_venv(
         shutil.rmtree(tmp, ignore_errors=True)
     output = proc.stdout + proc.stderr
     log_path.write_text(output)
-    status = "passed" if proc.returncode == 0 else "failed"
-    if status == "passed":
-        # A whole CUDA torch, 4 to 5 GB where uv cannot hardlink it from its cache: a
-        # table's cells would fill the disk. A failed cell keeps its venv to look into.
-        shutil.rmtree(cell / "venv", ignore_errors=True)
     return PythonTestResult(
         interp.version,
-        status,
+        "passed" if proc.returncode == 0 else "failed",
         str(interp.path),
         interp.origin,
         last_summary_line(output),

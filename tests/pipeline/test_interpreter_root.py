@@ -179,6 +179,30 @@ def test_a_root_cells_result_says_it_ran_in_the_container(tmp_path, monkeypatch)
     assert steps.endswith(" && " + shlex.join(wheeltest.pytest_command(python)))
 
 
+@pytest.mark.parametrize(("returncode", "kept"), [(0, False), (1, True)])
+def test_a_passed_root_cells_venv_is_removed_a_failed_ones_kept(
+    tmp_path, monkeypatch, returncode, kept
+) -> None:
+    """As a host cell's: a root cell's venv holds a whole CUDA torch (4-5 GB wherever uv
+    cannot hardlink it from the root's cache), so a table's cells would fill the disk."""
+    monkeypatch.setattr(interpreter_root.build, "uv_exe", lambda: str(tmp_path / "uv"))
+    monkeypatch.setattr(interpreter_root, "uv_cache", lambda: tmp_path / "cache" / "uv-root")
+    venv = tmp_path / "cache" / "cells" / "py3.14" / "venv"
+
+    def fake_run(cmd, **kw):
+        (venv / "bin").mkdir(parents=True)  # what the root's uv made, seen from the host
+        return subprocess.CompletedProcess(cmd, returncode, "9 passed in 1.0s\n", "")
+
+    monkeypatch.setattr(interpreter_root.subprocess, "run", fake_run)
+    wheel = tmp_path / "wheels" / "w.whl"
+    res = wheeltest.run_op_tests_in_venv(
+        "torch==2.15.0", wheel, root_interp(tmp_path), tmp_path / "cache" / "cells"
+    )
+    assert res.status == ("passed" if returncode == 0 else "failed")
+    assert venv.exists() is kept
+    assert Path(res.log).exists()
+
+
 def test_a_python_only_the_root_has_is_skipped_by_host_runs(tmp_path) -> None:
     """``nox -s wheels`` tests on the host: a 3.14 it lacks is skipped (``nox -s matrix`` runs
     it in the root); a 3.13 it lacks is missing, a failure as before."""
