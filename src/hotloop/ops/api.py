@@ -151,10 +151,7 @@ def rms_norm(
     # nothing for autograd to record.
     if torch.compiler.is_compiling() or torch.is_inference_mode_enabled():
         return _RMS_NORM(x, weight, eps, mode, offset)
-    if not (torch.is_grad_enabled() and (x.requires_grad or _requires_grad(weight))):
-        if torch._C._are_functorch_transforms_active() or _forward_ad_active():
-            return _RMS_NORM(x, weight, eps, mode, offset)
-        # Below the op's Python Autograd kernel, which would only pass the call on.
+    if _records_nothing(x, weight):
         with torch._C._AutoDispatchBelowAutograd():
             return _RMS_NORM(x, weight, eps, mode, offset)
     if not _plain_eager_call(x, weight):
@@ -165,10 +162,6 @@ def rms_norm(
         return y_in_place
     y: Tensor = _EagerRmsNorm.apply(x, weight, eps, mode, offset)
     return y
-
-
-def _requires_grad(t: Tensor | None) -> bool:
-    return t is not None and t.requires_grad
 
 
 _RMS_NORM_BACKWARD = torch.ops.hotloop.rms_norm_backward.default
@@ -440,8 +433,11 @@ def _autograd_has_nothing_to_do(*tensors: Tensor | None) -> bool:
     transforms the call keeps its usual path, which those trace or transform.
     """
     # is_compiling() first: Dynamo traces this function and cannot trace the torch._C calls.
-    if torch.compiler.is_compiling():
-        return False
+    return not torch.compiler.is_compiling() and _records_nothing(*tensors)
+
+
+def _records_nothing(*tensors: Tensor | None) -> bool:
+    """_autograd_has_nothing_to_do for a caller that has ruled out torch.compile itself."""
     if torch.is_grad_enabled() and torch._C._any_requires_grad(*tensors):
         return False
     return not torch._C._are_functorch_transforms_active() and not _forward_ad_active()
