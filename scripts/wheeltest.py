@@ -94,7 +94,7 @@ def run_in_fresh_venv(
     workdir: Path,
     command: Callable[[Path], list[str]],
     env_extra: Mapping[str, str],
-    reads: Sequence[Path] = (),
+    reads: Sequence[Path],
 ) -> PythonTestResult:
     """Install ``packages`` into a fresh venv of ``interp`` and run ``command(venv python)``
     there, from an empty folder (so that no source tree is imported). ``reads``: the host
