@@ -1583,11 +1583,40 @@ std::tuple<Tensor, Tensor> rms_norm_backward_cuda(const Tensor& grad_out, const 
                               rms_norm_backward_cuda_into);
 }
 
+// grad_x written over grad_out. Rows that start on a vector boundary (every pointer 16-byte
+// aligned, hidden a multiple of the vector width) are read and written by their own block
+// only, staged or held in registers before grad_x is written, so writing over grad_out is
+// safe there. Other rows take kernels that read the aligned span around a row, which reaches
+// into its neighbours: written over grad_out, grad_x then raced the neighbouring blocks'
+// reads (an H100, H = 1001 and 8193: the in-place result differed from the backward op's
+// from run to run, tests/ops/test_rms_norm_in_place_backward.py and memcheck_ops.py). Those
+// rows get grad_x in a buffer of its own, copied over grad_out afterwards.
+Tensor rms_norm_backward_over_grad_out_cuda(const Tensor& grad_out, const Tensor& x,
+                                            const std::optional<Tensor>& weight, double eps,
+                                            Casting mode, double offset, const Tensor& grad_x) {
+  bool own_rows_only = true;
+  HOTLOOP_DISPATCH_FLOATING(x.scalar_type(), "rms_norm_backward_", [&] {
+    own_rows_only = x.numel() == 0 ||
+                    (x.size(-1) % vector_size<scalar_t>() == 0 && x.is_contiguous() &&
+                     is_vector_aligned(const_data<scalar_t>(x)) &&
+                     is_vector_aligned(const_data<scalar_t>(grad_out)) &&
+                     (!weight.has_value() || is_vector_aligned(const_data<scalar_t>(*weight))));
+  });
+  if (own_rows_only) {
+    return rms_norm_backward_cuda_into(grad_out, x, weight, eps, mode, offset, grad_x);
+  }
+  const Tensor own = empty_like_contiguous(x);
+  Tensor grad_weight = rms_norm_backward_cuda_into(grad_out, x, weight, eps, mode, offset, own);
+  Tensor target = grad_x;
+  copy_into(target, own);
+  return grad_weight;
+}
+
 Tensor rms_norm_backward_in_place_cuda(Tensor& grad_out, const Tensor& x,
                                        const std::optional<Tensor>& weight, double eps,
                                        int64_t casting, double offset) {
   return rms_norm_backward_in_place_op(grad_out, x, weight, eps, casting, offset,
-                                       rms_norm_backward_cuda_into);
+                                       rms_norm_backward_over_grad_out_cuda);
 }
 
 }  // namespace
