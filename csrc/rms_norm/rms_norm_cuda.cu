@@ -1437,10 +1437,9 @@ void launch_rms_norm_backward(const scalar_t* grad_out, const scalar_t* x, const
     const int64_t span_vectors = widest_span_vectors<scalar_t>(hidden);
     const RowLaunch span_plan =
         plan_row_launch(span_vectors * kVec, kVec, /*vector_ok=*/true, kSpanStagedLimits);
-    // Not in place (grad_x over grad_out): a span's edge vectors reach into the rows beside
-    // it, which other blocks then write while this one copies them. Those rows take the
-    // kernels below, which read and write their own row's elements only.
-    if (span_plan.vectors_per_thread != 0 && grad_x != grad_out &&
+    // Never in place (grad_x over grad_out): rms_norm_backward_over_grad_out_cuda gives rows
+    // off the vector boundary a grad_x of their own.
+    if (span_plan.vectors_per_thread != 0 &&
         spans_line_up<scalar_t>(hidden, {grad_out, x, grad_x})) {
       const std::optional<Tensor> copies = shifted_weight_copies(weight, hidden, stream, like);
       auto run = [&](auto kernel) {
@@ -1586,11 +1585,12 @@ std::tuple<Tensor, Tensor> rms_norm_backward_cuda(const Tensor& grad_out, const 
 // grad_x written over grad_out. Rows that start on a vector boundary (every pointer 16-byte
 // aligned, hidden a multiple of the vector width) are read and written by their own block
 // only, staged or held in registers before grad_x is written, so writing over grad_out is
-// safe there. Other rows take kernels that read the aligned span around a row, which reaches
-// into its neighbours: written over grad_out, grad_x then raced the neighbouring blocks'
-// reads (an H100, H = 1001 and 8193: the in-place result differed from the backward op's
-// from run to run, tests/ops/test_rms_norm_in_place_backward.py and memcheck_ops.py). Those
-// rows get grad_x in a buffer of its own, copied over grad_out afterwards.
+// safe there. Other rows raced: their span kernel reads the aligned span around a row, which
+// reaches into its neighbours, and with that kernel ruled out in place their scalar kernels
+// still gave an in-place grad_x that differed from the backward op's from run to run (an
+// H100, H = 1001 and 8193: tests/ops/test_rms_norm_in_place_backward.py, memcheck_ops.py;
+// benchmarks/NOTES.md, runs 89-90; the scalar kernels' race is not pinned down). Those rows
+// get grad_x in a buffer of its own, copied over grad_out afterwards.
 Tensor rms_norm_backward_over_grad_out_cuda(const Tensor& grad_out, const Tensor& x,
                                             const std::optional<Tensor>& weight, double eps,
                                             Casting mode, double offset, const Tensor& grad_x) {
