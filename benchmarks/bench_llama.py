@@ -15,6 +15,10 @@ few bfloat16 ulps. Then, for both models in the same process, alternating:
 * ``generate compiled``: the same with transformers' static KV cache and
   ``torch.compile`` of the forward (``--no-compiled-generate`` skips it).
 
+The compiled cases time a third step beside the two: hotloop's model compiled under
+``hotloop.set_compile_arithmetic(True)`` (``hotloop_arithmetic``), where Inductor sees the norms'
+arithmetic and fuses it, against the same stock rounds.
+
 A figure is the median over ``--rounds`` rounds of the two models taking turns (min and max
 kept too), CUDA-synchronised wall time: the host's work is part of a step. Writes
 ``llama_step.json`` and ``llama_step.md`` to ``--out``, with the device, driver, torch,
@@ -39,9 +43,13 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from result_files import claim, driver_version, triton_version
 
 import hotloop
+
+# Its neighbour result_files, also where this file is loaded as a module (its test).
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from result_files import claim, driver_version, triton_version
 
 # A Llama of 1B-class widths, cut to a few layers so that it builds and compiles quickly.
 TOOL = "bench_llama"
@@ -56,6 +64,8 @@ CONFIG = dict(
     rms_norm_eps=1e-5,
 )
 MODELS = ("stock", "hotloop")
+# The compiled cases' third step: hotloop's model, traced under set_compile_arithmetic(True).
+ARITHMETIC = "hotloop_arithmetic"
 
 
 def build_models(layers: int) -> dict[str, torch.nn.Module]:
@@ -118,20 +128,33 @@ def alternate(
     }
 
 
+def step_models(
+    models: dict[str, torch.nn.Module], compiled: bool
+) -> dict[str, tuple[torch.nn.Module, bool]]:
+    """The timed steps' names, each with its model and whether it is traced under
+    ``hotloop.set_compile_arithmetic(True)``: the compiled cases add hotloop's model so."""
+    steps = {name: (model, False) for name, model in models.items()}
+    if compiled:
+        steps[ARITHMETIC] = (models["hotloop"], True)
+    return steps
+
+
 def train_steps(
     models: dict[str, torch.nn.Module], batch: int, seq: int, compiled: bool
 ) -> dict[str, Callable[[], Any]]:
     tokens = torch.randint(0, CONFIG["vocab_size"], (batch, seq), device="cuda")
     steps = {}
-    for name, model in models.items():
+    for name, (model, arithmetic) in step_models(models, compiled).items():
         model.train()
         # foreach, not fused: the optimizer's kernels are then the same for both models
         # and cheap to set up; what differs between them is the norms.
         opt = torch.optim.AdamW(model.parameters(), lr=1e-5, foreach=True)
         forward = torch.compile(model) if compiled else model
 
-        def step(forward: Any = forward, opt: Any = opt) -> None:
-            out = forward(input_ids=tokens, labels=tokens)
+        def step(forward: Any = forward, opt: Any = opt, arithmetic: bool = arithmetic) -> None:
+            # Dynamo guards on the setting: each step keeps its own graph.
+            with hotloop.set_compile_arithmetic(arithmetic):
+                out = forward(input_ids=tokens, labels=tokens)
             out.loss.backward()
             opt.step()
             opt.zero_grad(set_to_none=True)
@@ -145,22 +168,25 @@ def generate_steps(
 ) -> dict[str, Callable[[], Any]]:
     tokens = torch.randint(0, CONFIG["vocab_size"], (batch, prompt), device="cuda")
     mask = torch.ones_like(tokens)
-    steps = {}
-    for name, model in models.items():
+    kwargs: dict[str, Any] = dict(
+        max_new_tokens=new_tokens, min_new_tokens=new_tokens, do_sample=False
+    )
+    for model in models.values():
         model.eval()
-        kwargs: dict[str, Any] = dict(
-            max_new_tokens=new_tokens, min_new_tokens=new_tokens, do_sample=False
-        )
         if compiled:
-            kwargs["cache_implementation"] = "static"
             # Inductor without CUDA graphs: transformers' generate loop reads the static
             # cache between calls, which reduce-overhead's graphs overwrite (torch 2.11,
             # transformers 5.17: "accessing tensor output of CUDAGraphs that has been
-            # overwritten by a subsequent run").
+            # overwritten by a subsequent run"). Once a model: the arithmetic step traces
+            # the same compiled forward again, under its setting.
             model.forward = torch.compile(model.forward, fullgraph=True)
+    if compiled:
+        kwargs["cache_implementation"] = "static"
+    steps = {}
+    for name, (model, arithmetic) in step_models(models, compiled).items():
 
-        def step(model: Any = model, kwargs: dict[str, Any] = kwargs) -> None:
-            with torch.inference_mode():
+        def step(model: Any = model, arithmetic: bool = arithmetic) -> None:
+            with torch.inference_mode(), hotloop.set_compile_arithmetic(arithmetic):
                 model.generate(input_ids=tokens, attention_mask=mask, **kwargs)
 
         steps[name] = step
@@ -191,6 +217,8 @@ def metadata(args: argparse.Namespace, logits_err: float) -> dict[str, Any]:
 
 
 def table(results: dict[str, Any]) -> str:
+    """One row a case, and for a compiled one a row more for hotloop's model under
+    set_compile_arithmetic, against the same stock rounds."""
     lines = [
         "| step | stock ms | hotloop ms | hotloop / stock |",
         "| --- | ---: | ---: | ---: |",
@@ -199,8 +227,11 @@ def table(results: dict[str, Any]) -> str:
         if "error" in r:
             lines.append(f"| {case} | error: {r['error']} | | |")
             continue
-        stock, ours = r["stock"]["ms"], r["hotloop"]["ms"]
-        lines.append(f"| {case} | {stock:.2f} | {ours:.2f} | {ours / stock:.3f} |")
+        stock = r["stock"]["ms"]
+        for name, label in (("hotloop", case), (ARITHMETIC, f"{case}, compile arithmetic")):
+            if name in r:
+                ours = r[name]["ms"]
+                lines.append(f"| {label} | {stock:.2f} | {ours:.2f} | {ours / stock:.3f} |")
     return "\n".join(lines)
 
 

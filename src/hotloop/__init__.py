@@ -35,6 +35,7 @@ from hotloop._build_info import BUILD_INFO  # noqa: E402
 __version__: str = BUILD_INFO["version"]
 
 if LOAD_ERROR is None:
+    from hotloop._arithmetic import is_compile_arithmetic_enabled, set_compile_arithmetic
     from hotloop.modules import RMSNorm
     from hotloop.ops import (
         fused_add_rms_norm,
@@ -54,10 +55,12 @@ __all__ = [
     "fused_add_rms_norm",
     "fused_add_rms_norm_fp8",
     "fused_add_rms_norm_fp8_dynamic",
+    "is_compile_arithmetic_enabled",
     "library_path",
     "mul",
     "muladd",
     "rms_norm",
     "rms_norm_fp8",
     "rms_norm_fp8_dynamic",
+    "set_compile_arithmetic",
 ]

@@ -1,5 +1,6 @@
-"""The casting modes of the RMSNorm ops, shared by the native ops' and the Triton ops' Python
-code (which cannot import each other: hotloop.ops imports the Triton package).
+"""The casting modes of the RMSNorm ops and the dtypes they take, shared by the native ops' and
+the Triton ops' Python code (which cannot import each other: hotloop.ops imports the Triton
+package).
 
 A mode says where rms_norm rounds to x's dtype, named by the model whose formula it
 reproduces bit for bit; the ops take the mode's index (csrc/common/norm_casting.h):
@@ -11,6 +12,11 @@ reproduces bit for bit; the ops take the mode's index (csrc/common/norm_casting.
 """
 
 from __future__ import annotations
+
+import torch
+
+# The dtypes every op takes for x (and the norms for their weight).
+FLOATING_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 
 CASTINGS = ("torch", "llama", "gemma")
 TORCH, LLAMA, GEMMA = range(len(CASTINGS))

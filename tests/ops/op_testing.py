@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import importlib.util
 import inspect
 import sys
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -69,6 +71,26 @@ RELATIVE_TOLERANCES = {
     torch.float32: 2e-5,
     torch.float64: 1e-10,
 }
+
+
+def assert_norm_grads_close(
+    got: tuple[torch.Tensor, torch.Tensor],
+    expected: tuple[torch.Tensor, torch.Tensor],
+    dtype: torch.dtype,
+) -> None:
+    """(grad_x, grad_weight) of a norm against another computation's, in x's dtype: a few
+    roundings of it for grad_x; grad_weight sums a product over every row, so its error
+    grows with their count and is measured against its largest element."""
+    tol = TOLERANCES[dtype]
+    grad_x, grad_w = got
+    ref_x, ref_w = expected
+    torch.testing.assert_close(grad_x, ref_x.to(dtype), atol=8 * tol["atol"], rtol=4 * tol["rtol"])
+    scale = ref_w.abs().max().item()
+    torch.testing.assert_close(
+        grad_w, ref_w.to(grad_w.dtype), atol=4 * tol["rtol"] * scale, rtol=4 * tol["rtol"]
+    )
+
+
 # Gradients of a bfloat16 block (norm + matmul) compiled by inductor against eager: the weight
 # gradient sums over every row, so its rounding grows with them.
 BLOCK_GRAD_TOLERANCE = {"atol": 5e-2, "rtol": 2e-2}
@@ -144,3 +166,17 @@ class OpRecorder(TorchDispatchMode):
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
         self.ops.append(str(func))
         return func(*args, **(kwargs or {}))
+
+
+BENCHMARKS = Path(__file__).resolve().parents[2] / "benchmarks"
+
+
+def load_benchmark(name: str) -> Any:
+    """benchmarks/<name>.py as a module, for the tests of a benchmark's logic (the folder is
+    not a package: its scripts run from there)."""
+    spec = importlib.util.spec_from_file_location(name, BENCHMARKS / f"{name}.py")
+    assert spec is not None
+    assert spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module

@@ -2,27 +2,15 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
 from pathlib import Path
-from typing import Any
 
 import pytest
-
-SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "host_overhead.py"
-
-
-def load_script() -> Any:
-    spec = importlib.util.spec_from_file_location("host_overhead", SCRIPT)
-    assert spec is not None
-    assert spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+from op_testing import load_benchmark
 
 
 def test_host_overhead_records_each_calls_operators(tmp_path: Path) -> None:
-    module = load_script()
+    module = load_benchmark("host_overhead")
     assert module.main(["--device", "cpu", "--calls", "5", "--out", str(tmp_path)]) == 0
 
     record = json.loads((tmp_path / "host_overhead.json").read_text())
@@ -48,7 +36,9 @@ def test_host_overhead_records_each_calls_operators(tmp_path: Path) -> None:
 
 def test_host_overhead_refuses_no_calls(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     with pytest.raises(SystemExit):
-        load_script().main(["--device", "cpu", "--calls", "0", "--out", str(tmp_path)])
+        load_benchmark("host_overhead").main(
+            ["--device", "cpu", "--calls", "0", "--out", str(tmp_path)]
+        )
     assert "--calls: must be at least 1, got 0" in capsys.readouterr().err
     assert not (tmp_path / "host_overhead.json").exists()
 
@@ -59,7 +49,9 @@ def test_host_overhead_leaves_a_foreign_file_alone(
     notes = tmp_path / "host_overhead.md"
     notes.write_text("my own notes\n")
     with pytest.raises(SystemExit) as refused:
-        load_script().main(["--device", "cpu", "--calls", "1", "--out", str(tmp_path)])
+        load_benchmark("host_overhead").main(
+            ["--device", "cpu", "--calls", "1", "--out", str(tmp_path)]
+        )
     assert "host_overhead.md already exists and was not written by host_overhead" in str(
         refused.value
     )
@@ -68,7 +60,7 @@ def test_host_overhead_leaves_a_foreign_file_alone(
 
 
 def test_host_overhead_rewrites_its_own_output(tmp_path: Path) -> None:
-    module = load_script()
+    module = load_benchmark("host_overhead")
     for _ in range(2):
         assert module.main(["--device", "cpu", "--calls", "1", "--out", str(tmp_path)]) == 0
     assert json.loads((tmp_path / "host_overhead.json").read_text())["meta"]["tool"] == (

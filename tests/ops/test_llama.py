@@ -29,10 +29,15 @@ def tiny_llama(device: str) -> torch.nn.Module:
 
 
 @pytest.mark.parametrize(
-    "compiled",
-    [pytest.param(False, id="eager"), pytest.param(True, id="compiled", marks=requires_compile)],
+    ("compiled", "arithmetic"),
+    [
+        pytest.param(False, False, id="eager"),
+        pytest.param(True, False, id="compiled", marks=requires_compile),
+        # hotloop.set_compile_arithmetic: Inductor fuses the norms' arithmetic instead
+        pytest.param(True, True, id="compiled-arithmetic", marks=requires_compile),
+    ],
 )
-def test_swapped_llama_matches(device: str, compiled: bool) -> None:
+def test_swapped_llama_matches(device: str, compiled: bool, arithmetic: bool) -> None:
     if compiled and device == "cpu":
         pytest.skip("minutes of inductor C++ compilation on the CPU; compile is covered on CUDA")
     reference = tiny_llama(device)
@@ -45,7 +50,8 @@ def test_swapped_llama_matches(device: str, compiled: bool) -> None:
 
     def run(model: torch.nn.Module) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         forward = torch.compile(model, fullgraph=True) if compiled else model
-        logits = forward(input_ids=tokens).logits
+        with hotloop.set_compile_arithmetic(arithmetic):
+            logits = forward(input_ids=tokens).logits
         logits.float().pow(2).mean().backward()
         grads = {n: p.grad.float() for n, p in model.named_parameters() if p.grad is not None}
         return logits.float(), grads

@@ -9,7 +9,8 @@ import torch
 from torch import Tensor
 from torch.autograd import forward_ad
 
-from hotloop._casting import GEMMA, LLAMA, casting_index
+from hotloop._arithmetic import rms_norm_arithmetic, traced_as_arithmetic
+from hotloop._casting import FLOATING_DTYPES, GEMMA, LLAMA, casting_index
 from hotloop._grad_ownership import GradOverwritingFunction, engine_alone_holders
 
 try:
@@ -32,8 +33,6 @@ _DEPRECATED_BACKENDS = {"cuda": "native"}
 # Triton call costs 3-6x F.rms_norm's host time (0.3-0.7 ms a forward+backward step, which
 # left the GPU waiting at the headline shape on the H200), more than those kernels save.
 DEFAULT_CUDA_BACKEND = "native"
-
-FLOATING_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 
 # The FP8 ops' output: float8_e4m3fn, saturated to +-E4M3_MAX. A dynamic row's scale is
 # max|y| / E4M3_MAX, at least MIN_DYNAMIC_SCALE (vLLM's floor; csrc/rms_norm_fp8 says why).
@@ -126,6 +125,10 @@ def rms_norm(
     usual backward, and so does a backward that builds a graph (``create_graph``); the
     in-place one is not differentiable again. Every backend takes it (the native ones
     through ``torch.ops.hotloop.rms_norm_backward_``).
+
+    torch.compile and torch.export trace hotloop's op, which Inductor cannot fuse into;
+    under :func:`hotloop.set_compile_arithmetic` they trace the mode's arithmetic in torch
+    ops instead (every backend; eager calls run the kernels either way).
     """
     if x is None:  # before x.dtype below, which would fail without naming the op
         raise _missing_tensor("rms_norm", "x")
@@ -146,10 +149,15 @@ def rms_norm(
         return triton_rms_norm.rms_norm(x, weight, eps, mode, offset, in_place_backward)
     # The native kernels. The tests below are ordered by the calls that need fewest of them,
     # since a decode-sized call is host-bound and F.rms_norm's host time is the bar: under
-    # torch.compile (Dynamo traces the op's own path, and cannot trace the torch._C calls),
-    # then inference mode (the dispatcher skips Autograd kernels by itself), then calls with
-    # nothing for autograd to record.
-    if torch.compiler.is_compiling() or torch.is_inference_mode_enabled():
+    # torch.compile (Dynamo traces the op's own path, and cannot trace the torch._C calls;
+    # or the mode's arithmetic, which only a traced call asks about), then inference mode
+    # (the dispatcher skips Autograd kernels by itself), then calls with nothing for
+    # autograd to record.
+    if torch.compiler.is_compiling():
+        if traced_as_arithmetic(x, weight, mode, offset):
+            return rms_norm_arithmetic(x, weight, eps, mode, offset)
+        return _RMS_NORM(x, weight, eps, mode, offset)
+    if torch.is_inference_mode_enabled():
         return _RMS_NORM(x, weight, eps, mode, offset)
     if _records_nothing(x, weight):
         with torch._C._AutoDispatchBelowAutograd():

@@ -7,12 +7,11 @@ from typing import Any, Callable, Optional
 
 import torch
 
-from hotloop._casting import check_casting
+from hotloop._arithmetic import rms_norm_arithmetic, traced_as_arithmetic
+from hotloop._casting import FLOATING_DTYPES, check_casting
 from hotloop._grad_ownership import GradOverwritingFunction, engine_alone_holders
 from hotloop.triton_rms_norm.kernels import interpreting
 from hotloop.triton_rms_norm.launch import backward_rows, forward_rows
-
-_SUPPORTED_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 
 
 def _check_defined(op: str, name: str, t: Optional[torch.Tensor]) -> None:
@@ -35,7 +34,7 @@ def _check_inputs(op: str, x: torch.Tensor, weight: Optional[torch.Tensor]) -> N
             f"{op}(backend='triton'): expected x to have at least 1 dimension (the "
             "normalised one) but got a 0-dim tensor"
         )
-    if x.dtype not in _SUPPORTED_DTYPES:
+    if x.dtype not in FLOATING_DTYPES:
         raise ValueError(
             f"{op}(backend='triton'): expected a floating-point tensor (float16, bfloat16, "
             f"float32, float64) but got {x.dtype} for x"
@@ -278,6 +277,13 @@ def rms_norm(
             y = _EagerRMSNorm.apply(x, weight, eps, casting, offset, False)
             return y
         return _forward(x, weight, eps, casting, offset, eager=True)
+    # (A traced call: a device the kernels can't take reaches the op, which refuses it.)
+    if (
+        torch.compiler.is_compiling()
+        and (x.is_cuda or interpreting())
+        and traced_as_arithmetic(x, weight, casting, offset)
+    ):
+        return rms_norm_arithmetic(x, weight, eps, casting, offset)
     y = torch.ops.hotloop.rms_norm_triton(x, weight, eps, casting, offset)
     return y
 
