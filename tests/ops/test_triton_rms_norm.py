@@ -315,6 +315,54 @@ def test_eager_calls_launch_what_the_op_launches() -> None:
 
 @pytest.mark.gpu
 @requires_cuda
+def test_a_repeated_eager_forward_launches_for_its_own_arguments() -> None:
+    # A repeated eager forward reuses the launch of an earlier call with the same key
+    # (op._eager_forward_key) and skips the checks: every argument the launch or the checks
+    # read must be in the key. Each call below repeats an earlier one but for one
+    # argument, so a key without it would launch the earlier call's kernel or scalars.
+    torch.manual_seed(0)
+    x = torch.randn(4, 1024, device="cuda", dtype=torch.bfloat16)
+    w = torch.randn(1024, device="cuda", dtype=torch.bfloat16)
+    flat = torch.randn(4 * 1024 + 8, device="cuda", dtype=torch.bfloat16)
+    variants = [
+        (x, w, 1e-6, 0, 0.0),
+        (x, w, 0.5, 0, 0.0),  # eps
+        (x, w, 1e-6, 1, 0.0),  # casting
+        (x, w, 1e-6, 2, 1.0),  # offset
+        (x, None, 1e-6, 0, 0.0),  # no weight
+        (x[:1], w, 1e-6, 0, 0.0),  # one row: an int of 1 that Triton compiles apart
+        (flat[1 : 1 + 4096].view(4, 1024), w, 1e-6, 0, 0.0),  # x off 16-byte boundaries
+        (x, flat[1:1025], 1e-6, 0, 0.0),  # weight off 16-byte boundaries
+        (x.float(), w.float(), 1e-6, 0, 0.0),  # dtype
+        (x.t().contiguous().t(), w, 1e-6, 0, 0.0),  # not contiguous: the full path
+    ]
+    for _ in range(2):  # the second round repeats every key
+        for args in variants:
+            got = triton_rms_norm.rms_norm(*args)
+            expected = torch.ops.hotloop.rms_norm_triton(*args)
+            assert torch.equal(got, expected), args[1:]
+            # The backward too (and the in-place one, a key of its own).
+            x_, w_, rest = args[0], args[1], args[2:]
+            expected_grads = torch.ops.hotloop.rms_norm_triton_backward(
+                torch.ones_like(x_), x_, w_, *rest
+            )
+            for in_place in (False, True):
+                leaves = [t.detach().requires_grad_() for t in (x_, w_) if t is not None]
+                y = triton_rms_norm.rms_norm(
+                    leaves[0], leaves[1] if w_ is not None else None, *rest, in_place
+                )
+                y.backward(torch.ones_like(y))
+                for leaf, grad in zip(leaves, expected_grads):
+                    assert torch.equal(leaf.grad, grad), (args[1:], in_place)
+    # The checks still run for what differs from a key that passed them.
+    with pytest.raises(ValueError, match="weight has 1023 elements"):
+        triton_rms_norm.rms_norm(x, w[:1023].contiguous(), 1e-6)
+    with pytest.raises(ValueError, match="but weight is on cpu"):
+        triton_rms_norm.rms_norm(x, w.cpu(), 1e-6)
+
+
+@pytest.mark.gpu
+@requires_cuda
 def test_dispatch_modes_see_the_op() -> None:
     # The eager shortcut is for plain calls only: a dispatch mode (FakeTensorMode, a
     # tracer, a profiler's) must still see hotloop's op, not the kernels' own tensors.

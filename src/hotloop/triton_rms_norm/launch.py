@@ -7,7 +7,7 @@ settings: benchmarks/tune_triton_rms_norm.py sweeps them through these two funct
 
 import ctypes
 import functools
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 import torch
 import triton
@@ -66,6 +66,10 @@ def _persistent_programs(device: torch.device, per_sm: int, work_items: Any) -> 
     return programs
 
 
+# A launch made again with other tensors: the same compiled kernel, grid and scalar
+# arguments, given tensors of the same kind (dtype, 16-byte alignment) in the same order.
+Relaunch = Callable[..., None]
+
 # Kernels compiled by Triton for eager launches (see _launch_eager), by what Triton
 # specialises a launch on, with the constexpr arguments that follow the positional ones.
 _COMPILED: dict[tuple[Any, ...], tuple[Any, tuple[Any, ...]]] = {}
@@ -82,9 +86,9 @@ def _specialisation(arg: Any) -> Any:
     return type(arg)
 
 
-def _launch_eager(kernel: Any, grid: tuple[Any, ...], *args: Any, **kwargs: Any) -> None:
+def _launch_eager(kernel: Any, grid: tuple[Any, ...], *args: Any, **kwargs: Any) -> Relaunch:
     """Launch a kernel from an eager call, calling the compiled kernel that Triton made for
-    the same specialisation directly.
+    the same specialisation directly, and return the launch as a Relaunch.
 
     Triton's own launch binds and specialises every argument in Python on every call
     (tens of microseconds, more than a decode-sized kernel takes). The key here holds
@@ -102,9 +106,19 @@ def _launch_eager(kernel: Any, grid: tuple[Any, ...], *args: Any, **kwargs: Any)
         # the positional ones, then the constexprs passed by name.
         tail = tuple(kwargs[name] for name in kernel.arg_names[len(args) :])
         _COMPILED[key] = (compiled, tail)
-        return
-    compiled, tail = hit
-    compiled[(*grid, 1, 1)[:3]](*args, *tail)
+        runner = compiled[(*grid, 1, 1)[:3]]
+    else:
+        compiled, tail = hit
+        runner = compiled[(*grid, 1, 1)[:3]]
+        runner(*args, *tail)
+    # The kernels take their tensors first.
+    tensors = next(i for i, arg in enumerate(args) if not isinstance(arg, torch.Tensor))
+    scalars = (*args[tensors:], *tail)
+
+    def relaunch(*same_kind_tensors: torch.Tensor) -> None:
+        runner(*same_kind_tensors, *scalars)
+
+    return relaunch
 
 
 def _launch(kernel: Any, grid: tuple[Any, ...], *args: Any, **kwargs: Any) -> None:
@@ -154,14 +168,15 @@ def forward_rows(
     eager: bool = False,
     casting: int = 0,
     offset: float = 0.0,
-) -> None:
+) -> Optional[Relaunch]:
     """Launch the forward on 2-d (rows, H) tensors with unit column stride: y = RMSNorm(x).
 
     ``config`` overrides the launch settings of the fused kernel (benchmarks/
     tune_triton_rms_norm.py sweeps them); by default they come from fwd_config. ``eager``:
     the caller runs eagerly on real CUDA tensors (no tracing), so launches may skip
     ``wrap_triton`` and Triton's binding (see _launch_eager). ``casting`` and ``offset``
-    are the op's (kernels.py's CASTING).
+    are the op's (kernels.py's CASTING). An eager launch is returned as a Relaunch that
+    takes (x, weight or x, y).
     """
     launch = _launch_eager if eager else _launch
     n_rows, n_cols = x.shape
@@ -173,7 +188,7 @@ def forward_rows(
         block_n, block_tail = row_blocks(width)
         align, aligned = _alignment(width, x, y)
         config = config or fwd_config(width, aligned)
-        launch(
+        return launch(
             rms_norm_fwd_kernel,
             (triton.cdiv(n_rows, config.block_m),),
             x,
@@ -195,7 +210,7 @@ def forward_rows(
             num_warps=config.num_warps,
         )
     else:
-        launch(
+        return launch(
             rms_norm_fwd_looped_kernel,
             (n_rows,),
             x,
@@ -230,6 +245,23 @@ def backward_rows(
 
     ``config``, ``eager``, ``casting`` and ``offset`` as in forward_rows.
     """
+    return backward_launches(grad_out, x, weight, grad_x, eps, config, eager, casting, offset)[0]
+
+
+def backward_launches(
+    grad_out: torch.Tensor,
+    x: torch.Tensor,
+    weight: Optional[torch.Tensor],
+    grad_x: torch.Tensor,
+    eps: float,
+    config: Optional[BwdConfig] = None,
+    eager: bool = False,
+    casting: int = 0,
+    offset: float = 0.0,
+) -> tuple[Optional[torch.Tensor], Optional[Relaunch]]:
+    """backward_rows, with its launch as a Relaunch where it is one eager launch (the fused
+    kernel's), taking (grad_out, x, weight or x, grad_x, partials or grad_x) with partials
+    of the same shape as those returned."""
     launch = _launch_eager if eager else _launch
     n_rows, n_cols = x.shape
     has_weight = weight is not None
@@ -247,7 +279,7 @@ def backward_rows(
         dw_partial = torch.empty(
             (programs, n_cols) if has_weight else (0,), dtype=acc_dtype, device=x.device
         )
-        launch(
+        relaunch = launch(
             rms_norm_bwd_kernel,
             (programs,),
             grad_out,
@@ -275,6 +307,7 @@ def backward_rows(
             num_warps=config.num_warps,
         )
     else:
+        relaunch = None
         rstd = torch.empty((n_rows,), dtype=acc_dtype, device=x.device)
         coef = torch.empty((n_rows,), dtype=acc_dtype, device=x.device)
         launch(
@@ -324,4 +357,4 @@ def backward_rows(
             BLOCK_N=LOOPED_BLOCK,
             num_warps=16,
         )
-    return dw_partial if has_weight else None
+    return (dw_partial if has_weight else None), relaunch
