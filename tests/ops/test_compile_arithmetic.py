@@ -188,8 +188,13 @@ def test_default_traces_the_op(device: str, backend: str) -> None:
         fullgraph=True,
     )
     compiled(x, w).sum().backward()
-    op = "hotloop.rms_norm_triton.default" if backend == "triton" else "hotloop.rms_norm.default"
-    assert op in hotloop_targets(recorder.graphs[0])
+    if backend == "triton":
+        # Dynamo's graph need not name the Triton op (torch.library.triton_op): AOTAutograd
+        # traces it into its kernels, which the forward and backward graphs call.
+        targets = recorder.hotloop_targets()
+        assert any("triton_kernel_wrapper" in t for t in targets), targets
+    else:
+        assert "hotloop.rms_norm.default" in hotloop_targets(recorder.graphs[0])
 
 
 @pytest.mark.parametrize(("device", "backend"), TARGETS)
