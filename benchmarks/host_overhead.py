@@ -9,17 +9,18 @@ runtime calls it made (how many a call, and their time). The calls, from the flo
 * ``torch.ops.hotloop.muladd``: hotloop's simplest operator (one allocation, one launch);
 * ``torch.ops.hotloop.rms_norm``: the operator alone;
 * ``hotloop.rms_norm``: the Python API users call;
-* ``F.rms_norm``: torch's own.
+* ``F.rms_norm``: torch's own;
+* on CUDA, ``hotloop.rms_norm(backend="triton")``: the Triton kernels' eager path.
 
 Each forward runs under ``inference_mode`` and under ``no_grad``. Then a forward+backward
 (``y.backward(g)`` with x and the weight requiring gradients) of ``F.rms_norm``, of
-``hotloop.rms_norm`` and, on CUDA, of torch's own fused kernels (``aten._fused_rms_norm`` and
-its backward, what ``F.rms_norm`` runs there) behind a Python ``autograd.Function``: the least
-a forward+backward costs whose autograd is defined in Python, as the stable ABI leaves
-hotloop's. And the backward operators alone under ``inference_mode``: hotloop's and
-torch's. Writes
-``host_overhead.json`` and ``host_overhead.md`` to ``--out``; compare figures within one
-run only (host timings move by several microseconds between runs on the same machine).
+``hotloop.rms_norm`` and, on CUDA, of its Triton backend and of torch's own fused kernels
+(``aten._fused_rms_norm`` and its backward, what ``F.rms_norm`` runs there) behind a Python
+``autograd.Function``: the least a forward+backward costs whose autograd is defined in
+Python, as the stable ABI leaves hotloop's. And the backward operators alone under
+``inference_mode``: hotloop's and torch's. Writes ``host_overhead.json`` and
+``host_overhead.md`` to ``--out``; compare figures within one run only (host timings move by
+several microseconds between runs on the same machine).
 
 Usage: python benchmarks/host_overhead.py --out DIR [--device cuda|cpu]
 """
@@ -53,17 +54,24 @@ EPS = 1e-6
 PROFILED_CALLS = 200
 
 
+# The Triton backend's rows (CUDA only): issue 29's bound for its eager forward is 2x F.rms_norm.
+TRITON = 'hotloop.rms_norm(backend="triton")'
+
+
 def calls(device: str, shape: tuple[int, int]) -> dict[str, Callable[[], Any]]:
     gen = torch.Generator(device=device).manual_seed(0)
     x = torch.randn(shape, device=device, dtype=DTYPE, generator=gen)
     w = torch.randn(shape[-1], device=device, dtype=DTYPE, generator=gen)
-    return {
+    forwards = {
         "aten.mul": lambda: torch.ops.aten.mul.Tensor(x, w),
         "torch.ops.hotloop.muladd": lambda: torch.ops.hotloop.muladd.default(x, x, 2.0),
         "torch.ops.hotloop.rms_norm": lambda: torch.ops.hotloop.rms_norm.default(x, w, EPS),
         "hotloop.rms_norm": lambda: hotloop.rms_norm(x, w, EPS),
         "F.rms_norm": lambda: F.rms_norm(x, (shape[-1],), w, EPS),
     }
+    if device == "cuda":  # the Triton kernels need CUDA tensors
+        forwards[TRITON] = lambda: hotloop.rms_norm(x, w, EPS, backend="triton")
+    return forwards
 
 
 def synchronize(device: str) -> None:
@@ -144,6 +152,7 @@ def training_calls(device: str, shape: tuple[int, int]) -> dict[str, Callable[[]
         steps["autograd.Function over torch's kernels"] = lambda: TorchKernelsFunction.apply(
             x, w
         ).backward(g)
+        steps[TRITON] = lambda: hotloop.rms_norm(x, w, EPS, backend="triton").backward(g)
     return steps
 
 
