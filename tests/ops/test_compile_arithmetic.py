@@ -28,6 +28,7 @@ from torch._dynamo.backends.common import aot_autograd
 from torch._dynamo.backends.debugging import boxed_nop
 
 import hotloop
+from hotloop._arithmetic import traced_as_arithmetic
 
 pytestmark = requires_compile
 
@@ -300,6 +301,30 @@ def test_refused_inputs_reach_the_op(
     )
     with hotloop.set_compile_arithmetic(True), pytest.raises(Exception, match=message):
         compiled(x, w)
+
+
+@pytest.mark.skipif(
+    hotloop.ops.api.triton_rms_norm is None, reason="Triton can't be imported with this torch"
+)
+def test_triton_backend_on_the_cpu_reaches_the_op() -> None:
+    # The arithmetic would compute on any device; the Triton op refuses a CPU tensor.
+    if hotloop.ops.api.triton_rms_norm.interpreting():
+        pytest.skip("TRITON_INTERPRET runs CPU tensors")
+    compiled = torch.compile(
+        lambda a: hotloop.rms_norm(a, None, EPS, "triton"), backend="aot_eager", fullgraph=True
+    )
+    with hotloop.set_compile_arithmetic(True), pytest.raises(Exception, match="CUDA tensor"):
+        compiled(torch.randn(4, 8))
+
+
+@pytest.mark.parametrize(("casting", "offset"), [(3, 0.0), (-1, 0.0), (0, 1.0), (1, 0.5)])
+def test_modes_the_ops_refuse_are_left_to_them(casting: int, offset: float) -> None:
+    # The Triton package's rms_norm takes the mode's index as it comes: one the ops refuse
+    # must reach them rather than compute as some other mode.
+    x = torch.randn(4, 8)
+    with hotloop.set_compile_arithmetic(True):
+        assert traced_as_arithmetic(x, None, 2, 1.0)
+        assert not traced_as_arithmetic(x, None, casting, offset)
 
 
 def test_setting_is_a_bool_and_restores() -> None:
