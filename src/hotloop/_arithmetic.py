@@ -5,8 +5,9 @@ Inductor cannot fuse anything into a custom op: it calls the op's kernel as it i
 models' norm is plain torch arithmetic, which Inductor fuses with its neighbours (the residual
 add before it, the casts and the matmul's input after it), so a compiled model whose norms are
 hotloop's ops can be slower than the stock one although hotloop's norm alone is about as fast
-as Inductor's or faster (1.02x training, 1.10x decode on an H100; benchmarks/NOTES.md, run 88). vLLM's answer for its own RMSNorm op is the same: under torch.compile it
-hands the compiler the op's ``forward_native`` (the arithmetic) instead of the op.
+as Inductor's or faster (1.02x training, 1.10x decode on an H100; benchmarks/NOTES.md, run
+88). vLLM's answer for its own RMSNorm op is the same: under torch.compile it hands the
+compiler the op's ``forward_native`` (the arithmetic) instead of the op.
 
 The setting is read while torch.compile (or torch.export) traces hotloop.rms_norm, so the
 compiled code is guarded on it: a call under the other setting traces again rather than
