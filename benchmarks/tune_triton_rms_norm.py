@@ -149,7 +149,7 @@ class Sweep:
             return lambda x: trn.forward_rows(x, w, y, EPS, config)
 
         def bwd_runner(config: Any) -> Any:
-            return lambda dy, x: trn.backward_rows(dy, x, w, dx, EPS, config).sum(0)
+            return lambda dy, x: trn.backward_rows(dy, x, w, dx, EPS, config)[0].sum(0)
 
         for config in [None, *fwd_candidates(trn, hidden)]:
             if self.out_of_time():

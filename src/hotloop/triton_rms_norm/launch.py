@@ -239,29 +239,14 @@ def backward_rows(
     eager: bool = False,
     casting: int = 0,
     offset: float = 0.0,
-) -> Optional[torch.Tensor]:
+) -> tuple[Optional[torch.Tensor], Optional[Relaunch]]:
     """Launch the backward on 2-d (rows, H) tensors with unit column stride: writes grad_x
-    and returns the [programs, H] partial sums of grad_weight (None without weight).
+    and returns the [programs, H] partial sums of grad_weight (None without weight), and the
+    launch as a Relaunch where it is one eager launch (the fused kernel's), taking
+    (grad_out, x, weight or x, grad_x, partials or grad_x), partials shaped as those returned.
 
     ``config``, ``eager``, ``casting`` and ``offset`` as in forward_rows.
     """
-    return backward_launches(grad_out, x, weight, grad_x, eps, config, eager, casting, offset)[0]
-
-
-def backward_launches(
-    grad_out: torch.Tensor,
-    x: torch.Tensor,
-    weight: Optional[torch.Tensor],
-    grad_x: torch.Tensor,
-    eps: float,
-    config: Optional[BwdConfig] = None,
-    eager: bool = False,
-    casting: int = 0,
-    offset: float = 0.0,
-) -> tuple[Optional[torch.Tensor], Optional[Relaunch]]:
-    """backward_rows, with its launch as a Relaunch where it is one eager launch (the fused
-    kernel's), taking (grad_out, x, weight or x, grad_x, partials or grad_x) with partials
-    of the same shape as those returned."""
     launch = _launch_eager if eager else _launch
     n_rows, n_cols = x.shape
     has_weight = weight is not None

@@ -11,7 +11,7 @@ from hotloop._arithmetic import rms_norm_arithmetic, traced_as_arithmetic
 from hotloop._casting import FLOATING_DTYPES, check_casting
 from hotloop._grad_ownership import GradOverwritingFunction, engine_alone_holders
 from hotloop.triton_rms_norm.kernels import interpreting
-from hotloop.triton_rms_norm.launch import Relaunch, backward_launches, forward_rows
+from hotloop.triton_rms_norm.launch import Relaunch, backward_rows, forward_rows
 
 
 def _check_defined(op: str, name: str, t: Optional[torch.Tensor]) -> None:
@@ -210,7 +210,7 @@ def _backward_grads(
 
     n_cols = x.shape[-1]
     w = weight.reshape(-1).contiguous() if weight is not None else None
-    dw_partial, relaunch = backward_launches(
+    dw_partial, relaunch = backward_rows(
         _as_rows(grad_out, n_cols),
         _as_rows(x, n_cols),
         w,
