@@ -46,8 +46,12 @@ std::tuple<Tensor, Tensor> rms_norm_backward_op(const Tensor& grad_out, const Te
 
 // The entry point of rms_norm_backward_ around the same `into`, with grad_x = grad_out: each
 // kernel reads an element's grad_out before it writes that element's grad_x, in the same
-// thread (their grad_out and grad_x pointers are not __restrict__ for this reason). Returns
-// grad_weight.
+// thread (their grad_out and grad_x pointers are not __restrict__ for this reason); the CUDA
+// span kernel also reads the neighbouring rows' elements of its edge vectors, which other
+// blocks may have written, and uses none of them. The rows take the kernels of the
+// out-of-place call, so grad_x and grad_weight are equal to its bit for bit (except where
+// grad_out and x share an offset from the 16-byte boundary: the out-of-place grad_x, a new
+// tensor, sits on it, and those rows take another kernel there). Returns grad_weight.
 template <typename Into>
 Tensor rms_norm_backward_in_place_op(Tensor& grad_out, const Tensor& x,
                                      const std::optional<Tensor>& weight, double eps,

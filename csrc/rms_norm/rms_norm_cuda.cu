@@ -1437,8 +1437,11 @@ void launch_rms_norm_backward(const scalar_t* grad_out, const scalar_t* x, const
     const int64_t span_vectors = widest_span_vectors<scalar_t>(hidden);
     const RowLaunch span_plan =
         plan_row_launch(span_vectors * kVec, kVec, /*vector_ok=*/true, kSpanStagedLimits);
-    // Never in place (grad_x over grad_out): rms_norm_backward_over_grad_out_cuda gives rows
-    // off the vector boundary a grad_x of their own.
+    // In place too (grad_x over grad_out): an edge vector's neighbour elements, which other
+    // blocks may be writing, are staged but never used (zeroed in the sums, their grad_x and
+    // grad_weight columns not stored). The out-of-place call takes this kernel, so the
+    // in-place one must too: the scalar kernel sums in another order, and its grad_x then
+    // differed from it by one rounding now and then (runs 89 and 92, benchmarks/NOTES.md).
     if (span_plan.vectors_per_thread != 0 &&
         spans_line_up<scalar_t>(hidden, {grad_out, x, grad_x})) {
       const std::optional<Tensor> copies = shifted_weight_copies(weight, hidden, stream, like);
@@ -1582,41 +1585,11 @@ std::tuple<Tensor, Tensor> rms_norm_backward_cuda(const Tensor& grad_out, const 
                               rms_norm_backward_cuda_into);
 }
 
-// grad_x written over grad_out. Rows that start on a vector boundary (every pointer 16-byte
-// aligned, hidden a multiple of the vector width) are read and written by their own block
-// only, staged or held in registers before grad_x is written, so writing over grad_out is
-// safe there. Other rows raced: their span kernel reads the aligned span around a row, which
-// reaches into its neighbours, and with that kernel ruled out in place their scalar kernels
-// still gave an in-place grad_x that differed from the backward op's from run to run (an
-// H100, H = 1001 and 8193: tests/ops/test_rms_norm_in_place_backward.py, memcheck_ops.py;
-// benchmarks/NOTES.md, runs 89-90; the scalar kernels' race is not pinned down). Those rows
-// get grad_x in a buffer of its own, copied over grad_out afterwards.
-Tensor rms_norm_backward_over_grad_out_cuda(const Tensor& grad_out, const Tensor& x,
-                                            const std::optional<Tensor>& weight, double eps,
-                                            Casting mode, double offset, const Tensor& grad_x) {
-  bool own_rows_only = true;
-  HOTLOOP_DISPATCH_FLOATING(x.scalar_type(), "rms_norm_backward_", [&] {
-    own_rows_only = x.numel() == 0 ||
-                    (x.size(-1) % vector_size<scalar_t>() == 0 && x.is_contiguous() &&
-                     is_vector_aligned(const_data<scalar_t>(x)) &&
-                     is_vector_aligned(const_data<scalar_t>(grad_out)) &&
-                     (!weight.has_value() || is_vector_aligned(const_data<scalar_t>(*weight))));
-  });
-  if (own_rows_only) {
-    return rms_norm_backward_cuda_into(grad_out, x, weight, eps, mode, offset, grad_x);
-  }
-  const Tensor own = empty_like_contiguous(x);
-  Tensor grad_weight = rms_norm_backward_cuda_into(grad_out, x, weight, eps, mode, offset, own);
-  Tensor target = grad_x;
-  copy_into(target, own);
-  return grad_weight;
-}
-
 Tensor rms_norm_backward_in_place_cuda(Tensor& grad_out, const Tensor& x,
                                        const std::optional<Tensor>& weight, double eps,
                                        int64_t casting, double offset) {
   return rms_norm_backward_in_place_op(grad_out, x, weight, eps, casting, offset,
-                                       rms_norm_backward_over_grad_out_cuda);
+                                       rms_norm_backward_cuda_into);
 }
 
 }  // namespace

@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 import torch
-from op_testing import opcheck
+from op_testing import opcheck, requires_cuda
 
 import hotloop
 from hotloop import _grad_ownership
@@ -190,9 +190,8 @@ def test_the_write_bumps_the_gradients_version() -> None:
 
 
 # The native kernels' in-place backward (torch.ops.hotloop.rms_norm_backward_): rows of each
-# CUDA backward kernel (vectors in registers; an odd row, which leaves the span kernel for
-# the scalar one when in place; 3-d activations, whose gradient is a view; staged rows;
-# the generic kernel), in each casting mode.
+# CUDA backward kernel (vectors in registers; an odd row, the span kernel's; 3-d activations,
+# whose gradient is a view; staged rows; the generic kernel), in each casting mode.
 NATIVE_STEPS = [
     ((6, 64), torch.float32, "torch"),
     ((3, 1001), torch.float16, "llama"),
@@ -257,12 +256,22 @@ def test_native_backward_keeps_what_others_hold(device: str) -> None:
     assert torch.equal(dy, kept)
 
 
+# Rows off the vector boundary: the CUDA in-place op once took the scalar kernel for them and
+# the out-of-place op the span kernel, which sum in different orders, so grad_x came out one
+# rounding apart for some inputs (an H100: 4-20 % of 5 x 1001 bfloat16 inputs, every 16 x 8193
+# float16 one tried; benchmarks/NOTES.md, run 92), which looked like a race.
+@pytest.mark.parametrize(
+    ("shape", "dtype"), [((5, 1001), torch.bfloat16), ((16, 8193), torch.float16)]
+)
 @pytest.mark.parametrize("casting", [0, 1, 2])
-def test_in_place_backward_op_equals_the_backward_op(device: str, casting: int) -> None:
+def test_in_place_backward_op_equals_the_backward_op(
+    device: str, shape: tuple[int, int], dtype: torch.dtype, casting: int
+) -> None:
     offset = 1.0 if casting == 2 else 0.0
-    x = torch.randn(5, 1001, device=device, dtype=torch.bfloat16)
-    w = torch.randn(1001, device=device, dtype=torch.bfloat16)
-    grad_out = torch.randn_like(x)
+    gen = torch.Generator().manual_seed(0)
+    x = torch.randn(shape, generator=gen).to(device, dtype)
+    w = torch.randn(shape[-1], generator=gen).to(device, dtype)
+    grad_out = torch.randn(shape, generator=gen).to(device, dtype)
     grad_x, grad_w = torch.ops.hotloop.rms_norm_backward(grad_out, x, w, 1e-6, casting, offset)
     written = grad_out.clone()
     got_w = torch.ops.hotloop.rms_norm_backward_(written, x, w, 1e-6, casting, offset)
@@ -275,6 +284,31 @@ def test_in_place_backward_op_equals_the_backward_op(device: str, casting: int) 
         torch.ops.hotloop.rms_norm_backward_.default,
         (torch.randn_like(x), x, w, 1e-6, casting, offset),
     )
+
+
+@requires_cuda
+@pytest.mark.gpu
+@pytest.mark.parametrize("hidden", [4096, 8193])
+def test_in_place_backward_op_allocates_no_grad_x(hidden: int) -> None:
+    # On rows on and off the vector boundary alike: the odd ones once computed grad_x in a
+    # buffer of their own and copied it over grad_out.
+    x = torch.randn(256, hidden, device="cuda", dtype=torch.bfloat16)
+    w = torch.randn(hidden, device="cuda", dtype=torch.bfloat16)
+    grad_out = torch.randn_like(x)
+    written = grad_out.clone()
+
+    def peak(call: Any) -> int:
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats()
+        base = torch.cuda.memory_allocated()
+        kept = call()  # the results stay allocated, as a caller's would
+        torch.cuda.synchronize()
+        del kept
+        return torch.cuda.max_memory_allocated() - base
+
+    out_of_place = peak(lambda: torch.ops.hotloop.rms_norm_backward(grad_out, x, w, 1e-6))
+    in_place = peak(lambda: torch.ops.hotloop.rms_norm_backward_(written, x, w, 1e-6))
+    assert out_of_place - in_place >= x.numel() * x.element_size()
 
 
 def test_in_place_backward_op_refuses_what_it_cannot_write(device: str) -> None:
