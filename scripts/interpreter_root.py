@@ -33,7 +33,7 @@ from pathlib import Path
 from scripts import basics, build, diskspace, mmdebstrap, toolchain
 from scripts.interpreters import CONTAINER, Interpreter
 from scripts.toolchain.cache import stamp, stamped
-from scripts.wheeltest import PythonTestResult, last_summary_line
+from scripts.wheeltest import PythonTestResult, cell_paths, last_summary_line
 
 SUITE = "sid"
 # The Pythons the root provides: the host has 3.9-3.13 (pyenv); sid has these.
@@ -226,8 +226,7 @@ def run_in_root(
     their own paths (``workdir`` must lie in the cache folder)."""
     assert interp.root is not None
     start = time.monotonic()
-    cell = workdir / f"py{interp.version}"
-    log_path = workdir / f"py{interp.version}.log"
+    cell, log_path = cell_paths(workdir, interp)
     if cell.exists():
         shutil.rmtree(cell)
     diskspace.require_free_space(

@@ -88,6 +88,12 @@ def private_tmp(cell: Path) -> Path:
     return tmp
 
 
+def cell_paths(workdir: Path, interp: Interpreter) -> tuple[Path, Path]:
+    """A Python's cell folder in ``workdir`` (its venv and temporary files) and its log
+    (named whole, not with_suffix: "py3.10")."""
+    return workdir / f"py{interp.version}", workdir / f"py{interp.version}.log"
+
+
 def run_in_fresh_venv(
     packages: Sequence[str],
     interp: Interpreter,
@@ -109,7 +115,7 @@ def run_in_fresh_venv(
     if result.status == "passed":
         # A whole CUDA torch, 4 to 5 GB where uv cannot hardlink it from its cache: a
         # table's cells would fill the disk. A failed cell keeps its venv to look into.
-        shutil.rmtree(workdir / f"py{interp.version}" / "venv", ignore_errors=True)
+        shutil.rmtree(cell_paths(workdir, interp)[0] / "venv", ignore_errors=True)
     return result
 
 
@@ -122,8 +128,7 @@ def run_in_host_venv(
 ) -> PythonTestResult:
     """run_in_fresh_venv for a Python of this host."""
     start = time.monotonic()
-    cell = workdir / f"py{interp.version}"
-    log_path = workdir / f"py{interp.version}.log"  # not with_suffix: "py3.10"
+    cell, log_path = cell_paths(workdir, interp)
     try:
         # Seeded like a user's `python -m venv`: torch requires setuptools only on Python
         # >= 3.12, yet torch.compile's CPU backend imports it on every Python.

@@ -24,7 +24,7 @@ from types import TracebackType
 import torch
 from torch import Tensor
 
-from hotloop._casting import FLOATING_DTYPES, GEMMA, LLAMA, TORCH
+from hotloop._casting import FLOATING_DTYPES, GEMMA, LLAMA, casting_takes
 
 # One place for the setting; read by is_compile_arithmetic_enabled(), which Dynamo inlines:
 # reading a module global while tracing installs a guard on its value.
@@ -102,7 +102,7 @@ def traced_as_arithmetic(x: Tensor, weight: Tensor | None, casting: int, offset:
     instead of broadcasting or computing another mode in the arithmetic."""
     if not is_compile_arithmetic_enabled():
         return False
-    if casting not in (TORCH, LLAMA, GEMMA) or (offset != 0.0 and casting != GEMMA):
+    if not casting_takes(casting, offset):
         return False
     if x.dim() < 1 or x.dtype not in FLOATING_DTYPES:
         return False

@@ -43,16 +43,22 @@ def casting_index(op: str, casting: str, offset: float) -> int:
     return index
 
 
+def casting_takes(casting: int, offset: float) -> bool:
+    """Whether the ops take this mode index with this offset (check_casting says why not)."""
+    return casting in (TORCH, LLAMA, GEMMA) and (offset == 0.0 or casting == GEMMA)
+
+
 def check_casting(op: str, casting: int, offset: float) -> None:
     """The ops' own check of their ``casting`` and ``offset`` arguments, for the Python
     kernels (fake, batching rules, Triton): csrc/common/norm_casting.h's checked_casting,
     with its words."""
+    if casting_takes(casting, offset):
+        return
     if casting not in (TORCH, LLAMA, GEMMA):
         raise RuntimeError(
             f"{op}: casting must be 0 (torch), 1 (llama) or 2 (gemma) but got {casting}"
         )
-    if casting != GEMMA and offset != 0.0:
-        raise RuntimeError(
-            f"{op}: offset {offset:g} is Gemma's (offset + weight) and needs casting 2 (gemma), "
-            f"but casting is {casting}"
-        )
+    raise RuntimeError(
+        f"{op}: offset {offset:g} is Gemma's (offset + weight) and needs casting 2 (gemma), "
+        f"but casting is {casting}"
+    )
