@@ -27,6 +27,7 @@ from op_testing import (
     requires_cuda,
     rms_norm_samples,
 )
+from torch.autograd import DeviceType
 from torch.fx.experimental.symbolic_shapes import ShapeEnv
 
 pytest.importorskip("triton", reason="Triton ships with CUDA builds of torch only")
@@ -359,6 +360,38 @@ def test_a_repeated_eager_forward_launches_for_its_own_arguments() -> None:
         triton_rms_norm.rms_norm(x, w[:1023].contiguous(), 1e-6)
     with pytest.raises(ValueError, match="but weight is on cpu"):
         triton_rms_norm.rms_norm(x, w.cpu(), 1e-6)
+
+
+@pytest.mark.gpu
+@requires_cuda
+@pytest.mark.parametrize(
+    ("rows", "dtype", "kernels"),
+    [
+        (1, torch.float32, 1),  # one program: its partial row is grad_weight
+        (1, torch.bfloat16, 2),  # and a cast to the weight's dtype
+        (4096, torch.bfloat16, 3),  # many programs: the partials' sum, then the cast
+    ],
+)
+def test_backward_kernels_a_call(rows: int, dtype: torch.dtype, kernels: int) -> None:
+    # At decode sizes the host time is the launches': a one-program grid's grad_weight
+    # must not take a reduction over its single partial row.
+    x = torch.randn(rows, 1024, device="cuda", dtype=dtype)
+    w = torch.randn(1024, device="cuda", dtype=dtype)
+    g = torch.randn_like(x)
+    x.requires_grad_()
+    w.requires_grad_()
+    expected = torch.ops.hotloop.rms_norm_triton_backward(g, x.detach(), w.detach(), 1e-6)
+    for _ in range(2):  # the second call takes the eager launch cache
+        y = triton_rms_norm.rms_norm(x, w, 1e-6)
+        torch.cuda.synchronize()
+        with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+            y.backward(g)
+            torch.cuda.synchronize()
+        launched = [e.name for e in prof.events() if e.device_type == DeviceType.CUDA]
+        assert len(launched) == kernels, launched
+        assert torch.equal(x.grad, expected[0])
+        assert torch.equal(w.grad, expected[1])
+        x.grad = w.grad = None
 
 
 @pytest.mark.gpu

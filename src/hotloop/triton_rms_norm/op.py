@@ -160,6 +160,15 @@ def _rms_norm_triton(
     return _forward(x, weight, eps, casting, offset)
 
 
+def _grad_weight(partials: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    """grad_weight from the kernels' [programs, H] float partial sums, in weight's dtype.
+    A decode-sized grid is one program, whose partial row is already the sum: taking it as
+    it is saves the reduction's launch, which at (1, H) costs more host time than the
+    kernel (benchmarks/NOTES.md, host time of the Triton backend)."""
+    total = partials[0] if partials.shape[0] == 1 else partials.sum(0)
+    return total.to(weight.dtype).view(weight.shape)
+
+
 def _backward_grads(
     grad_out: torch.Tensor,
     x: torch.Tensor,
@@ -189,7 +198,7 @@ def _backward_grads(
             return grad_x, torch.empty((0,), dtype=x.dtype, device=x.device)
         partials = torch.empty(partials_shape, dtype=acc_dtype, device=x.device)
         launch_again(grad_out, x, weight, grad_x, partials)
-        return grad_x, partials.sum(0).to(weight.dtype).view(weight.shape)
+        return grad_x, _grad_weight(partials, weight)
     check_casting("rms_norm_backward", casting, offset)
     _check_defined("rms_norm_backward", "grad_out", grad_out)
     _check_inputs("rms_norm_backward", x, weight)
@@ -224,7 +233,7 @@ def _backward_grads(
         written = dw_partial if dw_partial is not None else grad_x
         _remember(_EAGER_BACKWARDS, key, (relaunch, tuple(written.shape), written.dtype))
     if weight is not None and dw_partial is not None:
-        grad_weight = dw_partial.sum(0).to(weight.dtype).view(weight.shape)
+        grad_weight = _grad_weight(dw_partial, weight)
     return grad_x, grad_weight
 
 
