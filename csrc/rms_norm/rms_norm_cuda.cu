@@ -1009,10 +1009,26 @@ __global__ void __launch_bounds__(kBackwardMaxThreads)
 // shared memory (common/staged_rows.cuh), the grad_weight accumulator of this thread's
 // kVectorsPerThread vectors in registers, one partial row per block as in the vector
 // kernel.
+//
+// Rows split over a cluster take kBackwardSplitCluster blocks of kBackwardSplitVectors
+// vectors a thread where that covers them (bfloat16 up to H = 65536, float32 up to 32768),
+// bounded to two blocks an SM (kMinBlocksPerSm = 2: at most 64 registers a thread; the
+// bfloat16 kernel spills 68 bytes). Split over two blocks of 8 vectors a thread, a block
+// takes 128 registers, so one 512-thread block fills an SM: 16 warps, and while the block
+// reduces a row its SM has no loads in flight (bfloat16, H = 65536 on an H100: 406 us,
+// DRAM 59 %, 25 % of warps active; benchmarks/NOTES.md, run 48). Two blocks of 64 KB an
+// SM, 32 warps: the backward took 383 us instead of 414 (run K1, one process,
+// interleaved). Other ways to a second row an SM lost there: 8 vectors on 256 threads, two
+// blocks an SM (433 us); clusters of 8, four blocks an SM (256 threads and 4 vectors:
+// 404 us; 128 threads and 8 vectors: 450 us). The other instantiations keep
+// kMinBlocksPerSm = 0, no bound: an explicit bound of one block changed their SASS.
 constexpr int kBackwardStagedMaxVectors = 16;
+constexpr int kBackwardSplitCluster = 4;
+constexpr int kBackwardSplitVectors = 4;
 
-template <typename scalar_t, Casting kCasting, int kVectorsPerThread, int kCluster>
-__global__ void __launch_bounds__(kStagedThreads)
+template <typename scalar_t, Casting kCasting, int kVectorsPerThread, int kCluster,
+          int kMinBlocksPerSm = 0>
+__global__ void __launch_bounds__(kStagedThreads, kMinBlocksPerSm)
     rms_norm_backward_staged_kernel(const scalar_t* grad_out, const scalar_t* __restrict__ x,
                                     const scalar_t* __restrict__ weight, scalar_t* grad_x,
                                     acc_type<scalar_t>* __restrict__ weight_partials, int64_t rows,
@@ -1492,6 +1508,19 @@ void launch_rms_norm_backward(const scalar_t* grad_out, const scalar_t* x, const
   const int cluster = aligned && hidden % vector_size<scalar_t>() == 0
                           ? staged_cluster_size(staged_bytes, row_vectors, /*min_blocks_per_sm=*/1)
                           : 0;
+  if (cluster > 1 && row_vectors % kBackwardSplitCluster == 0 &&
+      row_vectors <= int64_t{kBackwardSplitCluster} * kStagedThreads * kBackwardSplitVectors) {
+    const auto kernel =
+        rms_norm_backward_staged_kernel<scalar_t, kCasting, kBackwardSplitVectors,
+                                        kBackwardSplitCluster, /*kMinBlocksPerSm=*/2>;
+    const StagedLaunch staged = plan_staged_launch(kernel, kBackwardSplitCluster, kStagedThreads,
+                                                   staged_bytes / kBackwardSplitCluster, rows);
+    with_partials(staged.clusters, /*zeroed=*/false, [&](acc_t* partials_ptr) {
+      launch_staged(staged, stream, kernel, grad_out, x, weight, grad_x, partials_ptr, rows, hidden,
+                    eps_acc, offset_acc);
+    });
+    return;
+  }
   if (cluster > 0) {
     RowLaunch staged_plan;
     staged_plan.threads_per_row = kStagedThreads;

@@ -93,6 +93,7 @@ def main() -> int:
             (1, 16384),
             (2, 20000),
             (2, 20001),
+            (2, 32768),  # float32's backward split over four blocks
             (3, 40000),
             (2, 65536),
         ):

@@ -23,8 +23,9 @@ DTYPES = [torch.float16, torch.bfloat16, torch.float32, torch.float64]
 # four-vector kernel: 12288), aligned rows past the register-resident limit (staged in
 # shared memory: the backward at 20000 and 40000, the forward at 40000 and float32's at
 # 20000; split over a cluster of blocks on sm_90: the 16-bit forward and backward at
-# 65536, float32's forward at 40000), and long odd rows (the generic kernels: 20001).
-HIDDEN_SIZES = [1, 7, 64, 1001, 2047, 4095, 8193, 12288, 20000, 20001, 40000, 65536]
+# 65536, float32's forward at 40000, float32's backward over four blocks at 32768), and long
+# odd rows (the generic kernels: 20001).
+HIDDEN_SIZES = [1, 7, 64, 1001, 2047, 4095, 8193, 12288, 20000, 20001, 32768, 40000, 65536]
 
 
 def sample_inputs(device: str, dtype: torch.dtype, requires_grad: bool = False) -> list[tuple]:
