@@ -136,15 +136,24 @@ def compiled_archs() -> list[str]:
 
 
 def git_commit() -> str:
+    """The commit the build info names: HOTLOOP_GIT_COMMIT (the pipeline's, whose
+    scripts/build.py marks a tree whose sources differ from HEAD "-dirty"), else HEAD, with
+    "-dirty" when the checkout differs from it. Without the pipeline's list of sources any
+    change counts: a plain `pip wheel .` of an edited tree must not name HEAD as its source."""
     if commit := os.environ.get("HOTLOOP_GIT_COMMIT"):
         return commit
+
+    def git(*args: str) -> str:
+        return subprocess.run(
+            ["git", *args], cwd=ROOT, capture_output=True, text=True, check=True
+        ).stdout.strip()
+
     try:
-        out = subprocess.run(
-            ["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True, check=True
-        )
+        head = git("rev-parse", "HEAD")
+        changed = git("status", "--porcelain")
     except (OSError, subprocess.CalledProcessError):
         return "unknown"
-    return out.stdout.strip()
+    return head + ("-dirty" if changed else "")
 
 
 def released_variants() -> list[str]:

@@ -72,3 +72,34 @@ def test_setup_py_stops_on_a_compiler_that_does_not_run(tmp_path, monkeypatch) -
     monkeypatch.setenv("CXX", str(tmp_path / "no-such-g++"))
     with pytest.raises(SystemExit, match=r"the build's compiler '.*no-such-g\+\+' does not run"):
         load_setup_py().build_compilers(with_cuda=False)
+
+
+@pytest.mark.skipif(shutil.which("git") is None, reason="no git")
+def test_setup_py_names_an_edited_tree_dirty(tmp_path, monkeypatch) -> None:
+    """A plain `pip wheel .` of a checkout with changes must not record HEAD as its source."""
+    setup = load_setup_py()
+    monkeypatch.delenv("HOTLOOP_GIT_COMMIT", raising=False)
+    monkeypatch.setattr(setup, "ROOT", tmp_path)
+
+    def git(*args: str) -> str:
+        return subprocess.run(
+            ["git", "-c", "user.name=t", "-c", "user.email=t@t", *args],
+            cwd=tmp_path,
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout.strip()
+
+    git("init", "-q")
+    (tmp_path / "kernel.cu").write_text("// one\n")
+    git("add", "kernel.cu")
+    git("commit", "-q", "-m", "one")
+    head = git("rev-parse", "HEAD")
+    assert setup.git_commit() == head
+    (tmp_path / "kernel.cu").write_text("// two\n")
+    assert setup.git_commit() == f"{head}-dirty"
+    git("checkout", "-q", "kernel.cu")
+    (tmp_path / "new_kernel.cu").write_text("// new\n")
+    assert setup.git_commit() == f"{head}-dirty"
+    monkeypatch.setenv("HOTLOOP_GIT_COMMIT", "c" * 40)
+    assert setup.git_commit() == "c" * 40
