@@ -129,7 +129,9 @@ def report() -> int:
     archs = ", ".join(describe_arch(a) for a in info["archs"])
     print(f"archs        {archs or 'none (CPU kernels only)'}")
     print(f"C++11 ABI    {info['cxx11_abi']}")
-    print(f"commit       {info['git_commit'][:12]}, built {info['build_time']}")
+    commit, dirty, _ = info["git_commit"].partition("-dirty")
+    # The suffix says the build's tree differed from the commit: it must survive the short form.
+    print(f"commit       {commit[:12]}{dirty}, built {info['build_time']}")
 
     if hotloop.LOAD_ERROR is not None:
         print(f"problem      the ops can't load into this torch:\n  {hotloop.LOAD_ERROR}")

@@ -310,6 +310,23 @@ def test_python_m_hotloop_shows_arch_specific_targets() -> None:
     ) in result.stdout
 
 
+@pytest.mark.parametrize(
+    ("commit", "shown"),
+    [("a" * 40, "a" * 12), ("b" * 40 + "-dirty", "b" * 12 + "-dirty"), ("unknown", "unknown")],
+)
+def test_python_m_hotloop_shows_a_dirty_build_as_dirty(commit: str, shown: str) -> None:
+    # A wheel built from an edited checkout must not read as a build of the clean commit.
+    code = (
+        "import runpy, sys, hotloop\n"
+        f"hotloop.BUILD_INFO['git_commit'] = {commit!r}\n"
+        "sys.argv = ['-m', 'hotloop']\n"
+        "runpy.run_module('hotloop', run_name='__main__', alter_sys=True)\n"
+    )
+    result = run_python(code)
+    assert "Traceback" not in result.stderr, result.stderr
+    assert f"commit       {shown}, built " in result.stdout
+
+
 def test_python_m_hotloop_reports_ok() -> None:
     result = subprocess.run([sys.executable, "-m", "hotloop"], capture_output=True, text=True)
     assert result.returncode == 0, result.stdout + result.stderr
