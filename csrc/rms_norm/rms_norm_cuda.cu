@@ -404,6 +404,15 @@ __device__ __forceinline__ void store_span_partials(acc_t* partial_row,
   }
 }
 
+// Blocks of rms_norm_shifted_kernel an SM at the least, which bounds a thread at 40 registers
+// (nvcc gave it 44 for 16-bit types without the bound). A span's row has a warp more than an
+// aligned row of the same width, so its blocks are small and registers decide how many of
+// them an SM holds: 10 of 160 threads at H = 2047 instead of 8, 5 of 288 at 4095 instead of
+// 4, which puts more of the rows' bytes in flight. bfloat16 forward on an H100, % of copy
+// bandwidth (benchmarks/NOTES.md, runs O2-O3): 2047 86.5 -> 90.2, 4095 85.4 -> 91.3, 1001
+// 93.0 -> 95.6, 3001 89.9 -> 95.7. A bound of 32 registers spilled and lost 4-10 points.
+constexpr int kShiftedMinBlocksPerSm = 3;
+
 // The forward of span rows: each thread keeps its 16-byte vectors of the span in
 // registers, as the vector kernel does. The weight's vectors line up with no row's:
 // `shifted_weight` holds kVec copies of it, copy `lead` starting `lead` zeros in, read as
@@ -413,8 +422,7 @@ __device__ __forceinline__ void store_span_partials(acc_t* partial_row,
 // unpacked each loaded 16-bit vector before it issued the next load (69 % instead of 85 %
 // of copy bandwidth at H = 4095 on an H100, run 36).
 template <typename scalar_t, Casting kCasting, int kVectorsPerThread>
-__global__ void __launch_bounds__(kVectorsPerThread >= 8 ? kForwardMaxThreadsAt8
-                                                         : kMaxThreadsPerBlock)
+__global__ void __launch_bounds__(kForwardLimits.max_threads, kShiftedMinBlocksPerSm)
     rms_norm_shifted_kernel(const scalar_t* __restrict__ x,
                             const scalar_t* __restrict__ shifted_weight, scalar_t* __restrict__ y,
                             int64_t rows, int64_t hidden, int64_t span_vectors,
