@@ -1516,17 +1516,21 @@ void launch_rms_norm_backward(const scalar_t* grad_out, const scalar_t* x, const
   const int cluster = aligned && hidden % vector_size<scalar_t>() == 0
                           ? staged_cluster_size(staged_bytes, row_vectors, /*min_blocks_per_sm=*/1)
                           : 0;
-  if (cluster > 1 && row_vectors % kBackwardSplitCluster == 0 &&
-      row_vectors <= int64_t{kBackwardSplitCluster} * kStagedThreads * kBackwardSplitVectors) {
-    const auto kernel =
-        rms_norm_backward_staged_kernel<scalar_t, kCasting, kBackwardSplitVectors,
-                                        kBackwardSplitCluster, /*kMinBlocksPerSm=*/2>;
-    const StagedLaunch staged = plan_staged_launch(kernel, kBackwardSplitCluster, kStagedThreads,
-                                                   staged_bytes / kBackwardSplitCluster, rows);
+  // `kernel` (an instance of rms_norm_backward_staged_kernel) over clusters of `blocks`.
+  const auto launch_staged_rows = [&](auto kernel, int blocks) {
+    const StagedLaunch staged =
+        plan_staged_launch(kernel, blocks, kStagedThreads, staged_bytes / blocks, rows);
     with_partials(staged.clusters, /*zeroed=*/false, [&](acc_t* partials_ptr) {
       launch_staged(staged, stream, kernel, grad_out, x, weight, grad_x, partials_ptr, rows, hidden,
                     eps_acc, offset_acc);
     });
+  };
+  if (cluster > 1 && row_vectors % kBackwardSplitCluster == 0 &&
+      row_vectors <= int64_t{kBackwardSplitCluster} * kStagedThreads * kBackwardSplitVectors) {
+    launch_staged_rows(rms_norm_backward_staged_kernel<scalar_t, kCasting, kBackwardSplitVectors,
+                                                       kBackwardSplitCluster,
+                                                       /*kMinBlocksPerSm=*/2>,
+                       kBackwardSplitCluster);
     return;
   }
   if (cluster > 0) {
@@ -1539,15 +1543,10 @@ void launch_rms_norm_backward(const scalar_t* grad_out, const scalar_t* x, const
     const bool staged_launched =
         launch_vector_rows<8, kBackwardStagedMaxVectors>(staged_plan, [&](auto vpt) {
           auto run = [&](auto cluster_size) {
-            const auto kernel =
-                rms_norm_backward_staged_kernel<scalar_t, kCasting, decltype(vpt)::value,
-                                                decltype(cluster_size)::value>;
-            const StagedLaunch staged =
-                plan_staged_launch(kernel, cluster, kStagedThreads, staged_bytes / cluster, rows);
-            with_partials(staged.clusters, /*zeroed=*/false, [&](acc_t* partials_ptr) {
-              launch_staged(staged, stream, kernel, grad_out, x, weight, grad_x, partials_ptr, rows,
-                            hidden, eps_acc, offset_acc);
-            });
+            launch_staged_rows(rms_norm_backward_staged_kernel<scalar_t, kCasting,
+                                                               decltype(vpt)::value,
+                                                               decltype(cluster_size)::value>,
+                               cluster);
           };
           if (cluster == 1) {
             run(std::integral_constant<int, 1>{});
