@@ -609,17 +609,6 @@ __global__ void __launch_bounds__(kMaxThreadsPerBlock)
   }
 }
 
-// A span holds one vector more than an aligned row of the same width: one warp more than
-// 256 threads keeps a 4095-element 16-bit row at two vectors a thread on 288 threads (4 a
-// thread gave 44 % occupancy and 69 % of copy bandwidth on an H100; one on 544 threads was
-// 15 % slower on an H200, run 73). At least two vectors a thread, as in the aligned kernel:
-// rows of 1001 and 2047 bfloat16 elements ran 4-12 % faster with two than with one on 288
-// threads, on both GPUs (runs 73-74).
-constexpr RowKernelLimits kShiftedLimits{kForwardLimits.max_vectors_per_thread,
-                                         /*target_threads=*/256 + kWarpSize,
-                                         kForwardLimits.max_threads,
-                                         /*min_vectors_per_thread=*/2};
-
 // Shorter rows than kShiftedMinHidden keep the scalar kernel, which packs several to a
 // block; rms_norm_shifted_kernel takes the rest that the vector kernel's variants can hold.
 constexpr int64_t kShiftedMinHidden = 256;
@@ -697,10 +686,14 @@ bool launch_shifted_rms_norm(const scalar_t* x, const scalar_t* weight, scalar_t
       return false;
     }
     const int64_t span_vectors = widest_span_vectors<scalar_t>(hidden);
+    // The aligned forward's plan: two vectors a thread on up to 512 threads, so 16-bit spans of
+    // up to 1024 vectors (H <= 8185). On more vectors a thread the scalar kernel is faster:
+    // four gave 44 % occupancy at H = 4095 (69 % of copy bandwidth on an H100), and 85 against
+    // 74 % at 8193. One vector a thread lost 4-12 % at 1001 and 2047 on both GPUs (runs
+    // 73-74). Two on more than 512 threads, at 40 registers, lost to the scalar kernel: H =
+    // 8193 on 544 threads 80.7 against 85.2 %, 12289 on 800 65.8 against 83.3 % (run O9).
     const RowLaunch plan =
-        plan_row_launch(span_vectors * kVec, kVec, /*vector_ok=*/true, kShiftedLimits);
-    // At 4 vectors a thread (16-bit rows past 4608 elements) the scalar kernel is faster:
-    // 85 against 74 % of copy bandwidth at H = 8193 on an H100.
+        plan_row_launch(span_vectors * kVec, kVec, /*vector_ok=*/true, kForwardLimits);
     if (plan.vectors_per_thread == 0 || plan.vectors_per_thread > 2) {
       return false;
     }

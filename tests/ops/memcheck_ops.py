@@ -87,6 +87,7 @@ def main() -> int:
             (9, 1001),  # 16-bit rows at every offset from the 16-byte boundary
             (3, 2047),
             (2, 4095),
+            (3, 6001),  # 16-bit spans on 384 threads
             (3, 4096),
             (2, 8193),
             (2, 12288),

@@ -48,7 +48,7 @@ def test_forward_matches_reference(device: str, dtype: torch.dtype) -> None:
 
 
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32])
-@pytest.mark.parametrize("hidden", [257, 1001, 2047, 4095, 8193])
+@pytest.mark.parametrize("hidden", [257, 1001, 2047, 4095, 6001, 8193])
 def test_forward_rows_off_the_vector_boundary(device: str, dtype: torch.dtype, hidden: int) -> None:
     # Odd widths put consecutive rows at every offset from the 16-byte boundary; 3000 rows
     # are more than a GPU keeps resident, so blocks loop over rows. The offset view gives
@@ -63,7 +63,7 @@ def test_forward_rows_off_the_vector_boundary(device: str, dtype: torch.dtype, h
 
 
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32])
-@pytest.mark.parametrize("hidden", [257, 1001, 2047, 3001, 4095])
+@pytest.mark.parametrize("hidden", [257, 1001, 2047, 3001, 4095, 6001])
 @pytest.mark.parametrize("rows", [5, 8, 3003])
 def test_forward_odd_rows_keep_to_themselves(
     device: str, dtype: torch.dtype, hidden: int, rows: int
