@@ -1536,10 +1536,10 @@ void launch_rms_norm_backward(const scalar_t* grad_out, const scalar_t* x, const
     const bool staged_launched =
         launch_vector_rows<8, kBackwardStagedMaxVectors>(staged_plan, [&](auto vpt) {
           auto run = [&](auto cluster_size) {
-            launch_staged_rows(rms_norm_backward_staged_kernel<scalar_t, kCasting,
-                                                               decltype(vpt)::value,
-                                                               decltype(cluster_size)::value>,
-                               cluster);
+            launch_staged_rows(
+                rms_norm_backward_staged_kernel<scalar_t, kCasting, decltype(vpt)::value,
+                                                decltype(cluster_size)::value>,
+                cluster);
           };
           if (cluster == 1) {
             run(std::integral_constant<int, 1>{});
