@@ -113,6 +113,12 @@ __device__ __forceinline__ acc_t weighted_grad(acc_t go, acc_t w, acc_t offset) 
   }
 }
 
+// x_coeff of grad_x_value for a row's rstd and sum(g * x): rstd^3 * sum(g * x) / H.
+template <typename acc_t>
+__device__ __forceinline__ acc_t grad_x_coefficient(acc_t rstd, acc_t sum_gx, acc_t inv_hidden) {
+  return rstd * rstd * rstd * sum_gx * inv_hidden;
+}
+
 // grad_x before its rounding: rstd * g - x * x_coeff (kTorch keeps its association).
 template <Casting kCasting, typename scalar_t, typename acc_t>
 __device__ __forceinline__ acc_t grad_x_value(acc_t go, acc_t w, acc_t x, acc_t rstd, acc_t x_coeff,
@@ -948,7 +954,7 @@ __global__ void __launch_bounds__(kBackwardMaxThreads)
     row_sum(sums);
 
     const acc_t rstd = row_rstd<kCasting>(sums[0], inv_hidden, eps);
-    const acc_t x_coeff = rstd * rstd * rstd * sums[1] * inv_hidden;
+    const acc_t x_coeff = grad_x_coefficient(rstd, sums[1], inv_hidden);
 #pragma unroll
     for (int i = 0; i < kVectorsPerThread; ++i) {
       const int idx = threadIdx.x + i * blockDim.x;
@@ -1071,7 +1077,7 @@ __global__ void __launch_bounds__(kStagedThreads, kMinBlocksPerSm)
     row_sum(sums);
     cluster_sum<kCluster>(sums, exchange, parity);
     const acc_t rstd = row_rstd<kCasting>(sums[0], inv_hidden, eps);
-    const acc_t x_coeff = rstd * rstd * rstd * sums[1] * inv_hidden;
+    const acc_t x_coeff = grad_x_coefficient(rstd, sums[1], inv_hidden);
     Vec* gx_part = part_vectors<Vec>(grad_x, row, hidden, part);
     const int64_t next = next_staged_row(part, row, rows);
     const Vec* x_next = part_vectors<Vec>(x, next, hidden, part);
@@ -1182,7 +1188,7 @@ __global__ void __launch_bounds__(kMaxThreadsPerBlock)
     }
     row_sum(sums);
     const acc_t rstd = row_rstd<kCasting>(sums[0], inv_hidden, eps);
-    const acc_t x_coeff = rstd * rstd * rstd * sums[1] * inv_hidden;
+    const acc_t x_coeff = grad_x_coefficient(rstd, sums[1], inv_hidden);
     const int64_t next = row + gridDim.x;
     const RowSpan next_span = row_span<scalar_t>(lead, next, rows, hidden);
 #pragma unroll
@@ -1277,7 +1283,7 @@ __global__ void __launch_bounds__(Rows::kLaunchBound)
     }
     row_sum(sums);
     const acc_t rstd = row_rstd<kCasting>(sums[0], inv_hidden, eps);
-    const acc_t x_coeff = rstd * rstd * rstd * sums[1] * inv_hidden;
+    const acc_t x_coeff = grad_x_coefficient(rstd, sums[1], inv_hidden);
     scalar_t* gx_own = grad_x + own_offset;
 #pragma unroll
     for (int i = 0; i < kElemsPerThread; ++i) {
@@ -1336,7 +1342,7 @@ __global__ void __launch_bounds__(kMaxThreadsPerBlock)
     }
     row_sum(sums);
     const acc_t rstd = row_rstd<kCasting>(sums[0], inv_hidden, eps);
-    const acc_t x_coeff = rstd * rstd * rstd * sums[1] * inv_hidden;
+    const acc_t x_coeff = grad_x_coefficient(rstd, sums[1], inv_hidden);
     scalar_t* gx_row = grad_x + row * hidden;
     for (int64_t j = threadIdx.x; j < row_hidden; j += blockDim.x) {
       const acc_t xj = static_cast<acc_t>(x_row[j]);
