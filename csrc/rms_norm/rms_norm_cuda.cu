@@ -6,8 +6,9 @@
 // a multiple of the vector width, each thread keeps its slice of the row in
 // registers as 16-byte vectors (kVectorsPerThread of them), so x is read from
 // global memory once. Rows off the 16-byte boundary (odd hidden sizes) do the same with
-// the aligned span around each row (rms_norm_shifted_kernel); the backward stages those
-// spans in shared memory (rms_norm_backward_span_staged_kernel). Other rows (unaligned
+// the aligned span around each row (rms_norm_shifted_kernel, spans of up to 1024 vectors:
+// 16-bit rows up to 8185 elements; wider ones take the scalar kernel); the backward stages
+// those spans in shared memory (rms_norm_backward_span_staged_kernel). Other rows (unaligned
 // views) of up to 16384 elements (float16/bfloat16/float32) stay in registers as scalars,
 // read with coalesced scalar loads (the *_scalar_kernels). Longer ones, and float64, take a
 // generic kernel with scalar loads that handles any hidden size, re-reading the
