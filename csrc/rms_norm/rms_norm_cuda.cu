@@ -674,6 +674,11 @@ int64_t span_grid(int64_t blocks, int64_t rows) {
 constexpr RowKernelLimits kSpanStagedLimits{/*max_vectors_per_thread=*/2,
                                             /*target_threads=*/256 + kWarpSize,
                                             /*max_threads=*/kMaxThreadsPerBlock};
+// The one-vector span backward's bound, with two blocks an SM: ptxas then gives a thread 65536 /
+// (640 * 2) registers, rounded down to 48. It bounds registers, not blocks (never above the
+// plan's target_threads).
+constexpr int kSpanOneVectorBoundThreads = 640;
+static_assert(kSpanStagedLimits.target_threads <= kSpanOneVectorBoundThreads);
 // The weight's copy stays in registers in blocks of up to this many threads. With more, the
 // 64 registers a thread that 1024-thread bounds allow leave one block an SM (bfloat16
 // backward at H = 8193 on an H100: 1684-1948 GB/s, against 2186-2313 reading it each pass).
@@ -1123,8 +1128,14 @@ __global__ void __launch_bounds__(kStagedThreads, kMinBlocksPerSm)
 // through has_weight: with it, nvcc scheduled kTorch's kernel differently (bfloat16, two
 // vectors, weight not in registers: 1912 -> 1896 instructions), and H = 8193 forward+backward
 // went from 0.535 to 0.640 ms on an H100 (runs 80-81), the fall 2f615c8 once caused here too.
+// One vector a thread is bounded to 48 registers (kSpanOneVectorBoundThreads), from 49: a block
+// more an SM where that fits (H = 1001: 10 blocks of 128 threads, from 9), and bfloat16 forward+
+// backward on an H100 at H = 1001 85.3 -> 87.4 % of copy bandwidth, 1501 +0.4, 2047 +0.2, 2303
+// even (run O11, one process). Two vectors lost 0-20 points at 48 or 40 registers (spills, O5).
 template <typename scalar_t, Casting kCasting, int kVectorsPerThread, bool kWeightInRegisters>
-__global__ void __launch_bounds__(kMaxThreadsPerBlock)
+__global__ void __launch_bounds__(kVectorsPerThread == 1 ? kSpanOneVectorBoundThreads
+                                                         : kMaxThreadsPerBlock,
+                                  kVectorsPerThread == 1 ? 2 : 0)
     rms_norm_backward_span_staged_kernel(const scalar_t* grad_out, const scalar_t* __restrict__ x,
                                          const scalar_t* __restrict__ weight_copies,
                                          scalar_t* grad_x,
