@@ -692,11 +692,29 @@ constexpr RowKernelLimits kBackwardLimits{/*max_vectors_per_thread=*/kBackwardVe
                                           /*max_threads=*/kBackwardMaxThreads,
                                           /*min_vectors_per_thread=*/kBackwardVectors};
 
+// bfloat16 and float32 rows of up to this many threads (bfloat16 up to H = 2048, float32 up to
+// 1024) load their next row's x and grad_out before they sum this one (kLoadAhead), so a block
+// always has loads in flight, as the Triton backward's prefetch does. Its blocks, of at most 128
+// threads, take up to 166 registers, so 3 blocks of 128 threads fit an SM instead of 4.
+// Forward+backward on an H100, % of copy bandwidth, against main's wheel in alternating
+// processes (runs O13-O15): bfloat16 H = 512 94.1 -> 94.9, 1000 91.9 -> 93.6, 1024 93.7 ->
+// 95.1, 2048 92.9 -> 94.0; llama and gemma casting +0.3 to +1.2 but llama at 2048 even;
+// float32 1024 +0.6-0.7. float16 lost 0.3-0.5 at 512-2048 in every casting measured (the
+// cause is not known) and keeps the kernel as it was; so does float64 (not measured). With
+// 128 threads a row it lost too: bfloat16 4096 94.0 -> 93.6, and 8192 (one block of 256
+// threads an SM) 94.7 -> 82.2. Bounded to 128 registers (two 256-thread blocks) it spilled:
+// 76-79 %.
+constexpr int kLoadAheadMaxThreadsPerRow = 64;
+constexpr int kLoadAheadMaxThreads = kThreadsForShortRows;
+template <typename scalar_t>
+constexpr bool kLoadsAhead = std::is_same_v<scalar_t, BFloat16> || std::is_same_v<scalar_t, float>;
+static_assert(kLoadAheadMaxThreadsPerRow <= kLoadAheadMaxThreads);
+
 // The grid only fills the GPU once (every row slot holds a grad_weight accumulator in
 // registers), rows strided over it. A grid of one block writes grad_weight itself (given
 // grad_weight, no weight_partials).
-template <typename scalar_t, Casting kCasting>
-__global__ void __launch_bounds__(kBackwardMaxThreads)
+template <typename scalar_t, Casting kCasting, bool kLoadAhead>
+__global__ void __launch_bounds__(kLoadAhead ? kLoadAheadMaxThreads : kBackwardMaxThreads)
     rms_norm_backward_vector_kernel(const scalar_t* grad_out, const scalar_t* __restrict__ x,
                                     const scalar_t* __restrict__ weight, scalar_t* grad_x,
                                     acc_type<scalar_t>* __restrict__ weight_partials, int64_t rows,
@@ -717,6 +735,18 @@ __global__ void __launch_bounds__(kBackwardMaxThreads)
 
   // Not block_rows: with it nvcc compiles this kernel to other instructions. The loop bound is
   // the same for the whole block; rows past the end are masked.
+  // x and grad_out of `row` (none past the end) into xv and gov.
+  const auto load_row = [&](Vec(&xv)[kVectorsPerThread], Vec(&gov)[kVectorsPerThread],
+                            int64_t row) {
+    load_vector_pairs(xv, reinterpret_cast<const Vec*>(x + row * hidden), gov,
+                      reinterpret_cast<const Vec*>(grad_out + row * hidden), /*row_valid=*/true,
+                      row < rows ? num_vectors : 0);
+  };
+  Vec ahead_x[kLoadAhead ? kVectorsPerThread : 1];
+  Vec ahead_go[kLoadAhead ? kVectorsPerThread : 1];
+  if constexpr (kLoadAhead) {
+    load_row(ahead_x, ahead_go, static_cast<int64_t>(blockIdx.x) * blockDim.y + threadIdx.y);
+  }
   for (int64_t block_row = static_cast<int64_t>(blockIdx.x) * blockDim.y; block_row < rows;
        block_row += row_slots) {
     const int64_t row = block_row + threadIdx.y;
@@ -724,9 +754,16 @@ __global__ void __launch_bounds__(kBackwardMaxThreads)
     Vec xv[kVectorsPerThread];
     Vec gov[kVectorsPerThread];
     acc_t sums[2] = {0, 0};  // sum(x^2) and sum(g * x)
-    const Vec* x_vectors = reinterpret_cast<const Vec*>(x + row * hidden);
-    const Vec* go_vectors = reinterpret_cast<const Vec*>(grad_out + row * hidden);
-    load_vector_pairs(xv, x_vectors, gov, go_vectors, /*row_valid=*/true, row_vectors);
+    if constexpr (kLoadAhead) {
+#pragma unroll
+      for (int i = 0; i < kVectorsPerThread; ++i) {
+        xv[i] = ahead_x[i];
+        gov[i] = ahead_go[i];
+      }
+      load_row(ahead_x, ahead_go, row + row_slots);
+    } else {
+      load_row(xv, gov, row);
+    }
 #pragma unroll
     for (int i = 0; i < kVectorsPerThread; ++i) {
       const int idx = threadIdx.x + i * blockDim.x;
@@ -1245,7 +1282,14 @@ void launch_rms_norm_backward(const scalar_t* grad_out, const scalar_t* x, const
   };
 
   const bool vector_launched = launch_vector_rows<kBackwardVectors>(plan, [&](auto) {
-    const auto kernel = rms_norm_backward_vector_kernel<scalar_t, kCasting>;
+    const auto kernel = [&] {
+      if constexpr (kLoadsAhead<scalar_t>) {
+        if (plan.threads_per_row <= kLoadAheadMaxThreadsPerRow) {
+          return rms_norm_backward_vector_kernel<scalar_t, kCasting, true>;
+        }
+      }
+      return rms_norm_backward_vector_kernel<scalar_t, kCasting, false>;
+    }();
     const int64_t blocks = persistent_blocks(kernel, plan, rows);
     // One block (decode-sized rows): it writes grad_weight itself, which saves the partial
     // row's allocation and the sum's launch: at (1, 4096) bfloat16 on an H100 the op took
