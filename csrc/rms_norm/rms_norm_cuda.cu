@@ -270,7 +270,7 @@ constexpr int kShiftedMinBlocksPerSm = 3;
 // `shifted_weight` holds kVec copies of it, copy `lead` starting `lead` zeros in, read as
 // vectors at the span's vector index. y sits at x's offset from the boundary (launch
 // checks). benchmarks/NOTES.md (runs 20-25) has the variants that ran slower than the
-// scalar kernel. Written out rather than through the span helpers above: with them nvcc
+// scalar kernel. Written out rather than through common/span_rows.cuh's helpers: with them nvcc
 // unpacked each loaded 16-bit vector before it issued the next load (69 % instead of 85 %
 // of copy bandwidth at H = 4095 on an H100, run 36).
 template <typename scalar_t, Casting kCasting, int kVectorsPerThread>
