@@ -29,13 +29,12 @@ inline void check_rms_norm_backward_inputs(const char* op, const Tensor& grad_ou
   check_same_shape(op, "x", x, "grad_out", grad_out);
 }
 
-// The entry point of rms_norm_backward around a device's
-// `into(grad_out, x, weight, eps, mode, offset, grad_x)`, which writes grad_x (contiguous,
-// x's shape) and returns grad_weight.
-template <typename Into>
+// rms_norm_backward of a device whose `into(grad_out, x, weight, eps, mode, offset, grad_x)`
+// writes grad_x (contiguous, x's shape) and returns grad_weight: the op its library registers.
+template <auto into>
 std::tuple<Tensor, Tensor> rms_norm_backward_op(const Tensor& grad_out, const Tensor& x,
                                                 const std::optional<Tensor>& weight, double eps,
-                                                int64_t casting, double offset, const Into& into) {
+                                                int64_t casting, double offset) {
   constexpr const char* op = "rms_norm_backward";
   const Casting mode = checked_casting(op, casting, offset);
   check_rms_norm_backward_inputs(op, grad_out, x, weight);
@@ -44,7 +43,7 @@ std::tuple<Tensor, Tensor> rms_norm_backward_op(const Tensor& grad_out, const Te
   return {grad_x, grad_weight};
 }
 
-// The entry point of rms_norm_backward_ around the same `into`, with grad_x = grad_out: each
+// rms_norm_backward_ of the same `into`, with grad_x = grad_out: each
 // kernel reads an element's grad_out before it writes that element's grad_x, in the same
 // thread (their grad_out and grad_x pointers are not __restrict__ for this reason); the CUDA
 // span kernel also reads the neighbouring rows' elements of its edge vectors, which other
@@ -52,10 +51,10 @@ std::tuple<Tensor, Tensor> rms_norm_backward_op(const Tensor& grad_out, const Te
 // out-of-place call, so grad_x and grad_weight are equal to its bit for bit (except where
 // grad_out and x share an offset from the 16-byte boundary: the out-of-place grad_x, a new
 // tensor, sits on it, and those rows take another kernel there). Returns grad_weight.
-template <typename Into>
+template <auto into>
 Tensor rms_norm_backward_in_place_op(Tensor& grad_out, const Tensor& x,
                                      const std::optional<Tensor>& weight, double eps,
-                                     int64_t casting, double offset, const Into& into) {
+                                     int64_t casting, double offset) {
   constexpr const char* op = "rms_norm_backward_";
   const Casting mode = checked_casting(op, casting, offset);
   check_rms_norm_backward_inputs(op, grad_out, x, weight);

@@ -141,25 +141,13 @@ Tensor rms_norm_backward_into(const Tensor& grad_out, const Tensor& x,
   return grad_weight;
 }
 
-std::tuple<Tensor, Tensor> rms_norm_backward_cpu(const Tensor& grad_out, const Tensor& x,
-                                                 const std::optional<Tensor>& weight, double eps,
-                                                 int64_t casting, double offset) {
-  return rms_norm_backward_op(grad_out, x, weight, eps, casting, offset, rms_norm_backward_into);
-}
-
-Tensor rms_norm_backward_in_place_cpu(Tensor& grad_out, const Tensor& x,
-                                      const std::optional<Tensor>& weight, double eps,
-                                      int64_t casting, double offset) {
-  return rms_norm_backward_in_place_op(grad_out, x, weight, eps, casting, offset,
-                                       rms_norm_backward_into);
-}
-
 }  // namespace
 
 HOTLOOP_LIBRARY_IMPL(CPU, m) {
   m.impl("rms_norm", HOTLOOP_KERNEL(&rms_norm_cpu));
-  m.impl("rms_norm_backward", HOTLOOP_KERNEL(&rms_norm_backward_cpu));
-  m.impl("rms_norm_backward_", HOTLOOP_KERNEL(&rms_norm_backward_in_place_cpu));
+  m.impl("rms_norm_backward", HOTLOOP_KERNEL(&rms_norm_backward_op<rms_norm_backward_into>));
+  m.impl("rms_norm_backward_",
+         HOTLOOP_KERNEL(&rms_norm_backward_in_place_op<rms_norm_backward_into>));
 }
 
 }  // namespace hotloop

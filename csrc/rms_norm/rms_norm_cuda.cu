@@ -1465,26 +1465,13 @@ Tensor rms_norm_backward_cuda_into(const Tensor& grad_out, const Tensor& x,
   return grad_weight;
 }
 
-std::tuple<Tensor, Tensor> rms_norm_backward_cuda(const Tensor& grad_out, const Tensor& x,
-                                                  const std::optional<Tensor>& weight, double eps,
-                                                  int64_t casting, double offset) {
-  return rms_norm_backward_op(grad_out, x, weight, eps, casting, offset,
-                              rms_norm_backward_cuda_into);
-}
-
-Tensor rms_norm_backward_in_place_cuda(Tensor& grad_out, const Tensor& x,
-                                       const std::optional<Tensor>& weight, double eps,
-                                       int64_t casting, double offset) {
-  return rms_norm_backward_in_place_op(grad_out, x, weight, eps, casting, offset,
-                                       rms_norm_backward_cuda_into);
-}
-
 }  // namespace
 
 HOTLOOP_LIBRARY_IMPL(CUDA, m) {
   m.impl("rms_norm", HOTLOOP_KERNEL(&rms_norm_cuda));
-  m.impl("rms_norm_backward", HOTLOOP_KERNEL(&rms_norm_backward_cuda));
-  m.impl("rms_norm_backward_", HOTLOOP_KERNEL(&rms_norm_backward_in_place_cuda));
+  m.impl("rms_norm_backward", HOTLOOP_KERNEL(&rms_norm_backward_op<rms_norm_backward_cuda_into>));
+  m.impl("rms_norm_backward_",
+         HOTLOOP_KERNEL(&rms_norm_backward_in_place_op<rms_norm_backward_cuda_into>));
 }
 
 }  // namespace hotloop
