@@ -6,6 +6,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 from op_testing import (
+    RELATIVE_TOLERANCES,
     TOLERANCES,
     OpRecorder,
     opcheck,
@@ -150,6 +151,28 @@ def test_backward_rows_off_the_vector_boundary(
             grad_x = torch.ops.hotloop.rms_norm_backward(with_inf, x, w, 1e-6)[0]
             torch.testing.assert_close(grad_x[finite], expected_x[finite].to(dtype), **tol)
             assert not torch.isfinite(grad_x[4]).any()
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32])
+@pytest.mark.parametrize("hidden", [512, 1024, 2048, 4096])
+def test_backward_many_aligned_rows_a_block(device: str, dtype: torch.dtype, hidden: int) -> None:
+    # 4000 rows are more than the vector backward's resident row slots at these widths (on an
+    # H100 or H200: 3168 at bfloat16 512), so every block takes several rows in turn: the
+    # bfloat16 and float32 kernels of rows up to 64 threads load each next row while they work
+    # on this one, and a wrong next row, or a load that lands late, shows in grad_x and in the
+    # grad_weight summed over all rows.
+    rows = 4000
+    gen = torch.Generator(device=device).manual_seed(hidden)
+    x = torch.randn(rows, hidden, device=device, dtype=dtype, generator=gen)
+    grad_out = torch.randn(rows, hidden, device=device, dtype=dtype, generator=gen)
+    weight = torch.rand(hidden, device=device, dtype=dtype, generator=gen) + 0.5
+    tol = {"atol": 8 * TOLERANCES[dtype]["atol"], "rtol": 4 * TOLERANCES[dtype]["rtol"]}
+    grad_x, grad_w = torch.ops.hotloop.rms_norm_backward(grad_out, x, weight, 1e-6)
+    expected_x, expected_w = rms_norm_backward_reference(grad_out, x, weight, 1e-6)
+    torch.testing.assert_close(grad_x, expected_x.to(dtype), **tol)
+    # grad_weight sums 4000 rows: compare it to its largest value, not element by element
+    scale = expected_w.abs().max()
+    assert (grad_w.double() - expected_w).abs().max() <= RELATIVE_TOLERANCES[dtype] * scale
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
