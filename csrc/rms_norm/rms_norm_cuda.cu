@@ -22,6 +22,7 @@
 #include <type_traits>
 
 #include "../common/cuda_utils.cuh"
+#include "../common/dependent_launch.cuh"
 #include "../common/norm_casting.cuh"
 #include "../common/row_launch.cuh"
 #include "../common/scalar_rows.cuh"
@@ -186,6 +187,8 @@ __global__ void __launch_bounds__(kVectorsPerThread >= 8 ? kForwardMaxThreadsAt8
   const int num_vectors = static_cast<int>(hidden / kVec);
   const acc_t inv_hidden = acc_t(1) / static_cast<acc_t>(hidden);
   const Vec* weight_vec = reinterpret_cast<const Vec*>(weight);
+  // Lets a backward launched after it (launch_dependent) start now, see dependent_launch.cuh.
+  allow_dependent_grids();
 
   for (const int64_t row : block_rows(rows)) {
     const bool row_valid = row < rows;
@@ -729,6 +732,9 @@ __global__ void __launch_bounds__(kLoadAhead ? kLoadAheadMaxThreads : kBackwardM
   const int64_t row_slots = static_cast<int64_t>(gridDim.x) * blockDim.y;
   const int num_vectors = static_cast<int>(hidden / kVec);
   const Vec* weight_vec = reinterpret_cast<const Vec*>(weight);
+  // Launched as a dependent: nothing global is touched before this (dependent_launch.cuh).
+  wait_for_prior_grids();
+  allow_dependent_grids();
 
   acc_t dw[kVectorsPerThread][kVec];
   zero_accumulator(dw);
@@ -1201,6 +1207,7 @@ __global__ void sum_partials_kernel(const acc_type<scalar_t>* __restrict__ parti
                                     scalar_t* __restrict__ grad_weight, int64_t num_partials,
                                     int64_t hidden) {
   using acc_t = acc_type<scalar_t>;
+  wait_for_prior_grids();  // launched as a dependent of the kernel writing the partials
   __shared__ acc_t sums[kRowGroups][kSumColumns + 1];
   const int64_t col = static_cast<int64_t>(blockIdx.x) * kSumColumns + threadIdx.x;
   acc_t sum = 0;
@@ -1258,14 +1265,14 @@ void launch_rms_norm_backward(const scalar_t* grad_out, const scalar_t* x, const
     run(partials_ptr);
     if (partials_ptr != nullptr) {
       const dim3 sum_grid(static_cast<unsigned>(ceil_div(hidden, kSumColumns)));
+      const acc_t* sum_input = partials_ptr;
       if (num_partials >= kSumManyPartials) {
-        sum_partials_kernel<scalar_t, 32><<<sum_grid, dim3(kSumColumns, 32), 0, stream>>>(
-            partials_ptr, grad_weight, num_partials, hidden);
+        launch_dependent(sum_partials_kernel<scalar_t, 32>, sum_grid, dim3(kSumColumns, 32),
+                         stream, sum_input, grad_weight, num_partials, hidden);
       } else {
-        sum_partials_kernel<scalar_t, 8><<<sum_grid, dim3(kSumColumns, 8), 0, stream>>>(
-            partials_ptr, grad_weight, num_partials, hidden);
+        launch_dependent(sum_partials_kernel<scalar_t, 8>, sum_grid, dim3(kSumColumns, 8), stream,
+                         sum_input, grad_weight, num_partials, hidden);
       }
-      HOTLOOP_KERNEL_LAUNCH_CHECK();
     }
   };
   // The scalar kernels write one partial row per row slot, overwriting it; the generic
@@ -1297,10 +1304,9 @@ void launch_rms_norm_backward(const scalar_t* grad_out, const scalar_t* x, const
     // (benchmarks/NOTES.md, run 94).
     const bool direct = blocks == 1;
     with_partials(direct ? 0 : blocks, /*zeroed=*/false, [&](acc_t* partials_ptr) {
-      kernel<<<dim3(static_cast<unsigned>(blocks)), plan.block(), 0, stream>>>(
-          grad_out, x, weight, grad_x, partials_ptr, rows, hidden, eps_acc, offset_acc,
-          direct ? grad_weight : nullptr);
-      HOTLOOP_KERNEL_LAUNCH_CHECK();
+      launch_dependent(kernel, dim3(static_cast<unsigned>(blocks)), plan.block(), stream,
+                       grad_out, x, weight, grad_x, partials_ptr, rows, hidden, eps_acc,
+                       offset_acc, direct ? grad_weight : nullptr);
     });
   });
   if (vector_launched) {
