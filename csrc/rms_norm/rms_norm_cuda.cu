@@ -187,8 +187,6 @@ __global__ void __launch_bounds__(kVectorsPerThread >= 8 ? kForwardMaxThreadsAt8
   const int num_vectors = static_cast<int>(hidden / kVec);
   const acc_t inv_hidden = acc_t(1) / static_cast<acc_t>(hidden);
   const Vec* weight_vec = reinterpret_cast<const Vec*>(weight);
-  // Lets a backward launched after it (launch_dependent) start now, see dependent_launch.cuh.
-  allow_dependent_grids();
 
   for (const int64_t row : block_rows(rows)) {
     const bool row_valid = row < rows;
