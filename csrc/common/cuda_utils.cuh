@@ -139,6 +139,17 @@ inline int num_sms() {
   return count;
 }
 
+// Peak memory bandwidth of the current device an SM, GB/s: two transfers a memory clock over
+// the bus (H100 SXM 25, H200 37).
+inline double memory_gbps_per_sm() {
+  const int device = current_device();
+  int clock_khz = 0;
+  int bus_bits = 0;
+  HOTLOOP_CUDA_CHECK(cudaDeviceGetAttribute(&clock_khz, cudaDevAttrMemoryClockRate, device));
+  HOTLOOP_CUDA_CHECK(cudaDeviceGetAttribute(&bus_bits, cudaDevAttrGlobalMemoryBusWidth, device));
+  return 2.0 * clock_khz * 1e3 * (bus_bits / 8) / 1e9 / num_sms();
+}
+
 inline int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
 }  // namespace hotloop

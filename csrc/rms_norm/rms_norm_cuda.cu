@@ -46,7 +46,8 @@ constexpr int kForwardMaxThreadsAt8 = 512;
 // and short rows take fewer threads (512 bfloat16 elements: one warp, no block barrier).
 // On an H200, whose memory needs more bytes in flight than an H100's, one vector a thread
 // left rows of 512-2048 bfloat16 elements at 73-81 % of copy bandwidth; two reached 90 %
-// (benchmarks/NOTES.md, run 67). Up to 512 threads a row before a thread takes more vectors:
+// (benchmarks/NOTES.md, run 67); on an H100 one vector is faster for short rows, see
+// kOneVectorForwardLimits. Up to 512 threads a row before a thread takes more vectors:
 // at H = 12288 bfloat16 four vectors on 384 threads ran 3 % (H100) and 6 % (H200) faster
 // than eight on 192, at 16384 four on 512 1-2.5 % faster than eight on 256, and 8192 and
 // 32768 within 1 % (runs 73-74: the registers of eight vectors leave fewer warps an SM). One
@@ -55,6 +56,25 @@ constexpr int kForwardMaxThreadsAt8 = 512;
 constexpr RowKernelLimits kForwardLimits{/*max_vectors_per_thread=*/8, /*target_threads=*/512,
                                          /*max_threads=*/kForwardMaxThreadsAt8,
                                          /*min_vectors_per_thread=*/2};
+// Rows of up to 128 threads at one vector a thread, on GPUs whose memory is slow enough for
+// an SM: twice the blocks an SM, each with half the bytes in flight. bfloat16 forward on an
+// H100 (25 GB/s of peak memory bandwidth an SM), % of copy, one vector against two: H = 512
+// 98.2 / 97.4, 1024 98.2 / 97.5, 1000 96.9 / 96.7, but 2048 (256 threads) 96.2 / 97.4 (run
+// O18). On an H200 (37 GB/s an SM) one vector lost 20 % at 512-2048 (run 68).
+constexpr RowKernelLimits kOneVectorForwardLimits{/*max_vectors_per_thread=*/1,
+                                                  /*target_threads=*/128, /*max_threads=*/128,
+                                                  /*min_vectors_per_thread=*/1};
+constexpr double kOneVectorForwardMaxGbpsPerSm = 30;
+
+RowLaunch plan_forward(int64_t hidden, int vector_width, bool aligned) {
+  if (memory_gbps_per_sm() <= kOneVectorForwardMaxGbpsPerSm) {
+    const RowLaunch one = plan_row_launch(hidden, vector_width, aligned, kOneVectorForwardLimits);
+    if (one.vectors_per_thread == 1) {
+      return one;
+    }
+  }
+  return plan_row_launch(hidden, vector_width, aligned, kForwardLimits);
+}
 
 // ---------------------------------------------------------------------------
 // Casting (common/norm_casting.h): the forward's values come from common/norm_casting.cuh,
@@ -505,15 +525,15 @@ void launch_rms_norm(const scalar_t* x, const scalar_t* weight, scalar_t* y, int
   using acc_t = acc_type<scalar_t>;
   const bool aligned = is_vector_aligned(x) && is_vector_aligned(y) &&
                        (weight == nullptr || is_vector_aligned(weight));
-  const RowLaunch plan = plan_row_launch(hidden, vector_size<scalar_t>(), aligned, kForwardLimits);
+  const RowLaunch plan = plan_forward(hidden, vector_size<scalar_t>(), aligned);
   const cudaStream_t stream = current_stream();
   const acc_t eps_acc = static_cast<acc_t>(eps);
   const acc_t offset_acc = static_cast<acc_t>(offset);
   const auto vector_kernel = [](auto vpt) {
     return rms_norm_vector_kernel<scalar_t, kCasting, decltype(vpt)::value>;
   };
-  if (launch_vector_row_kernel<2, 4, 8>(plan, rows, stream, vector_kernel, x, weight, y, rows,
-                                        hidden, eps_acc, offset_acc) ||
+  if (launch_vector_row_kernel<1, 2, 4, 8>(plan, rows, stream, vector_kernel, x, weight, y, rows,
+                                           hidden, eps_acc, offset_acc) ||
       launch_shifted_rms_norm<scalar_t, kCasting>(x, weight, y, rows, hidden, eps_acc, offset_acc,
                                                   stream, like)) {
     return;
@@ -1265,8 +1285,8 @@ void launch_rms_norm_backward(const scalar_t* grad_out, const scalar_t* x, const
       const dim3 sum_grid(static_cast<unsigned>(ceil_div(hidden, kSumColumns)));
       const acc_t* sum_input = partials_ptr;
       if (num_partials >= kSumManyPartials) {
-        launch_dependent(sum_partials_kernel<scalar_t, 32>, sum_grid, dim3(kSumColumns, 32),
-                         stream, sum_input, grad_weight, num_partials, hidden);
+        launch_dependent(sum_partials_kernel<scalar_t, 32>, sum_grid, dim3(kSumColumns, 32), stream,
+                         sum_input, grad_weight, num_partials, hidden);
       } else {
         launch_dependent(sum_partials_kernel<scalar_t, 8>, sum_grid, dim3(kSumColumns, 8), stream,
                          sum_input, grad_weight, num_partials, hidden);
@@ -1302,9 +1322,9 @@ void launch_rms_norm_backward(const scalar_t* grad_out, const scalar_t* x, const
     // (benchmarks/NOTES.md, run 94).
     const bool direct = blocks == 1;
     with_partials(direct ? 0 : blocks, /*zeroed=*/false, [&](acc_t* partials_ptr) {
-      launch_dependent(kernel, dim3(static_cast<unsigned>(blocks)), plan.block(), stream,
-                       grad_out, x, weight, grad_x, partials_ptr, rows, hidden, eps_acc,
-                       offset_acc, direct ? grad_weight : nullptr);
+      launch_dependent(kernel, dim3(static_cast<unsigned>(blocks)), plan.block(), stream, grad_out,
+                       x, weight, grad_x, partials_ptr, rows, hidden, eps_acc, offset_acc,
+                       direct ? grad_weight : nullptr);
     });
   });
   if (vector_launched) {
