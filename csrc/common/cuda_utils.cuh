@@ -6,6 +6,7 @@
 
 #include "cuda_api.cuh"
 
+#include <atomic>
 #include <cstdint>
 
 namespace hotloop {
@@ -140,14 +141,28 @@ inline int num_sms() {
 }
 
 // Peak memory bandwidth of the current device an SM, GB/s: two transfers a memory clock over
-// the bus (H100 SXM 25, H200 37).
+// the bus (H100 SXM 25, H200 37). Asked once a device: the runtime asks the driver for the
+// memory clock on every call, which took a forward at (1, 4096) from 24 to 530 us on an H100
+// (benchmarks/NOTES.md, run O22).
 inline double memory_gbps_per_sm() {
+  constexpr int kCachedDevices = 64;
+  static std::atomic<double> cached[kCachedDevices] = {};  // 0: not asked yet
   const int device = current_device();
+  if (device < kCachedDevices) {
+    const double known = cached[device].load(std::memory_order_relaxed);
+    if (known > 0) {
+      return known;
+    }
+  }
   int clock_khz = 0;
   int bus_bits = 0;
   HOTLOOP_CUDA_CHECK(cudaDeviceGetAttribute(&clock_khz, cudaDevAttrMemoryClockRate, device));
   HOTLOOP_CUDA_CHECK(cudaDeviceGetAttribute(&bus_bits, cudaDevAttrGlobalMemoryBusWidth, device));
-  return 2.0 * clock_khz * 1e3 * (bus_bits / 8) / 1e9 / num_sms();
+  const double gbps = 2.0 * clock_khz * 1e3 * (bus_bits / 8) / 1e9 / num_sms();
+  if (device < kCachedDevices) {
+    cached[device].store(gbps, std::memory_order_relaxed);
+  }
+  return gbps;
 }
 
 inline int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
