@@ -140,6 +140,14 @@ inline int num_sms() {
   return count;
 }
 
+// Compute capability major of the current device (9 for Hopper).
+inline int compute_capability_major() {
+  int major = 0;
+  HOTLOOP_CUDA_CHECK(
+      cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, current_device()));
+  return major;
+}
+
 // Peak memory bandwidth of the current device an SM, GB/s: two transfers a memory clock over
 // the bus (H100 SXM 25, H200 37). Asked once a device: the runtime asks the driver for the
 // memory clock on every call, which took a forward at (1, 4096) from 24 to 530 us on an H100

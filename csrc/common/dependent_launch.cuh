@@ -24,7 +24,7 @@
 
 #include <cuda_runtime.h>
 
-#include "cuda_api.cuh"
+#include "cuda_utils.cuh"
 
 namespace hotloop {
 
@@ -40,13 +40,6 @@ __device__ __forceinline__ void allow_dependent_grids() {
 #endif
 }
 
-inline bool dependent_launch_supported() {
-  int major = 0;
-  HOTLOOP_CUDA_CHECK(
-      cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, current_device()));
-  return major >= 9;
-}
-
 // kernel<<<grid, block, 0, stream>>>(args...) as a programmatic dependent of the kernel
 // before it in the stream, where the GPU has that.
 template <typename... Params, typename... Args>
@@ -58,10 +51,9 @@ void launch_dependent(void (*kernel)(Params...), dim3 grid, dim3 block, cudaStre
   cudaLaunchConfig_t config = {};
   config.gridDim = grid;
   config.blockDim = block;
-  config.dynamicSmemBytes = 0;
   config.stream = stream;
   config.attrs = &attribute;
-  config.numAttrs = dependent_launch_supported() ? 1 : 0;
+  config.numAttrs = compute_capability_major() >= 9 ? 1 : 0;
   HOTLOOP_CUDA_CHECK(cudaLaunchKernelEx(&config, kernel, args...));
 }
 

@@ -173,11 +173,8 @@ inline int64_t staged_bytes_limit() {
 // bandwidth whole, 71.5 % split).
 inline int staged_cluster_size(int64_t row_bytes, int64_t row_vectors, int min_blocks_per_sm) {
   const int64_t limit = staged_bytes_limit();
-  int major = 0;
-  HOTLOOP_CUDA_CHECK(
-      cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, current_device()));
-  const bool can_split =
-      major >= 9 && row_vectors % kStagedCluster == 0 && row_bytes / kStagedCluster <= limit;
+  const bool can_split = compute_capability_major() >= 9 && row_vectors % kStagedCluster == 0 &&
+                         row_bytes / kStagedCluster <= limit;
   if (can_split && row_bytes * min_blocks_per_sm > limit) {
     return kStagedCluster;
   }

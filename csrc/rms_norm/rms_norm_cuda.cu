@@ -1283,13 +1283,12 @@ void launch_rms_norm_backward(const scalar_t* grad_out, const scalar_t* x, const
     run(partials_ptr);
     if (partials_ptr != nullptr) {
       const dim3 sum_grid(static_cast<unsigned>(ceil_div(hidden, kSumColumns)));
-      const acc_t* sum_input = partials_ptr;
       if (num_partials >= kSumManyPartials) {
         launch_dependent(sum_partials_kernel<scalar_t, 32>, sum_grid, dim3(kSumColumns, 32), stream,
-                         sum_input, grad_weight, num_partials, hidden);
+                         partials_ptr, grad_weight, num_partials, hidden);
       } else {
         launch_dependent(sum_partials_kernel<scalar_t, 8>, sum_grid, dim3(kSumColumns, 8), stream,
-                         sum_input, grad_weight, num_partials, hidden);
+                         partials_ptr, grad_weight, num_partials, hidden);
       }
     }
   };
