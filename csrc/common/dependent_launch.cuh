@@ -11,11 +11,13 @@
 // 95.3 / 95.8 at H = 512, 95.1 / 95.7 at 1024, 93.9 / 94.4 at 2048, 94.3 / 94.7 at 4096
 // (benchmarks/NOTES.md, run O20).
 //
-// The forward does not allow dependents early. Where it did, a forward of 64-thread blocks
-// (H = 512, one vector a thread) ran at 55.8 instead of 98.3 % of copy with nothing launched
-// after it, and a backward launched early next to the forward's last blocks at H = 2048 took
-// forward+backward from 94.4 to 74.3, for 0.3 points gained at 4096 (run O20; why is not
-// known).
+// The forward does not allow dependents early. Where every block did, a forward of 64-thread
+// blocks (H = 512, one vector a thread) ran at 55.8 instead of 98.3 % of copy with nothing
+// launched after it: the instruction slows the launch of blocks (ncu: 59 % of an SM's warps
+// busy instead of 89 %). And a backward launched with a wave or more of the forward's blocks
+// still to run took H = 2048 forward+backward from 94.4 to 74.3 (run O20). Letting only the
+// grid's last 1024 blocks allow avoided both on one H100 and gained 0.3 at 4096, lost 0.2
+// there on another, and 2048 blocks already lost 19 points at H = 2048 (run O23).
 //
 // On older GPUs the functions below do nothing and launch_dependent launches as <<<>>> does.
 // A dependent launched after a kernel that never allows it starts when that kernel's blocks

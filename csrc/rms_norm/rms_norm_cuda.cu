@@ -51,8 +51,8 @@ constexpr int kForwardMaxThreadsAt8 = 512;
 // at H = 12288 bfloat16 four vectors on 384 threads ran 3 % (H100) and 6 % (H200) faster
 // than eight on 192, at 16384 four on 512 1-2.5 % faster than eight on 256, and 8192 and
 // 32768 within 1 % (runs 73-74: the registers of eight vectors leave fewer warps an SM). One
-// setting serves both GPUs: 1024 threads was no better on the H100 and 1-3 % slower on the
-// H200.
+// setting serves both GPUs: two vectors on 768 and 1024 threads were 0.3-0.4 points faster on
+// the H100 at 12288 and 16384 (run O25) but 1-3 % slower on the H200 (runs 73-74).
 constexpr RowKernelLimits kForwardLimits{/*max_vectors_per_thread=*/8, /*target_threads=*/512,
                                          /*max_threads=*/kForwardMaxThreadsAt8,
                                          /*min_vectors_per_thread=*/2};
