@@ -46,31 +46,40 @@ constexpr int kForwardMaxThreadsAt8 = 512;
 // and short rows take fewer threads (512 bfloat16 elements: one warp, no block barrier).
 // On an H200, whose memory needs more bytes in flight than an H100's, one vector a thread
 // left rows of 512-2048 bfloat16 elements at 73-81 % of copy bandwidth; two reached 90 %
-// (benchmarks/NOTES.md, run 67); on an H100 one vector is faster for short rows, see
-// kOneVectorForwardLimits. Up to 512 threads a row before a thread takes more vectors:
+// (benchmarks/NOTES.md, run 67). Up to 512 threads a row before a thread takes more vectors:
 // at H = 12288 bfloat16 four vectors on 384 threads ran 3 % (H100) and 6 % (H200) faster
 // than eight on 192, at 16384 four on 512 1-2.5 % faster than eight on 256, and 8192 and
-// 32768 within 1 % (runs 73-74: the registers of eight vectors leave fewer warps an SM). One
-// setting serves both GPUs: two vectors on 768 and 1024 threads were 0.3-0.4 points faster on
-// the H100 at 12288 and 16384 (run O25) but 1-3 % slower on the H200 (runs 73-74).
+// 32768 within 1 % (runs 73-74: the registers of eight vectors leave fewer warps an SM); 1024
+// threads were 1-3 % slower on the H200 there. The H100 takes fewer bytes a thread, below.
 constexpr RowKernelLimits kForwardLimits{/*max_vectors_per_thread=*/8, /*target_threads=*/512,
                                          /*max_threads=*/kForwardMaxThreadsAt8,
                                          /*min_vectors_per_thread=*/2};
-// Rows of up to 128 threads at one vector a thread, on GPUs whose memory is slow enough for
-// an SM: twice the blocks an SM, each with half the bytes in flight. bfloat16 forward on an
-// H100 (25 GB/s of peak memory bandwidth an SM), % of copy, one vector against two: H = 512
-// 98.2 / 97.4, 1024 98.2 / 97.5, 1000 96.9 / 96.7, but 2048 (256 threads) 96.2 / 97.4 (run
-// O18). On an H200 (37 GB/s an SM) one vector lost 20 % at 512-2048 (run 68).
-constexpr RowKernelLimits kOneVectorForwardLimits{/*max_vectors_per_thread=*/1,
-                                                  /*target_threads=*/128, /*max_threads=*/128,
-                                                  /*min_vectors_per_thread=*/1};
-constexpr double kOneVectorForwardMaxGbpsPerSm = 30;
+
+// GPUs whose peak memory bandwidth an SM is at most this (memory clock x bus width / SMs: an
+// H100 SXM's 25 GB/s, not an H200's 37) keep their memory busy with fewer bytes in flight a
+// thread, and their forward runs faster on more threads with fewer vectors each:
+// - rows of up to 128 threads at one vector a thread: twice the blocks an SM, each with half
+//   the bytes in flight. bfloat16 on an H100, % of copy, one vector against two: H = 512
+//   98.2 / 97.4, 1024 98.2 / 97.5, 1000 96.9 / 96.7, but 2048 (256 threads) 96.2 / 97.4 (run
+//   O18). On an H200 one vector lost 20 % at 512-2048 (run 68).
+// - rows of 513-1024 threads at two vectors a thread, not four on half the threads:
+//   bfloat16 on an H100, two against four: H = 12288 97.8 / 97.4 (768 threads), 16384 97.4 /
+//   97.1 (1024), forward+backward the same (run O25).
+constexpr double kSlowMemoryGbpsPerSm = 30;
+constexpr RowKernelLimits kSlowMemoryForwardLimits[] = {
+    {/*max_vectors_per_thread=*/1, /*target_threads=*/128, /*max_threads=*/128,
+     /*min_vectors_per_thread=*/1},
+    {/*max_vectors_per_thread=*/2, /*target_threads=*/kMaxThreadsPerBlock,
+     /*max_threads=*/kMaxThreadsPerBlock, /*min_vectors_per_thread=*/2},
+};
 
 RowLaunch plan_forward(int64_t hidden, int vector_width, bool aligned) {
-  if (memory_gbps_per_sm() <= kOneVectorForwardMaxGbpsPerSm) {
-    const RowLaunch one = plan_row_launch(hidden, vector_width, aligned, kOneVectorForwardLimits);
-    if (one.vectors_per_thread == 1) {
-      return one;
+  if (memory_gbps_per_sm() <= kSlowMemoryGbpsPerSm) {
+    for (const RowKernelLimits& limits : kSlowMemoryForwardLimits) {
+      const RowLaunch plan = plan_row_launch(hidden, vector_width, aligned, limits);
+      if (plan.vectors_per_thread != 0) {
+        return plan;
+      }
     }
   }
   return plan_row_launch(hidden, vector_width, aligned, kForwardLimits);

@@ -49,6 +49,24 @@ def test_forward_matches_reference(device: str, dtype: torch.dtype) -> None:
 
 
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32])
+@pytest.mark.parametrize("row_vectors", [1025, 1536, 2048, 2049])
+def test_forward_rows_of_many_threads(device: str, dtype: torch.dtype, row_vectors: int) -> None:
+    # On an H100 aligned rows of 1025-2048 16-byte vectors take two vectors a thread on
+    # 513-1024 threads (1025 on 544: threads with two vectors, one, or none), on an H200
+    # four on up to 512; 2049 takes eight on 288 threads on both. 300 rows: more than one
+    # block on every SM.
+    hidden = row_vectors * 16 // torch.empty((), dtype=dtype).element_size()
+    gen = torch.Generator(device=device).manual_seed(row_vectors)
+    x = torch.randn(300, hidden, device=device, dtype=dtype, generator=gen)
+    weight = torch.rand(hidden, device=device, dtype=dtype, generator=gen) + 0.5
+    torch.testing.assert_close(
+        hotloop.rms_norm(x, weight, 1e-6),
+        rms_norm_reference(x, weight, 1e-6),
+        **TOLERANCES[dtype],
+    )
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32])
 @pytest.mark.parametrize("hidden", [257, 1001, 2047, 4095, 6001, 8193])
 def test_forward_rows_off_the_vector_boundary(device: str, dtype: torch.dtype, hidden: int) -> None:
     # Odd widths put consecutive rows at every offset from the 16-byte boundary; 3000 rows
