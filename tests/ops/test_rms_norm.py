@@ -49,12 +49,12 @@ def test_forward_matches_reference(device: str, dtype: torch.dtype) -> None:
 
 
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32])
-@pytest.mark.parametrize("row_vectors", [1025, 1536, 2048, 2049])
+@pytest.mark.parametrize("row_vectors", [1025, 1536, 2048, 2049, 4096, 4097])
 def test_forward_rows_of_many_threads(device: str, dtype: torch.dtype, row_vectors: int) -> None:
     # On an H100 aligned rows of 1025-2048 16-byte vectors take two vectors a thread on
-    # 513-1024 threads (1025 on 544: threads with two vectors, one, or none), on an H200
-    # four on up to 512; 2049 takes eight on 288 threads on both. 300 rows: more than one
-    # block on every SM.
+    # 513-1024 threads (1025 on 544: threads with two vectors, one, or none) and rows of
+    # 2049-4096 four on 544-1024; on an H200 four on up to 512 and eight on up to 512. 4097
+    # is past both: rows staged in shared memory. 300 rows: more than one block on every SM.
     hidden = row_vectors * 16 // torch.empty((), dtype=dtype).element_size()
     gen = torch.Generator(device=device).manual_seed(row_vectors)
     x = torch.randn(300, hidden, device=device, dtype=dtype, generator=gen)
