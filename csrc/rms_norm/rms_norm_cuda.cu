@@ -63,11 +63,12 @@ constexpr RowKernelLimits kForwardLimits{/*max_vectors_per_thread=*/8, /*target_
 //   98.2 / 97.4, 1024 98.2 / 97.5, 1000 96.9 / 96.7, but 2048 (256 threads) 96.2 / 97.4 (run
 //   O18). On an H200 one vector lost 20 % at 512-2048 (run 68).
 // - then up to 1024 threads a row before a thread takes more vectors, and at most four: two
-//   vectors for rows of up to 2048, not four on half the threads (bfloat16 on an H100, % of
-//   copy: H = 12288 97.8 / 97.4 on 768 threads, 16384 97.4 / 97.1 on 1024, forward+backward
-//   the same, run O26), and four for rows of up to 4096, not eight on half the threads,
-//   whose 128 registers leave one block an SM (16392, 2049 vectors on 288 threads: 83.3 /
-//   78.1; 20480 91.2 / 87.4; 32768 96.2 / 95.0, forward+backward 90.0 / 89.4; run O27).
+//   vectors for rows of up to 2048, not four on half the threads (bfloat16 forward on an
+//   H100, % of copy, two against four: H = 12288 97.8 / 97.4, 16384 97.4 / 97.1,
+//   forward+backward the same; run O26), and four for rows of up to 4096, not eight on half
+//   the threads, whose 128 registers leave one block an SM (four against eight: 16392, 2049
+//   vectors, 83.3 / 78.1; 20480 91.2 / 87.4; 32768 96.2 / 95.0, forward+backward 90.0 /
+//   89.4; run O27). Not measured on other GPUs of this class (an A100, consumer cards).
 constexpr double kSlowMemoryGbpsPerSm = 30;
 constexpr RowKernelLimits kSlowMemoryForwardLimits[] = {
     {/*max_vectors_per_thread=*/1, /*target_threads=*/128, /*max_threads=*/128,
