@@ -131,21 +131,21 @@ __device__ __forceinline__ double rsqrt_acc<double>(double v) {
   return rsqrt(v);
 }
 
-// SM count of the current device. (Read directly rather than through
+// An attribute of `device`, the current one by default. (Read directly rather than through
 // at::cuda::getCurrentDeviceProperties(), whose header pulls in cuBLAS/cuSPARSE.)
-inline int num_sms() {
-  int count = 0;
-  HOTLOOP_CUDA_CHECK(
-      cudaDeviceGetAttribute(&count, cudaDevAttrMultiProcessorCount, current_device()));
-  return count;
+inline int device_attribute(cudaDeviceAttr attribute, int device = current_device()) {
+  int value = 0;
+  HOTLOOP_CUDA_CHECK(cudaDeviceGetAttribute(&value, attribute, device));
+  return value;
 }
 
-// Compute capability major of the current device (9 for Hopper).
+inline int num_sms(int device = current_device()) {
+  return device_attribute(cudaDevAttrMultiProcessorCount, device);
+}
+
+// 9 for Hopper.
 inline int compute_capability_major() {
-  int major = 0;
-  HOTLOOP_CUDA_CHECK(
-      cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, current_device()));
-  return major;
+  return device_attribute(cudaDevAttrComputeCapabilityMajor);
 }
 
 // Peak memory bandwidth of the current device an SM, GB/s: two transfers a memory clock over
@@ -162,11 +162,9 @@ inline double memory_gbps_per_sm() {
       return known;
     }
   }
-  int clock_khz = 0;
-  int bus_bits = 0;
-  HOTLOOP_CUDA_CHECK(cudaDeviceGetAttribute(&clock_khz, cudaDevAttrMemoryClockRate, device));
-  HOTLOOP_CUDA_CHECK(cudaDeviceGetAttribute(&bus_bits, cudaDevAttrGlobalMemoryBusWidth, device));
-  const double gbps = 2.0 * clock_khz * 1e3 * (bus_bits / 8) / 1e9 / num_sms();
+  const double clock_khz = device_attribute(cudaDevAttrMemoryClockRate, device);
+  const int bus_bits = device_attribute(cudaDevAttrGlobalMemoryBusWidth, device);
+  const double gbps = 2.0 * clock_khz * 1e3 * (bus_bits / 8) / 1e9 / num_sms(device);
   if (device < kCachedDevices) {
     cached[device].store(gbps, std::memory_order_relaxed);
   }

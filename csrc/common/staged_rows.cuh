@@ -159,10 +159,7 @@ __device__ __forceinline__ int64_t next_staged_row(const RowPart& part, int64_t 
 
 // Dynamic shared memory a block of the current device may stage rows in.
 inline int64_t staged_bytes_limit() {
-  int opt_in_bytes = 0;
-  HOTLOOP_CUDA_CHECK(cudaDeviceGetAttribute(&opt_in_bytes, cudaDevAttrMaxSharedMemoryPerBlockOptin,
-                                            current_device()));
-  return int64_t{opt_in_bytes} - kStagedReservedBytes;
+  return int64_t{device_attribute(cudaDevAttrMaxSharedMemoryPerBlockOptin)} - kStagedReservedBytes;
 }
 
 // Blocks a staged row of `row_bytes` (every tensor the kernel stages) and `row_vectors`

@@ -389,10 +389,8 @@ struct LaunchCuda {
   static void check_device(const char* op, const Tensor& x) {
     const CudaDeviceGuard guard(x);
     const int device = current_device();
-    int major = 0;
-    int minor = 0;
-    HOTLOOP_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device));
-    HOTLOOP_CUDA_CHECK(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device));
+    const int major = device_attribute(cudaDevAttrComputeCapabilityMajor, device);
+    const int minor = device_attribute(cudaDevAttrComputeCapabilityMinor, device);
     if (major * 10 + minor >= kFp8MinCapability) {
       return;
     }
