@@ -53,8 +53,9 @@ SWEEP_HIDDEN = (512, 1000, 1024, 2047, 2048, 4095, 4096, 8192, 8193, 12288, 1638
 HEADLINE_DTYPES = ("bfloat16", "float16", "float32")
 QUICK_SWEEP_HIDDEN = (1024, 4096, 8193)
 # fused_add_rms_norm beyond the headline: the widths its vector kernel doesn't take
-# (unaligned rows) and wide rows.
-FUSED_ADD_SWEEP_HIDDEN = (1000, 4095, 8193, 16384, 32768, 65536)
+# (unaligned rows), wide rows, and 12288, where its vector kernel holds one block an SM
+# (benchmarks/NOTES.md, runs O28-O29).
+FUSED_ADD_SWEEP_HIDDEN = (1000, 4095, 8193, 12288, 16384, 32768, 65536)
 # Decode-sized calls, where the host's cost per call (Python, dispatcher, autograd, launch)
 # rather than memory decides the time.
 SMALL_BATCH_SHAPES = ((1, 4096), (8, 4096), (32, 8192))

@@ -171,6 +171,15 @@ inline double memory_gbps_per_sm() {
   return gbps;
 }
 
+// Whether the current device's peak memory bandwidth an SM is at most 30 GB/s (an H100 SXM's
+// 25, not an H200's 37): such a GPU keeps its memory busy with fewer bytes in flight a thread,
+// and the norms' forward kernels take more threads with fewer vectors each there
+// (rms_norm's plan_forward, fused_add_rms_norm's launch).
+inline bool memory_is_slow_for_an_sm() {
+  constexpr double kSlowMemoryGbpsPerSm = 30;
+  return memory_gbps_per_sm() <= kSlowMemoryGbpsPerSm;
+}
+
 inline int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
 }  // namespace hotloop

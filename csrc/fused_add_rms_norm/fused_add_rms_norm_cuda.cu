@@ -32,6 +32,19 @@ constexpr RowKernelLimits kFusedLimits{/*max_vectors_per_thread=*/kFusedWideVect
                                        /*target_threads=*/256,
                                        /*max_threads=*/kFusedMaxThreadsWide};
 
+// GPUs whose memory is slow for an SM (memory_is_slow_for_an_sm: an H100, not an H200) run rows
+// of up to 2048 vectors faster on more threads with fewer vectors each: one vector on up to
+// 512 threads, then two on up to 1024. bfloat16 on an H100, % of copy, against kFusedLimits
+// (benchmarks/NOTES.md, run O28): H = 4096 (one vector on 512 threads, not two on 256) 97.2
+// -> 98.5, 8192 (two on 512, not four on 256) 98.0 -> 98.3, 12288 (two on 768, not four on
+// 384) 86.4 -> 88.1, 16384 (two on 1024, not four on 512) 96.2 -> 96.6; the same in
+// alternating processes against main's wheel (run O29). One vector on 1024 threads lost at
+// 8192 (91.5). Not measured on an H200, whose rms_norm forward lost with fewer bytes a thread
+// (runs 68, 73-74).
+constexpr RowKernelLimits kSlowMemoryFusedLimits{/*max_vectors_per_thread=*/2,
+                                                 /*target_threads=*/512,
+                                                 /*max_threads=*/kMaxThreadsPerBlock};
+
 // The kernels load a thread's whole share of x and of the residual (the generic one:
 // a chunk of it) before storing the sums: a store to the residual between the loads
 // would, for all nvcc can tell, alias the next loads, which then wait for it one round
@@ -205,7 +218,13 @@ void launch_fused_add_rms_norm(scalar_t* x, scalar_t* residual, const scalar_t* 
   const acc_t offset_acc = static_cast<acc_t>(offset);
   const bool aligned =
       is_vector_aligned(x) && is_vector_aligned(residual) && is_vector_aligned(weight);
-  const RowLaunch plan = plan_row_launch(hidden, vector_size<scalar_t>(), aligned, kFusedLimits);
+  RowLaunch plan;
+  if (memory_is_slow_for_an_sm()) {
+    plan = plan_row_launch(hidden, vector_size<scalar_t>(), aligned, kSlowMemoryFusedLimits);
+  }
+  if (plan.vectors_per_thread == 0) {
+    plan = plan_row_launch(hidden, vector_size<scalar_t>(), aligned, kFusedLimits);
+  }
   const cudaStream_t stream = current_stream();
   const acc_t eps_acc = static_cast<acc_t>(eps);
   const auto vector_kernel = [](auto vpt) {

@@ -55,9 +55,8 @@ constexpr RowKernelLimits kForwardLimits{/*max_vectors_per_thread=*/8, /*target_
                                          /*max_threads=*/kForwardMaxThreadsAt8,
                                          /*min_vectors_per_thread=*/2};
 
-// GPUs whose peak memory bandwidth an SM is at most this (memory clock x bus width / SMs: an
-// H100 SXM's 25 GB/s, not an H200's 37) keep their memory busy with fewer bytes in flight a
-// thread, and their forward runs faster on more threads with fewer vectors each:
+// On GPUs whose memory is slow for an SM (memory_is_slow_for_an_sm: an H100, not an H200) the
+// forward runs faster on more threads with fewer vectors each:
 // - rows of up to 128 threads at one vector a thread: twice the blocks an SM, each with half
 //   the bytes in flight. bfloat16 on an H100, % of copy, one vector against two: H = 512
 //   98.2 / 97.4, 1024 98.2 / 97.5, 1000 96.9 / 96.7, but 2048 (256 threads) 96.2 / 97.4 (run
@@ -69,7 +68,6 @@ constexpr RowKernelLimits kForwardLimits{/*max_vectors_per_thread=*/8, /*target_
 //   the threads, whose 128 registers leave one block an SM (four against eight: 16392, 2049
 //   vectors, 83.3 / 78.1; 20480 91.2 / 87.4; 32768 96.2 / 95.0, forward+backward 90.0 /
 //   89.4; run O27). Not measured on other GPUs of this class (an A100, consumer cards).
-constexpr double kSlowMemoryGbpsPerSm = 30;
 constexpr RowKernelLimits kSlowMemoryForwardLimits[] = {
     {/*max_vectors_per_thread=*/1, /*target_threads=*/128, /*max_threads=*/128,
      /*min_vectors_per_thread=*/1},
@@ -78,7 +76,7 @@ constexpr RowKernelLimits kSlowMemoryForwardLimits[] = {
 };
 
 RowLaunch plan_forward(int64_t hidden, int vector_width, bool aligned) {
-  if (memory_gbps_per_sm() <= kSlowMemoryGbpsPerSm) {
+  if (memory_is_slow_for_an_sm()) {
     for (const RowKernelLimits& limits : kSlowMemoryForwardLimits) {
       const RowLaunch plan = plan_row_launch(hidden, vector_width, aligned, limits);
       if (plan.vectors_per_thread != 0) {

@@ -299,6 +299,27 @@ def test_fused_add_rms_norm(device: str, dtype: torch.dtype) -> None:
         torch.testing.assert_close(x, expected_x, **tol)
 
 
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32])
+@pytest.mark.parametrize("row_vectors", [512, 1024, 1025, 1536, 2048, 2049])
+def test_fused_add_rms_norm_rows_of_many_threads(
+    device: str, dtype: torch.dtype, row_vectors: int
+) -> None:
+    # On an H100 aligned rows of up to 512 16-byte vectors take one vector a thread on up to
+    # 512 threads, and rows of up to 2048 two on up to 1024 (1025 on 544: threads with two
+    # vectors, one, or none); on an H200 up to four on up to 512. 2049 is past both: staged in
+    # shared memory. 300 rows: more than one block on every SM.
+    hidden = row_vectors * 16 // torch.empty((), dtype=dtype).element_size()
+    gen = torch.Generator(device=device).manual_seed(row_vectors)
+    x = torch.randn(300, hidden, device=device, dtype=dtype, generator=gen)
+    residual = torch.randn(300, hidden, device=device, dtype=dtype, generator=gen)
+    weight = torch.rand(hidden, device=device, dtype=dtype, generator=gen) + 0.5
+    expected_x, expected_residual = fused_reference(x, residual, weight, 1e-6)
+    hotloop.fused_add_rms_norm(x, residual, weight, 1e-6)
+    torch.testing.assert_close(residual, expected_residual, **TOLERANCES[dtype])
+    tol = {k: 2 * v for k, v in TOLERANCES[dtype].items()}
+    torch.testing.assert_close(x, expected_x, **tol)
+
+
 @requires_compile
 def test_fused_add_rms_norm_opcheck_and_compile(device: str) -> None:
     x = torch.randn(4, 33, device=device)
