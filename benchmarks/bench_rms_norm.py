@@ -977,6 +977,19 @@ def small_batch_table(results: list[Result]) -> str:
     return "\n".join(lines)
 
 
+def hidden_sizes(text: str) -> frozenset[int]:
+    """--hidden's value: positive integers, comma-separated."""
+    try:
+        sizes = frozenset(int(part) for part in text.split(",") if part.strip())
+    except ValueError:
+        sizes = frozenset()
+    if not sizes or min(sizes) < 1:
+        raise argparse.ArgumentTypeError(
+            f"expected positive hidden sizes separated by commas (e.g. 4096,12288), got {text!r}"
+        )
+    return sizes
+
+
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     p.add_argument("--out", type=Path, default=DEFAULT_OUT, help="output folder (%(default)s)")
@@ -1001,6 +1014,13 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         "--rms-norm-only",
         action="store_true",
         help="skip fused_add_rms_norm, muladd and the FP8 norms",
+    )
+    p.add_argument(
+        "--hidden",
+        type=hidden_sizes,
+        default=None,
+        help="comma-separated hidden sizes: only these widths of the sweeps, and the headline "
+        "shape only where its H is one of them (a short before/after run; see compare_runs.py)",
     )
     p.add_argument("--no-plot", action="store_true", help="write the JSON only")
     p.add_argument(
@@ -1051,19 +1071,23 @@ def main(argv: Sequence[str] | None = None) -> int:
     headline = HEADLINE if args.scale == 1.0 else (1, max(1, round(B * S * args.scale)), H)
     total = math.prod(headline)
 
+    def widths(sizes: Sequence[int]) -> list[int]:
+        return [h for h in sizes if args.hidden is None or h in args.hidden]
+
+    run_headline = args.hidden is None or H in args.hidden
     # 1. The headline shape in every dtype.
-    for dname in ("bfloat16",) if args.quick else HEADLINE_DTYPES:
+    for dname in () if not run_headline else ("bfloat16",) if args.quick else HEADLINE_DTYPES:
         bench_rms_norm_case(runner, impls, headline, DTYPES[dname], ["headline"])
         torch.cuda.empty_cache()
     # 1b. The casting modes at the headline shape, bfloat16, beside the default's rows.
-    if hotloop is not None:
+    if hotloop is not None and run_headline:
         modes = casting_impls(hotloop)
         if args.only:
             modes = {k: v for k, v in modes.items() if any(s in k.lower() for s in keys)}
         bench_rms_norm_case(runner, modes, headline, torch.bfloat16, ["headline", "casting"])
         torch.cuda.empty_cache()
     # 2. The hidden-size sweep in bfloat16, tensors of about the headline's size.
-    for hidden in QUICK_SWEEP_HIDDEN if args.quick else SWEEP_HIDDEN:
+    for hidden in widths(QUICK_SWEEP_HIDDEN if args.quick else SWEEP_HIDDEN):
         if hidden == H:
             continue  # the headline shape is this point of the sweep
         bench_rms_norm_case(runner, impls, sweep_shape(hidden, total), torch.bfloat16, ["sweep"])
@@ -1075,26 +1099,36 @@ def main(argv: Sequence[str] | None = None) -> int:
     # 4. fused_add_rms_norm, muladd and (on GPUs that have FP8) the FP8 norms at the
     # headline shape.
     if not args.rms_norm_only:
-        bench_fused_add_rms_norm(runner, hotloop, LigerFusedAdd, headline, torch.bfloat16)
-        bench_muladd(runner, hotloop, headline, torch.bfloat16)
+        if run_headline:
+            bench_fused_add_rms_norm(runner, hotloop, LigerFusedAdd, headline, torch.bfloat16)
+            bench_muladd(runner, hotloop, headline, torch.bfloat16)
         if torch.cuda.get_device_capability() >= (8, 9):
-            bench_rms_norm_fp8(runner, hotloop, headline, torch.bfloat16)
-            for hidden in () if args.quick else FP8_SWEEP_HIDDEN:
+            if run_headline:
+                bench_rms_norm_fp8(runner, hotloop, headline, torch.bfloat16)
+            for hidden in () if args.quick else widths(FP8_SWEEP_HIDDEN):
                 bench_rms_norm_fp8(runner, hotloop, sweep_shape(hidden, total), torch.bfloat16)
                 torch.cuda.empty_cache()
         else:
             print("note: no FP8 benchmark: this GPU's compute capability is below 8.9")
-        for hidden in () if args.quick else FUSED_ADD_SWEEP_HIDDEN:
+        for hidden in () if args.quick else widths(FUSED_ADD_SWEEP_HIDDEN):
             shape = sweep_shape(hidden, total)
             bench_fused_add_rms_norm(runner, hotloop, LigerFusedAdd, shape, torch.bfloat16)
             torch.cuda.empty_cache()
     # 5. The in-place backward's peak memory of a training step at the headline shape.
-    memory = in_place_backward_memory(hotloop, headline, torch.bfloat16) if hotloop else None
+    memory = (
+        in_place_backward_memory(hotloop, headline, torch.bfloat16)
+        if hotloop and run_headline
+        else None
+    )
 
     out: Path = args.out
     out.mkdir(parents=True, exist_ok=True)
     doc = {
-        "meta": {**metadata(hotloop, liger_note, args.quick), "tool": TOOL},
+        "meta": {
+            **metadata(hotloop, liger_note, args.quick),
+            "hidden": sorted(args.hidden) if args.hidden else None,
+            "tool": TOOL,
+        },
         "notes": [n for n in (hotloop_note, liger_note) if n],
         "copy_bandwidth": {
             "gbps": copy_gbps,

@@ -178,5 +178,13 @@ def load_benchmark(name: str) -> Any:
     assert spec is not None
     assert spec.loader is not None
     module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
+    # Run as scripts, they import their neighbours (result_files); a dataclass looks its
+    # module up while the module loads.
+    sys.path.insert(0, str(BENCHMARKS))
+    sys.modules[name] = module
+    try:
+        spec.loader.exec_module(module)
+    finally:
+        del sys.modules[name]
+        sys.path.remove(str(BENCHMARKS))
     return module
