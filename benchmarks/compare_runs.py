@@ -1,8 +1,9 @@
 """Compare runs of bench_rms_norm.py made with different wheels on one GPU.
 
-Timings compare only within one machine, and the first wheel a process loads is not always
-timed like the second, so a before/after measurement runs the benchmark once per wheel, in
-turns, for a few rounds, each in its own process, and compares the medians:
+Timings compare only within one machine, two builds of one extension cannot load in one
+process, and a GPU's speed drifts over minutes, so a before/after measurement runs the
+benchmark once per wheel, in turns, for a few rounds, each in its own process, and compares
+the medians:
 
     for round in 1 2; do for label in main new; do
       PYTHONPATH=site-$label python benchmarks/bench_rms_norm.py --hidden 4096,12288 \\
