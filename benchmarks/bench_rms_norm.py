@@ -875,6 +875,8 @@ def metadata(hotloop: Any, liger_note: str | None, quick: bool) -> dict[str, Any
     meta: dict[str, Any] = {
         "date": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
         "device": torch.cuda.get_device_name(0),
+        # Which GPU of a pool: two H100s of one pool read a point apart (NOTES.md, run 104).
+        "device_uuid": str(getattr(props, "uuid", "")) or None,
         "sm_count": props.multi_processor_count,
         "memory_gib": round(props.total_memory / 2**30, 1),
         "l2_cache_mb": round(getattr(props, "L2_cache_size", 0) / 1e6, 1),

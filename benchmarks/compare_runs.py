@@ -15,7 +15,8 @@ the medians:
 Every result row that each label's runs measured (op, mode, implementation, shape, dtype)
 gets each label's median % of copy bandwidth, the runs' range, and its difference from the
 first label's median. The table goes to stdout, and with --out to ``compare_runs.md`` and
-``compare_runs.json``. Runs of different GPUs are refused: their figures do not compare.
+``compare_runs.json``. Runs of different GPUs (by name, and by UUID where the runs record
+one) are refused: their figures do not compare.
 """
 
 from __future__ import annotations
@@ -65,9 +66,13 @@ def row_key(result: dict[str, Any]) -> Key:
 
 def compare(runs: dict[str, list[dict[str, Any]]]) -> dict[str, Any]:
     """Medians per label of every row all labels measured, in the first label's row order."""
-    devices = {run["meta"].get("device") for label_runs in runs.values() for run in label_runs}
+    devices = {
+        (run["meta"].get("device"), run["meta"].get("device_uuid"))
+        for label_runs in runs.values()
+        for run in label_runs
+    }
     if len(devices) != 1:
-        found = ", ".join(sorted(str(d) for d in devices))
+        found = ", ".join(sorted(f"{name} {uuid or ''}".strip() for name, uuid in devices))
         raise SystemExit(
             f"{TOOL}: the runs come from different GPUs ({found}); timings compare only "
             "within one machine: compare runs of one device"
@@ -107,7 +112,7 @@ def compare(runs: dict[str, list[dict[str, Any]]]) -> dict[str, Any]:
             {"op": op, "mode": mode, "impl": impl, "shape": list(shape), "dtype": dtype, **cells}
         )
     return {
-        "meta": {"tool": TOOL, "device": devices.pop(), "labels": labels},
+        "meta": {"tool": TOOL, "device": next(iter(devices))[0], "labels": labels},
         "runs": {label: len(label_runs) for label, label_runs in runs.items()},
         "rows": rows_out,
     }

@@ -29,11 +29,17 @@ def result(hidden: int, pct: float | None, mode: str = "fwd") -> dict:
     }
 
 
-def run(folder: Path, name: str, pcts: dict[int, float | None], device: str = "H100") -> str:
+def run(
+    folder: Path,
+    name: str,
+    pcts: dict[int, float | None],
+    device: str = "H100",
+    uuid: str = "GPU-a",
+) -> str:
     """A run's rms_norm.json with the given % of copy a hidden size; its path."""
     path = folder / f"{name}.json"
     record = {
-        "meta": {"tool": "bench_rms_norm", "device": device},
+        "meta": {"tool": "bench_rms_norm", "device": device, "device_uuid": uuid},
         "results": [result(hidden, pct) for hidden, pct in pcts.items()],
     }
     path.write_text(json.dumps(record))
@@ -75,9 +81,13 @@ def test_rows_that_a_label_did_not_measure_are_left_out(compare_runs: Any, tmp_p
 
 def test_runs_of_different_gpus_are_refused(compare_runs: Any, tmp_path: Path) -> None:
     a = run(tmp_path, "a", {4096: 90.0})
-    b = run(tmp_path, "b", {4096: 91.0}, device="H200")
-    with pytest.raises(SystemExit, match=r"different GPUs \(H100, H200\)"):
+    b = run(tmp_path, "b", {4096: 91.0}, device="H200", uuid="GPU-b")
+    with pytest.raises(SystemExit, match=r"different GPUs \(H100 GPU-a, H200 GPU-b\)"):
         compare_runs.main(["--label", "main", a, "--label", "new", b])
+    # Two GPUs of one model, as a pool lends them: apart by a point at some widths.
+    c = run(tmp_path, "c", {4096: 91.0}, uuid="GPU-c")
+    with pytest.raises(SystemExit, match=r"different GPUs \(H100 GPU-a, H100 GPU-c\)"):
+        compare_runs.main(["--label", "main", a, "--label", "new", c])
 
 
 def test_a_file_of_another_tool_is_named(compare_runs: Any, tmp_path: Path) -> None:
@@ -134,6 +144,7 @@ def test_runs_of_chosen_widths_compare(
         assert bench.main([*options, "--only", "hotloop cuda", "--out", str(tmp_path / name)]) == 0
     record = json.loads((tmp_path / "a" / "rms_norm.json").read_text())
     assert record["meta"]["hidden"] == [1024]
+    assert record["meta"]["device_uuid"]  # which GPU of a pool, for compare_runs
     assert {tuple(r["shape"])[-1] for r in record["results"]} == {1024}
     capsys.readouterr()
     a, b = (str(tmp_path / name / "rms_norm.json") for name in ("a", "b"))
