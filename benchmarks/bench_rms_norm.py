@@ -1077,8 +1077,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         return [h for h in sizes if args.hidden is None or h in args.hidden]
 
     run_headline = args.hidden is None or H in args.hidden
+    headline_dtypes = ("bfloat16",) if args.quick else HEADLINE_DTYPES
     # 1. The headline shape in every dtype.
-    for dname in () if not run_headline else ("bfloat16",) if args.quick else HEADLINE_DTYPES:
+    for dname in headline_dtypes if run_headline else ():
         bench_rms_norm_case(runner, impls, headline, DTYPES[dname], ["headline"])
         torch.cuda.empty_cache()
     # 1b. The casting modes at the headline shape, bfloat16, beside the default's rows.

@@ -78,21 +78,17 @@ def compare(runs: dict[str, list[dict[str, Any]]]) -> dict[str, Any]:
             "within one machine: compare runs of one device"
         )
     per_label: dict[str, dict[Key, list[float]]] = {}
-    order: list[Key] = []
     for label, label_runs in runs.items():
         rows: dict[Key, list[float]] = {}
         for run in label_runs:
             for result in run["results"]:
                 if result.get("status") == "ok" and result.get("pct_copy") is not None:
-                    key = row_key(result)
-                    rows.setdefault(key, []).append(float(result["pct_copy"]))
-                    if not per_label and key not in order:
-                        order.append(key)
+                    rows.setdefault(row_key(result), []).append(float(result["pct_copy"]))
         per_label[label] = rows
     labels = list(runs)
     first = labels[0]
     rows_out = []
-    for key in order:
+    for key in per_label[first]:
         if not all(key in per_label[label] for label in labels):
             continue
         base = statistics.median(per_label[first][key])

@@ -3,6 +3,7 @@
 #pragma once
 
 #include <algorithm>
+#include <cstddef>
 #include <cstdint>
 #include <initializer_list>
 #include <type_traits>
@@ -80,6 +81,23 @@ inline RowLaunch plan_row_launch(int64_t hidden, int vector_width, bool vector_o
     plan.rows_per_block = kThreadsForShortRows / plan.threads_per_row;
   }
   return plan;
+}
+
+// On a GPU whose memory is slow for an SM (memory_is_slow_for_an_sm), the plan of the first of
+// `slow_memory_limits` that takes a vector kernel; elsewhere, or where none does, `limits`'s.
+template <std::size_t kCount>
+inline RowLaunch plan_row_launch_for_device(int64_t hidden, int vector_width, bool vector_ok,
+                                            const RowKernelLimits (&slow_memory_limits)[kCount],
+                                            const RowKernelLimits& limits) {
+  if (memory_is_slow_for_an_sm()) {
+    for (const RowKernelLimits& slow : slow_memory_limits) {
+      const RowLaunch plan = plan_row_launch(hidden, vector_width, vector_ok, slow);
+      if (plan.vectors_per_thread != 0) {
+        return plan;
+      }
+    }
+  }
+  return plan_row_launch(hidden, vector_width, vector_ok, limits);
 }
 
 // Calls launch(std::integral_constant<int, V>{}) for the V of kVariants the plan picked

@@ -41,9 +41,9 @@ constexpr RowKernelLimits kFusedLimits{/*max_vectors_per_thread=*/kFusedWideVect
 // alternating processes against main's wheel (run O29). One vector on 1024 threads lost at
 // 8192 (91.5). Not measured on an H200, whose rms_norm forward lost with fewer bytes a thread
 // (runs 68, 73-74).
-constexpr RowKernelLimits kSlowMemoryFusedLimits{/*max_vectors_per_thread=*/2,
-                                                 /*target_threads=*/512,
-                                                 /*max_threads=*/kMaxThreadsPerBlock};
+constexpr RowKernelLimits kSlowMemoryFusedLimits[] = {
+    {/*max_vectors_per_thread=*/2, /*target_threads=*/512, /*max_threads=*/kMaxThreadsPerBlock},
+};
 
 // The kernels load a thread's whole share of x and of the residual (the generic one:
 // a chunk of it) before storing the sums: a store to the residual between the loads
@@ -218,13 +218,8 @@ void launch_fused_add_rms_norm(scalar_t* x, scalar_t* residual, const scalar_t* 
   const acc_t offset_acc = static_cast<acc_t>(offset);
   const bool aligned =
       is_vector_aligned(x) && is_vector_aligned(residual) && is_vector_aligned(weight);
-  RowLaunch plan;
-  if (memory_is_slow_for_an_sm()) {
-    plan = plan_row_launch(hidden, vector_size<scalar_t>(), aligned, kSlowMemoryFusedLimits);
-  }
-  if (plan.vectors_per_thread == 0) {
-    plan = plan_row_launch(hidden, vector_size<scalar_t>(), aligned, kFusedLimits);
-  }
+  const RowLaunch plan = plan_row_launch_for_device(hidden, vector_size<scalar_t>(), aligned,
+                                                    kSlowMemoryFusedLimits, kFusedLimits);
   const cudaStream_t stream = current_stream();
   const acc_t eps_acc = static_cast<acc_t>(eps);
   const auto vector_kernel = [](auto vpt) {

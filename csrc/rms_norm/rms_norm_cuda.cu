@@ -76,15 +76,8 @@ constexpr RowKernelLimits kSlowMemoryForwardLimits[] = {
 };
 
 RowLaunch plan_forward(int64_t hidden, int vector_width, bool aligned) {
-  if (memory_is_slow_for_an_sm()) {
-    for (const RowKernelLimits& limits : kSlowMemoryForwardLimits) {
-      const RowLaunch plan = plan_row_launch(hidden, vector_width, aligned, limits);
-      if (plan.vectors_per_thread != 0) {
-        return plan;
-      }
-    }
-  }
-  return plan_row_launch(hidden, vector_width, aligned, kForwardLimits);
+  return plan_row_launch_for_device(hidden, vector_width, aligned, kSlowMemoryForwardLimits,
+                                    kForwardLimits);
 }
 
 // ---------------------------------------------------------------------------
