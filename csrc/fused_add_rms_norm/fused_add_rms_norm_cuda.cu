@@ -45,6 +45,14 @@ constexpr RowKernelLimits kSlowMemoryFusedLimits[] = {
     {/*max_vectors_per_thread=*/2, /*target_threads=*/512, /*max_threads=*/kMaxThreadsPerBlock},
 };
 
+// A vector plan whose blocks, by their registers, hold fewer than half of an SM's threads
+// takes the staged kernel when rows queue for its blocks (vector_plan_underfills_sms). On an
+// H100, bfloat16, % of copy, vector plan -> staged (benchmarks/NOTES.md, run O31): H = 10240
+// (two vectors on 640 threads at 57 registers: one block an SM) 81.1 -> 93.2, 12288 (768
+// threads) 88.3 -> 94.8, 14336 (896) 93.8 -> 93.6; 8192 (two blocks of 512) and 16384 (one of
+// 1024) hold half and keep the vector kernel, which beat the staged one there (98.3 / 88.6,
+// 95.4 / 93.1).
+
 // The kernels load a thread's whole share of x and of the residual (the generic one:
 // a chunk of it) before storing the sums: a store to the residual between the loads
 // would, for all nvcc can tell, alias the next loads, which then wait for it one round
@@ -225,13 +233,19 @@ void launch_fused_add_rms_norm(scalar_t* x, scalar_t* residual, const scalar_t* 
   const auto vector_kernel = [](auto vpt) {
     return fused_add_rms_norm_vector_kernel<scalar_t, kCasting, decltype(vpt)::value>;
   };
-  if (launch_vector_row_kernel<1, 2, kFusedWideVectors>(plan, rows, stream, vector_kernel, x,
-                                                        residual, weight, rows, hidden, eps_acc,
-                                                        offset_acc)) {
+  const int64_t row_bytes = hidden * static_cast<int64_t>(sizeof(scalar_t));
+  const auto staged_fits = [&] {
+    return aligned && hidden % vector_size<scalar_t>() == 0 && row_bytes <= staged_bytes_limit();
+  };
+  const bool vector_underfills =
+      vector_plan_underfills_sms<1, 2, kFusedWideVectors>(plan, rows, vector_kernel) &&
+      staged_fits();
+  if (!vector_underfills && launch_vector_row_kernel<1, 2, kFusedWideVectors>(
+                                plan, rows, stream, vector_kernel, x, residual, weight, rows,
+                                hidden, eps_acc, offset_acc)) {
     return;
   }
-  const int64_t row_bytes = hidden * static_cast<int64_t>(sizeof(scalar_t));
-  if (aligned && hidden % vector_size<scalar_t>() == 0 && row_bytes <= staged_bytes_limit()) {
+  if (staged_fits()) {
     const auto kernel = fused_add_rms_norm_staged_kernel<scalar_t, kCasting>;
     const StagedLaunch staged =
         plan_staged_launch(kernel, /*cluster=*/1, kStagedThreads, row_bytes, rows);

@@ -300,18 +300,22 @@ def test_fused_add_rms_norm(device: str, dtype: torch.dtype) -> None:
 
 
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32])
-@pytest.mark.parametrize("row_vectors", [512, 1024, 1025, 1536, 2048, 2049])
+@pytest.mark.parametrize("row_vectors", [512, 1024, 1025, 1280, 1536, 2048, 2049])
+@pytest.mark.parametrize("rows", [4, 300])
 def test_fused_add_rms_norm_rows_of_many_threads(
-    device: str, dtype: torch.dtype, row_vectors: int
+    device: str, dtype: torch.dtype, row_vectors: int, rows: int
 ) -> None:
     # On an H100 aligned rows of up to 512 16-byte vectors take one vector a thread on up to
     # 512 threads, and rows of up to 2048 two on up to 1024 (1025 on 544: threads with two
-    # vectors, one, or none); on an H200 up to four on up to 512. 2049 is past both: staged in
-    # shared memory. 300 rows: more than one block on every SM.
+    # vectors, one, or none); on an H200 up to four on up to 512. Where those blocks hold less
+    # than half of an SM's threads and rows queue for them (300 rows: more than one block on
+    # every SM), the staged kernel takes the rows instead (1280 and 1536 on an H100: 640 and
+    # 768 threads, one block an SM); 4 rows fit at once and keep the vector kernel. 2049 is
+    # past both: staged in shared memory.
     hidden = row_vectors * 16 // torch.empty((), dtype=dtype).element_size()
     gen = torch.Generator(device=device).manual_seed(row_vectors)
-    x = torch.randn(300, hidden, device=device, dtype=dtype, generator=gen)
-    residual = torch.randn(300, hidden, device=device, dtype=dtype, generator=gen)
+    x = torch.randn(rows, hidden, device=device, dtype=dtype, generator=gen)
+    residual = torch.randn(rows, hidden, device=device, dtype=dtype, generator=gen)
     weight = torch.rand(hidden, device=device, dtype=dtype, generator=gen) + 0.5
     expected_x, expected_residual = fused_reference(x, residual, weight, 1e-6)
     hotloop.fused_add_rms_norm(x, residual, weight, 1e-6)
