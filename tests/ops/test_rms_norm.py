@@ -324,6 +324,26 @@ def test_fused_add_rms_norm_rows_of_many_threads(
     torch.testing.assert_close(x, expected_x, **tol)
 
 
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+@pytest.mark.parametrize("row_vectors", [2049, 4096])
+def test_fused_add_rms_norm_staged_rows_in_turn(
+    device: str, dtype: torch.dtype, row_vectors: int
+) -> None:
+    # Aligned rows past the vector kernel are staged in shared memory by a persistent grid:
+    # 600 rows are more than fit on an H100 or an H200 at once (4096 vectors: one block an SM),
+    # so each block takes several rows in turn, its staged slots reused.
+    hidden = row_vectors * 16 // torch.empty((), dtype=dtype).element_size()
+    gen = torch.Generator(device=device).manual_seed(row_vectors)
+    x = torch.randn(600, hidden, device=device, dtype=dtype, generator=gen)
+    residual = torch.randn(600, hidden, device=device, dtype=dtype, generator=gen)
+    weight = torch.rand(hidden, device=device, dtype=dtype, generator=gen) + 0.5
+    expected_x, expected_residual = fused_reference(x, residual, weight, 1e-6)
+    hotloop.fused_add_rms_norm(x, residual, weight, 1e-6)
+    torch.testing.assert_close(residual, expected_residual, **TOLERANCES[dtype])
+    tol = {k: 2 * v for k, v in TOLERANCES[dtype].items()}
+    torch.testing.assert_close(x, expected_x, **tol)
+
+
 @requires_compile
 def test_fused_add_rms_norm_opcheck_and_compile(device: str) -> None:
     x = torch.randn(4, 33, device=device)
