@@ -110,11 +110,11 @@ bool launch_vector_rows(const RowLaunch& plan, Launch&& launch) {
           ...);
 }
 
-// Whether the plan's vector kernel holds, by its registers, fewer than half of an SM's threads
-// at once while the rows fill every SM with its blocks more than once over: each block then
-// waits out its row's loads with too few warps to keep the memory busy (fused_add_rms_norm's
-// launch takes its staged kernel instead). Rows that fit on the GPU at once skip the runtime's
-// query: none of them waits for a block.
+// Whether the plan's vector kernel leaves an SM, by its registers, one block at a time or
+// fewer than half of its threads while the rows fill every SM with its blocks more than once
+// over: its row sums then stall the SM, or too few warps keep the memory busy
+// (fused_add_rms_norm's launch takes another kernel instead). Rows that fit on the GPU at
+// once skip the runtime's query: none of them waits for a block.
 template <int... kVariants, typename KernelOf>
 bool vector_plan_underfills_sms(const RowLaunch& plan, int64_t rows, const KernelOf& kernel_of) {
   if (plan.vectors_per_thread == 0 || rows <= num_sms()) {
@@ -127,8 +127,8 @@ bool vector_plan_underfills_sms(const RowLaunch& plan, int64_t rows, const Kerne
         cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, kernel_of(vpt), threads, 0));
   });
   const bool rows_wait = rows > int64_t{blocks} * plan.rows_per_block * num_sms();
-  return rows_wait &&
-         2 * blocks * threads < device_attribute(cudaDevAttrMaxThreadsPerMultiProcessor);
+  return rows_wait && (blocks < 2 || 2 * blocks * threads <
+                                         device_attribute(cudaDevAttrMaxThreadsPerMultiProcessor));
 }
 
 // One block per group of rows, capped (kernels loop over rows with a grid stride).

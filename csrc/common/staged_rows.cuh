@@ -1,13 +1,13 @@
 // Wide rows of the row-wise norms (rms_norm forward and backward, fused_add_rms_norm):
 // rows that are 16-byte aligned but too long to stay in registers (bfloat16 beyond 32768
-// elements in the forward, 16384 in the backward and fused_add_rms_norm). Each block
-// takes one row at a time and stages it in dynamic shared memory, so that the second
-// pass over the row reads the staged copy instead of DRAM. The forward and backward copy
-// their rows with asynchronous 16-byte copies (cp.async, sm_80 and newer), all of a
-// thread's vectors in flight at once and none of them through registers; fused_add_rms_norm
-// stages the sums it computes. Every thread reads back only the vectors it staged itself,
-// so the passes need no barrier beyond the row sum's, and a slot that the second pass has
-// read can at once take the block's next row: its copies fly while this row is written.
+// elements in the forward, 16384 in the backward) or, in fused_add_rms_norm, to be re-read
+// from L2 (beyond about 40000 on an H100). Each block takes one row at a time and stages it in
+// dynamic shared memory, so that the second pass over the row reads the staged copy instead of
+// DRAM. The forward and backward copy their rows with asynchronous 16-byte copies (cp.async, sm_80
+// and newer), all of a thread's vectors in flight at once and none of them through registers;
+// fused_add_rms_norm stages the sums it computes. Every thread reads back only the vectors it
+// staged itself, so the passes need no barrier beyond the row sum's, and a slot that the second
+// pass has read can at once take the block's next row: its copies fly while this row is written.
 //
 // On sm_90 a row whose staged copy would leave room for too few blocks an SM (the
 // forward: fewer than two) or not fit at all is split over a cluster of kStagedCluster

@@ -6,9 +6,10 @@
 // computed from that rounded value, as on CPU, so the op equals the unfused
 // `residual.add_(x); x.copy_(rms_norm(residual, weight, eps))`. Rows map onto
 // blocks as in rms_norm (common/row_launch.cuh): register-resident 16-byte
-// vectors when aligned, staged in shared memory when aligned but longer
-// (common/staged_rows.cuh), register-resident scalars for other rows up to 16384
-// elements (common/scalar_rows.cuh), a generic kernel for the rest.
+// vectors when aligned and their blocks fill an SM; aligned rows beyond that re-read
+// the residual they stored from L2, or, too wide for the L2 to keep them, are staged in
+// shared memory (common/staged_rows.cuh); register-resident scalars for other rows up to
+// 16384 elements (common/scalar_rows.cuh), a generic kernel for the rest.
 
 #include "../common/cuda_utils.cuh"
 #include "../common/norm_casting.cuh"
@@ -25,7 +26,7 @@ namespace {
 // 16384), the four-vector variant built for at most 512 threads: on 1024 threads, at
 // most 64 registers each, it spilled, and eight vectors spilled even on 512 (H100,
 // bfloat16, H = 16384: 70% and 62% of copy bandwidth; benchmarks/NOTES.md, runs 3-5).
-// Longer aligned rows take the staged kernel.
+// Longer aligned rows take the re-read or the staged kernel.
 constexpr int kFusedWideVectors = 4;
 constexpr int kFusedMaxThreadsWide = 512;
 constexpr RowKernelLimits kFusedLimits{/*max_vectors_per_thread=*/kFusedWideVectors,
@@ -45,13 +46,15 @@ constexpr RowKernelLimits kSlowMemoryFusedLimits[] = {
     {/*max_vectors_per_thread=*/2, /*target_threads=*/512, /*max_threads=*/kMaxThreadsPerBlock},
 };
 
-// A vector plan whose blocks, by their registers, hold fewer than half of an SM's threads
-// takes the staged kernel when rows queue for its blocks (vector_plan_underfills_sms). On an
-// H100, bfloat16, % of copy, vector plan -> staged (benchmarks/NOTES.md, run O31): H = 10240
-// (two vectors on 640 threads at 57 registers: one block an SM) 81.1 -> 93.2, 12288 (768
-// threads) 88.3 -> 94.8, 14336 (896) 93.8 -> 93.6; 8192 (two blocks of 512) and 16384 (one of
-// 1024) hold half and keep the vector kernel, which beat the staged one there (98.3 / 88.6,
-// 95.4 / 93.1).
+// Blocks an SM of the re-read kernel (fused_add_rms_norm_reread_kernel).
+constexpr int kRereadBlocksPerSm = 2;
+
+// Where a vector plan's blocks leave an SM one block or less than half its threads and rows
+// queue for them (vector_plan_underfills_sms), the rows take the re-read kernel (or, past its
+// reach, the staged one): on an H100 rows of 1025-2048 vectors (two vectors on 513-1024
+// threads at 57 registers, one block an SM), whose figures are the re-read kernel's below.
+// 8192 in 16 bits (two blocks of 512) keeps the vector kernel: 98.4, re-read 98.4, staged 88.6
+// (benchmarks/NOTES.md, run O33).
 
 // The kernels load a thread's whole share of x and of the residual (the generic one:
 // a chunk of it) before storing the sums: a store to the residual between the loads
@@ -145,8 +148,9 @@ __global__ void __launch_bounds__(Rows::kLaunchBound)
   }
 }
 
-// Aligned rows longer than the vector kernel takes: the rounded sums are staged in shared
-// memory for the second step (common/staged_rows.cuh).
+// Aligned rows too wide for the re-read kernel (its rows in flight would not stay in L2): the
+// rounded sums are staged in shared memory for the second step (common/staged_rows.cuh).
+// Loading x and the residual through cp.async as well gained nothing (run O32).
 template <typename scalar_t, Casting kCasting>
 __global__ void __launch_bounds__(kStagedThreads)
     fused_add_rms_norm_staged_kernel(scalar_t* __restrict__ x, scalar_t* __restrict__ residual,
@@ -195,6 +199,49 @@ __global__ void __launch_bounds__(kStagedThreads)
   }
 }
 
+// Aligned rows the vector kernel does not hold well: one 16-byte vector of x and of the
+// residual a thread at a time on 1024 threads, the rounded sums stored into the residual and
+// read back from L2 for the second pass, as torch.compile's kernel does. 32 registers a
+// thread, two blocks (every thread) an SM: one block's row sum leaves the other's loads in
+// flight. On an H100, bfloat16, % of copy, main's plans (the vector kernel to 2048 vectors
+// unless it left an SM less than half full, then staged) against this, alternating processes
+// (benchmarks/NOTES.md, run O33): H = 10240 93.2 -> 97.6, 12288 94.7 -> 98.0, 14336 93.7 ->
+// 98.0, 16384 95.4 -> 97.7, 20480 91.0 -> 97.4, 24576 92.7 -> 97.5, 32768 94.2 -> 96.7
+// (torch.compile 96.6-97.3); on 512 threads (four blocks an SM) 1-12 points lower.
+template <typename scalar_t, Casting kCasting>
+__global__ void __launch_bounds__(kMaxThreadsPerBlock, kRereadBlocksPerSm)
+    fused_add_rms_norm_reread_kernel(scalar_t* __restrict__ x, scalar_t* __restrict__ residual,
+                                     const scalar_t* __restrict__ weight, int64_t rows,
+                                     int64_t hidden, acc_type<scalar_t> eps,
+                                     acc_type<scalar_t> offset) {
+  using acc_t = acc_type<scalar_t>;
+  constexpr int kVec = vector_size<scalar_t>();
+  using Vec = AlignedVector<scalar_t, kVec>;
+  const int num_vectors = static_cast<int>(hidden / kVec);
+  const acc_t inv_hidden = acc_t(1) / static_cast<acc_t>(hidden);
+  const Vec* weight_vec = reinterpret_cast<const Vec*>(weight);
+  for (const int64_t row : block_rows(rows)) {
+    Vec* x_row = reinterpret_cast<Vec*>(x + row * hidden);
+    Vec* res_row = reinterpret_cast<Vec*>(residual + row * hidden);
+    acc_t sum_sq[1] = {0};
+#pragma unroll 1
+    for (int idx = threadIdx.x; idx < num_vectors; idx += kMaxThreadsPerBlock) {
+      Vec sum = x_row[idx];
+      const Vec rv = res_row[idx];
+      add_rounded_squares(sum, rv, sum_sq[0]);
+      res_row[idx] = sum;
+    }
+    row_sum(sum_sq);
+    const acc_t rstd = row_rstd<kCasting>(sum_sq[0], inv_hidden, eps);
+#pragma unroll 1
+    for (int idx = threadIdx.x; idx < num_vectors; idx += kMaxThreadsPerBlock) {
+      const Vec sv = res_row[idx];
+      const Vec wv = weight_vec[idx];
+      x_row[idx] = weighted_vector<kCasting>(sv, rstd, wv, offset);
+    }
+  }
+}
+
 // Any hidden size and alignment (common/residual_add.cuh); the second loop re-reads the
 // residual elements this same thread stored in the first.
 template <typename scalar_t, Casting kCasting>
@@ -234,15 +281,29 @@ void launch_fused_add_rms_norm(scalar_t* x, scalar_t* residual, const scalar_t* 
     return fused_add_rms_norm_vector_kernel<scalar_t, kCasting, decltype(vpt)::value>;
   };
   const int64_t row_bytes = hidden * static_cast<int64_t>(sizeof(scalar_t));
-  const auto staged_fits = [&] {
-    return aligned && hidden % vector_size<scalar_t>() == 0 && row_bytes <= staged_bytes_limit();
+  const bool whole_vectors = aligned && hidden % vector_size<scalar_t>() == 0;
+  // The residual rows the re-read kernel's resident blocks have stored and not yet read back
+  // fit in two fifths of the L2; past that they are evicted before the second pass. On an
+  // H100 (50 MB), bfloat16, % of copy, re-read against staged (run O33): 32768 (17 MB in
+  // flight) 96.7 / 94.2, 49152 (26 MB) 92.2 / 93.0, 65536 (35 MB) 85.5 / 93.4.
+  const auto reread_fits = [&] {
+    return whole_vectors && 5 * int64_t{kRereadBlocksPerSm} * num_sms() * row_bytes <=
+                                2 * int64_t{device_attribute(cudaDevAttrL2CacheSize)};
   };
+  const auto staged_fits = [&] { return whole_vectors && row_bytes <= staged_bytes_limit(); };
   const bool vector_underfills =
       vector_plan_underfills_sms<1, 2, kFusedWideVectors>(plan, rows, vector_kernel) &&
-      staged_fits();
+      (reread_fits() || staged_fits());
   if (!vector_underfills && launch_vector_row_kernel<1, 2, kFusedWideVectors>(
                                 plan, rows, stream, vector_kernel, x, residual, weight, rows,
                                 hidden, eps_acc, offset_acc)) {
+    return;
+  }
+  if (reread_fits()) {
+    RowLaunch reread;
+    reread.threads_per_row = kMaxThreadsPerBlock;
+    launch_row_kernel(fused_add_rms_norm_reread_kernel<scalar_t, kCasting>, reread, rows, stream, x,
+                      residual, weight, rows, hidden, eps_acc, offset_acc);
     return;
   }
   if (staged_fits()) {

@@ -166,9 +166,10 @@ def main() -> int:
             )
             if fp8:
                 ok &= check_fp8_ops(x.detach(), w.detach(), tag)
-        # Rows that queue for blocks holding less than half an SM's threads: the fused op's
-        # staged kernel takes them (1280 and 1536 16-byte vectors on an H100).
-        for row_vectors in (1280, 1536):
+        # Rows that queue for the fused op's blocks: the re-read kernel takes 1280 and 1536
+        # 16-byte vectors on an H100 (vector blocks of one an SM), the staged kernel 8192
+        # (128 KB: too wide to re-read from L2), each block several rows in turn.
+        for row_vectors in (1280, 1536, 8192):
             hidden = row_vectors * 16 // torch.empty((), dtype=dtype).element_size()
             a = torch.randn(300, hidden, device="cuda", dtype=dtype)
             residual = torch.randn_like(a)

@@ -307,11 +307,10 @@ def test_fused_add_rms_norm_rows_of_many_threads(
 ) -> None:
     # On an H100 aligned rows of up to 512 16-byte vectors take one vector a thread on up to
     # 512 threads, and rows of up to 2048 two on up to 1024 (1025 on 544: threads with two
-    # vectors, one, or none); on an H200 up to four on up to 512. Where those blocks hold less
-    # than half of an SM's threads and rows queue for them (300 rows: more than one block on
-    # every SM), the staged kernel takes the rows instead (1280 and 1536 on an H100: 640 and
-    # 768 threads, one block an SM); 4 rows fit at once and keep the vector kernel. 2049 is
-    # past both: staged in shared memory.
+    # vectors, one, or none); on an H200 up to four on up to 512. Where those blocks leave an
+    # SM one block or less than half its threads and rows queue for them (300 rows: more than
+    # one block on every SM), the re-read kernel takes the rows instead (1025-2048 on an H100);
+    # 4 rows fit at once and keep the vector kernel. 2049 is past both.
     hidden = row_vectors * 16 // torch.empty((), dtype=dtype).element_size()
     gen = torch.Generator(device=device).manual_seed(row_vectors)
     x = torch.randn(rows, hidden, device=device, dtype=dtype, generator=gen)
@@ -325,17 +324,18 @@ def test_fused_add_rms_norm_rows_of_many_threads(
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
-@pytest.mark.parametrize("row_vectors", [2049, 4096])
-def test_fused_add_rms_norm_staged_rows_in_turn(
+@pytest.mark.parametrize("row_vectors", [2049, 4096, 8192])
+def test_fused_add_rms_norm_wide_rows_in_turn(
     device: str, dtype: torch.dtype, row_vectors: int
 ) -> None:
-    # Aligned rows past the vector kernel are staged in shared memory by a persistent grid:
-    # 600 rows are more than fit on an H100 or an H200 at once (4096 vectors: one block an SM),
-    # so each block takes several rows in turn, its staged slots reused.
+    # Aligned rows past the vector kernel are re-read from L2 (2049 and 4096 16-byte vectors on
+    # an H100 or an H200) or, where the rows of the blocks in flight would not stay in L2 (8192
+    # vectors: 128 KB), staged in shared memory. 400 rows are more than fit on those GPUs at
+    # once, so each block takes several rows in turn.
     hidden = row_vectors * 16 // torch.empty((), dtype=dtype).element_size()
     gen = torch.Generator(device=device).manual_seed(row_vectors)
-    x = torch.randn(600, hidden, device=device, dtype=dtype, generator=gen)
-    residual = torch.randn(600, hidden, device=device, dtype=dtype, generator=gen)
+    x = torch.randn(400, hidden, device=device, dtype=dtype, generator=gen)
+    residual = torch.randn(400, hidden, device=device, dtype=dtype, generator=gen)
     weight = torch.rand(hidden, device=device, dtype=dtype, generator=gen) + 0.5
     expected_x, expected_residual = fused_reference(x, residual, weight, 1e-6)
     hotloop.fused_add_rms_norm(x, residual, weight, 1e-6)
