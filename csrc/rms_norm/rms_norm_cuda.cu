@@ -728,7 +728,10 @@ constexpr RowKernelLimits kBackwardLimits{/*max_vectors_per_thread=*/kBackwardVe
 // cause is not known) and keeps the kernel as it was; so does float64 (not measured). With
 // 128 threads a row it lost too: bfloat16 4096 94.0 -> 93.6, and 8192 (one block of 256
 // threads an SM) 94.7 -> 82.2. Bounded to 128 registers (two 256-thread blocks) it spilled:
-// 76-79 %.
+// 76-79 %. On an H200 the rows it takes read 4.4-5.4 points lower with it (bfloat16
+// forward+backward at 512-2048: 85.6-88.7 % in run 109, 90.7-93.9 in run 100 before it; the
+// forward and every wider row within 0.7 of each other), so it is taken only where memory is
+// slow for an SM (memory_is_slow_for_an_sm: the H100, not the H200).
 constexpr int kLoadAheadMaxThreadsPerRow = 64;
 constexpr int kLoadAheadMaxThreads = kThreadsForShortRows;
 template <typename scalar_t>
@@ -1312,7 +1315,7 @@ void launch_rms_norm_backward(const scalar_t* grad_out, const scalar_t* x, const
   const bool vector_launched = launch_vector_rows<kBackwardVectors>(plan, [&](auto) {
     const auto kernel = [&] {
       if constexpr (kLoadsAhead<scalar_t>) {
-        if (plan.threads_per_row <= kLoadAheadMaxThreadsPerRow) {
+        if (plan.threads_per_row <= kLoadAheadMaxThreadsPerRow && memory_is_slow_for_an_sm()) {
           return rms_norm_backward_vector_kernel<scalar_t, kCasting, true>;
         }
       }
