@@ -117,7 +117,8 @@ bool launch_vector_rows(const RowLaunch& plan, Launch&& launch) {
 // once skip the runtime's query: none of them waits for a block.
 template <int... kVariants, typename KernelOf>
 bool vector_plan_underfills_sms(const RowLaunch& plan, int64_t rows, const KernelOf& kernel_of) {
-  if (plan.vectors_per_thread == 0 || rows <= num_sms()) {
+  const int sms = num_sms();
+  if (plan.vectors_per_thread == 0 || rows <= sms) {
     return false;
   }
   const int threads = plan.threads_per_row * plan.rows_per_block;
@@ -126,7 +127,7 @@ bool vector_plan_underfills_sms(const RowLaunch& plan, int64_t rows, const Kerne
     HOTLOOP_CUDA_CHECK(
         cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, kernel_of(vpt), threads, 0));
   });
-  const bool rows_wait = rows > int64_t{blocks} * plan.rows_per_block * num_sms();
+  const bool rows_wait = rows > int64_t{blocks} * plan.rows_per_block * sms;
   return rows_wait && (blocks < 2 || 2 * blocks * threads <
                                          device_attribute(cudaDevAttrMaxThreadsPerMultiProcessor));
 }

@@ -281,32 +281,42 @@ void launch_fused_add_rms_norm(scalar_t* x, scalar_t* residual, const scalar_t* 
     return fused_add_rms_norm_vector_kernel<scalar_t, kCasting, decltype(vpt)::value>;
   };
   const int64_t row_bytes = hidden * static_cast<int64_t>(sizeof(scalar_t));
-  const bool whole_vectors = aligned && hidden % vector_size<scalar_t>() == 0;
-  // The residual rows the re-read kernel's resident blocks have stored and not yet read back
-  // fit in two fifths of the L2; past that they are evicted before the second pass. On an
-  // H100 (50 MB), bfloat16, % of copy, re-read against staged (run O33): 32768 (17 MB in
-  // flight) 96.7 / 94.2, 49152 (26 MB) 92.2 / 93.0, 65536 (35 MB) 85.5 / 93.4.
-  const auto reread_fits = [&] {
-    return whole_vectors && 5 * int64_t{kRereadBlocksPerSm} * num_sms() * row_bytes <=
-                                2 * int64_t{device_attribute(cudaDevAttrL2CacheSize)};
+  // Aligned rows the vector kernel does not take, or takes with blocks that underfill an SM:
+  // the re-read kernel while the residual rows its resident blocks have stored and not yet
+  // read back fit in two fifths of the L2 (past that they are evicted before the second pass;
+  // on an H100, 50 MB, bfloat16, % of copy, re-read against staged, run O33: 32768 with 17 MB
+  // in flight 96.7 / 94.2, 49152 with 26 MB 92.2 / 93.0, 65536 with 35 MB 85.5 / 93.4), else
+  // the staged kernel where a row fits in shared memory. Decided only for such rows: a
+  // decode-sized call with a vector plan reads no device attribute for it.
+  enum class WideRows { kNone, kReread, kStaged };
+  const auto wide_rows = [&] {
+    if (!aligned || hidden % vector_size<scalar_t>() != 0) {
+      return WideRows::kNone;
+    }
+    if (5 * int64_t{kRereadBlocksPerSm} * num_sms() * row_bytes <=
+        2 * int64_t{device_attribute(cudaDevAttrL2CacheSize)}) {
+      return WideRows::kReread;
+    }
+    return row_bytes <= staged_bytes_limit() ? WideRows::kStaged : WideRows::kNone;
   };
-  const auto staged_fits = [&] { return whole_vectors && row_bytes <= staged_bytes_limit(); };
-  const bool vector_underfills =
-      vector_plan_underfills_sms<1, 2, kFusedWideVectors>(plan, rows, vector_kernel) &&
-      (reread_fits() || staged_fits());
-  if (!vector_underfills && launch_vector_row_kernel<1, 2, kFusedWideVectors>(
-                                plan, rows, stream, vector_kernel, x, residual, weight, rows,
-                                hidden, eps_acc, offset_acc)) {
+  const WideRows wide =
+      plan.vectors_per_thread == 0 ||
+              vector_plan_underfills_sms<1, 2, kFusedWideVectors>(plan, rows, vector_kernel)
+          ? wide_rows()
+          : WideRows::kNone;
+  if (wide == WideRows::kNone && launch_vector_row_kernel<1, 2, kFusedWideVectors>(
+                                     plan, rows, stream, vector_kernel, x, residual, weight, rows,
+                                     hidden, eps_acc, offset_acc)) {
     return;
   }
-  if (reread_fits()) {
+  if (wide == WideRows::kReread) {
     RowLaunch reread;
     reread.threads_per_row = kMaxThreadsPerBlock;
     launch_row_kernel(fused_add_rms_norm_reread_kernel<scalar_t, kCasting>, reread, rows, stream, x,
                       residual, weight, rows, hidden, eps_acc, offset_acc);
     return;
   }
-  if (staged_fits()) {
+  if (wide == WideRows::kStaged) {
     const auto kernel = fused_add_rms_norm_staged_kernel<scalar_t, kCasting>;
     const StagedLaunch staged =
         plan_staged_launch(kernel, /*cluster=*/1, kStagedThreads, row_bytes, rows);
