@@ -132,6 +132,21 @@ bool vector_plan_underfills_sms(const RowLaunch& plan, int64_t rows, const Kerne
                                          device_attribute(cudaDevAttrMaxThreadsPerMultiProcessor));
 }
 
+// Blocks an SM of the fused ops' re-read kernels (fused_add_rms_norm's and the FP8 ones'): one
+// block's row sum leaves the other's loads in flight.
+constexpr int kRereadBlocksPerSm = 2;
+
+// Whether rows of row_bytes that a re-read kernel stores (or reads) in its first pass stay in
+// the L2 for its second: while the rows its resident blocks hold fit in two fifths of the L2.
+// Past that they are evicted before they are read back: on an H100 (50 MB), fused_add_rms_norm
+// in bfloat16, % of copy, re-read against staged in shared memory (benchmarks/NOTES.md, run
+// O33): 32768 with 17 MB in flight 96.7 / 94.2, 49152 with 26 MB 92.2 / 93.0, 65536 with 35 MB
+// 85.5 / 93.4.
+inline bool reread_rows_stay_in_l2(int64_t row_bytes) {
+  return 5 * int64_t{kRereadBlocksPerSm} * num_sms() * row_bytes <=
+         2 * int64_t{device_attribute(cudaDevAttrL2CacheSize)};
+}
+
 // One block per group of rows, capped (kernels loop over rows with a grid stride).
 inline int64_t row_blocks(int64_t rows, const RowLaunch& plan) {
   return std::min<int64_t>(ceil_div(rows, plan.rows_per_block), int64_t{1} << 20);

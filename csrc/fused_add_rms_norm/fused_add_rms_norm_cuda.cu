@@ -46,9 +46,6 @@ constexpr RowKernelLimits kSlowMemoryFusedLimits[] = {
     {/*max_vectors_per_thread=*/2, /*target_threads=*/512, /*max_threads=*/kMaxThreadsPerBlock},
 };
 
-// Blocks an SM of the re-read kernel (fused_add_rms_norm_reread_kernel).
-constexpr int kRereadBlocksPerSm = 2;
-
 // Where a vector plan's blocks leave an SM one block or less than half its threads and rows
 // queue for them (vector_plan_underfills_sms), the rows take the re-read kernel (or, past its
 // reach, the staged one): on an H100 rows of 1025-2048 vectors (two vectors on 513-1024
@@ -282,19 +279,16 @@ void launch_fused_add_rms_norm(scalar_t* x, scalar_t* residual, const scalar_t* 
   };
   const int64_t row_bytes = hidden * static_cast<int64_t>(sizeof(scalar_t));
   // Aligned rows the vector kernel does not take, or takes with blocks that underfill an SM:
-  // the re-read kernel while the residual rows its resident blocks have stored and not yet
-  // read back fit in two fifths of the L2 (past that they are evicted before the second pass;
-  // on an H100, 50 MB, bfloat16, % of copy, re-read against staged, run O33: 32768 with 17 MB
-  // in flight 96.7 / 94.2, 49152 with 26 MB 92.2 / 93.0, 65536 with 35 MB 85.5 / 93.4), else
-  // the staged kernel where a row fits in shared memory. Decided only for such rows: a
-  // decode-sized call with a vector plan reads no device attribute for it.
+  // the re-read kernel while the residual rows it has stored and not yet read back stay in the
+  // L2 (reread_rows_stay_in_l2), else the staged kernel where a row fits in shared memory.
+  // Decided only for such rows: a decode-sized call with a vector plan reads no device
+  // attribute for it.
   enum class WideRows { kNone, kReread, kStaged };
   const auto wide_rows = [&] {
     if (!aligned || hidden % vector_size<scalar_t>() != 0) {
       return WideRows::kNone;
     }
-    if (5 * int64_t{kRereadBlocksPerSm} * num_sms() * row_bytes <=
-        2 * int64_t{device_attribute(cudaDevAttrL2CacheSize)}) {
+    if (reread_rows_stay_in_l2(row_bytes)) {
       return WideRows::kReread;
     }
     return row_bytes <= staged_bytes_limit() ? WideRows::kStaged : WideRows::kNone;

@@ -3,9 +3,11 @@
 // float8_e4m3fn output (and of the residual), as the CPU kernel computes it.
 //
 // Rows map onto blocks as in rms_norm (common/row_launch.cuh): register-resident
-// 16-byte vectors when every row is 16-byte aligned, register-resident scalars
-// for other rows up to 16384 elements (common/scalar_rows.cuh), and a generic
-// kernel that re-reads the row for longer ones and for float64. Per row: the sum
+// 16-byte vectors when every row is 16-byte aligned; aligned rows past those (and the
+// fused ops' rows whose vector blocks underfill an SM) read back from L2 in 16-byte
+// vectors, as fused_add_rms_norm's re-read kernel; register-resident scalars for other
+// rows up to 16384 elements (common/scalar_rows.cuh), and a generic kernel that re-reads
+// the row for longer ones and for float64's. Per row: the sum
 // of squares and, for the dynamic ops, the largest |v * weight|, in one exchange
 // (Fp8RowQuantiser); rstd and the row's scale from them; then out = e4m3(y * (1 / scale))
 // converted two at a time. Whether the scale is dynamic is a template parameter:
@@ -100,6 +102,18 @@ class Fp8RowQuantiser {
     stats[1] = fmax(stats[1], fabs(v * weight_value<kCasting>(w, offset_)));
   }
 
+  // add_magnitude of each element of a 16-byte vector v, w its weight vector.
+  // (By value, as quantised(): a weight vector is loaded whole.)
+  template <int kSize>
+  __device__ __forceinline__ void add_magnitudes(Stats& stats,
+                                                 const AlignedVector<scalar_t, kSize> v,
+                                                 const AlignedVector<scalar_t, kSize> w) const {
+#pragma unroll
+    for (int k = 0; k < kSize; ++k) {
+      add_magnitude(stats, static_cast<acc_t>(v.val[k]), static_cast<acc_t>(w.val[k]));
+    }
+  }
+
   // y of the casting mode, before its rounding to the dtype (which quantisation replaces).
   __device__ __forceinline__ acc_t y(acc_t v, acc_t rstd, acc_t w) const {
     return weighted<kCasting, scalar_t>(v * rstd, w, offset_);
@@ -135,6 +149,31 @@ class Fp8RowQuantiser {
   int64_t rows_;
 };
 
+// The FP8 values of a 16-byte vector of scalar_t: half as many bytes.
+template <typename scalar_t>
+using Fp8Vector = AlignedVector<__nv_fp8x2_storage_t, vector_size<scalar_t>() / 2>;
+
+#if HOTLOOP_FP8_KERNEL_CODE
+// The FP8 values of the row's 16-byte vector v, w its weight vector, converted two at a time.
+// (By value: a vector in global memory is loaded whole, as one 16-byte load.)
+template <typename Quantiser, typename scalar_t, int kSize>
+__device__ __forceinline__ AlignedVector<__nv_fp8x2_storage_t, kSize / 2> quantised(
+    const Quantiser& quantiser, const AlignedVector<scalar_t, kSize> v,
+    const AlignedVector<scalar_t, kSize> w, const Fp8Row<typename Quantiser::acc_t>& r) {
+  using acc_t = typename Quantiser::acc_t;
+  AlignedVector<__nv_fp8x2_storage_t, kSize / 2> out;
+#pragma unroll
+  for (int k = 0; k < kSize / 2; ++k) {
+    const acc_t y0 =
+        quantiser.y(static_cast<acc_t>(v.val[2 * k]), r.rstd, static_cast<acc_t>(w.val[2 * k]));
+    const acc_t y1 = quantiser.y(static_cast<acc_t>(v.val[2 * k + 1]), r.rstd,
+                                 static_cast<acc_t>(w.val[2 * k + 1]));
+    out.val[k] = e4m3x2(static_cast<float>(y0 * r.inv_scale), static_cast<float>(y1 * r.inv_scale));
+  }
+  return out;
+}
+#endif
+
 template <typename scalar_t, Casting kCasting, bool kResidual, bool kDynamic, int kVectorsPerThread>
 __global__ void __launch_bounds__(kVectorsPerThread >= kFp8WideVectors ? kFp8MaxThreadsWide
                                                                        : kMaxThreadsPerBlock)
@@ -144,7 +183,6 @@ __global__ void __launch_bounds__(kVectorsPerThread >= kFp8WideVectors ? kFp8Max
   using acc_t = typename Quantiser::acc_t;
   constexpr int kVec = vector_size<scalar_t>();
   using Vec = AlignedVector<scalar_t, kVec>;
-  using OutVec = AlignedVector<__nv_fp8x2_storage_t, kVec / 2>;
   const int num_vectors = static_cast<int>(p.hidden / kVec);
   const Quantiser quantiser(p);
   const Vec* weight_vec = reinterpret_cast<const Vec*>(p.weight);
@@ -190,35 +228,67 @@ __global__ void __launch_bounds__(kVectorsPerThread >= kFp8WideVectors ? kFp8Max
           // The output reads the weight again (from L1) rather than hold it in registers:
           // holding it, or loading all of a row's weight vectors at once, cost occupancy
           // and lost (benchmarks/NOTES.md, runs 51-52).
-          const Vec wv = weight_vec[idx];
-#pragma unroll
-          for (int k = 0; k < kVec; ++k) {
-            quantiser.add_magnitude(stats, static_cast<acc_t>(v[i].val[k]),
-                                    static_cast<acc_t>(wv.val[k]));
-          }
+          quantiser.add_magnitudes(stats, v[i], weight_vec[idx]);
         }
       }
     }
     const Fp8Row<acc_t> r = quantiser.finish(stats, row);
 
-    OutVec* out_row = reinterpret_cast<OutVec*>(p.out + offset);
+    auto* out_row = reinterpret_cast<Fp8Vector<scalar_t>*>(p.out + offset);
 #pragma unroll
     for (int i = 0; i < kVectorsPerThread; ++i) {
       const int idx = threadIdx.x + i * blockDim.x;
       if (row_valid && idx < num_vectors) {
-        const Vec wv = weight_vec[idx];
-        OutVec out;
-#pragma unroll
-        for (int k = 0; k < kVec / 2; ++k) {
-          const acc_t y0 = quantiser.y(static_cast<acc_t>(v[i].val[2 * k]), r.rstd,
-                                       static_cast<acc_t>(wv.val[2 * k]));
-          const acc_t y1 = quantiser.y(static_cast<acc_t>(v[i].val[2 * k + 1]), r.rstd,
-                                       static_cast<acc_t>(wv.val[2 * k + 1]));
-          out.val[k] =
-              e4m3x2(static_cast<float>(y0 * r.inv_scale), static_cast<float>(y1 * r.inv_scale));
-        }
-        out_row[idx] = out;
+        out_row[idx] = quantised(quantiser, v[i], weight_vec[idx], r);
       }
+    }
+  }
+#endif
+}
+
+// The fused ops' aligned rows that the vector kernel does not hold well, and the unfused ops'
+// aligned rows past it: fused_add_rms_norm_reread_kernel's shape. One 16-byte vector of x (and
+// of the residual) a thread at a time on 1024 threads, two blocks an SM; the first pass forms
+// the row's statistics (and stores the rounded sums into the residual), the second reads the
+// row back from L2 and writes the FP8 values. On an H100, bfloat16, % of copy, before (the
+// vector kernel, or past it the scalar and generic ones) -> after (benchmarks/NOTES.md, run
+// O36): fused static 12288 86.6 -> 98.1, 16384 93.6 -> 98.0, 20480 52.5 -> 97.6, 32768
+// 43.0 -> 96.6; fused dynamic 12288 76.9 -> 97.3, 16384 90.8 -> 97.6, 32768 35.3 -> 96.2;
+// unfused static / dynamic at 20480 37.6 -> 76.7 / 71.8, 32768 29.5 / 29.2 -> 85.1 / 84.3.
+template <typename scalar_t, Casting kCasting, bool kResidual, bool kDynamic>
+__global__ void __launch_bounds__(kMaxThreadsPerBlock, kRereadBlocksPerSm)
+    rms_norm_fp8_reread_kernel(const Fp8NormPointers<scalar_t> p) {
+#if HOTLOOP_FP8_KERNEL_CODE
+  using Quantiser = Fp8RowQuantiser<scalar_t, kCasting, kDynamic>;
+  using Vec = AlignedVector<scalar_t, vector_size<scalar_t>()>;
+  const int num_vectors = static_cast<int>(p.hidden / vector_size<scalar_t>());
+  const Quantiser quantiser(p);
+  const Vec* weight_vec = reinterpret_cast<const Vec*>(p.weight);
+  for (const int64_t row : block_rows(p.rows)) {
+    const int64_t offset = row * p.hidden;
+    const Vec* x_row = reinterpret_cast<const Vec*>(p.x + offset);
+    Vec* res_row = reinterpret_cast<Vec*>(p.residual + offset);
+    typename Quantiser::Stats stats = {};
+#pragma unroll 1
+    for (int idx = threadIdx.x; idx < num_vectors; idx += kMaxThreadsPerBlock) {
+      Vec v = x_row[idx];
+      if constexpr (kResidual) {
+        const Vec rv = res_row[idx];
+        add_rounded_squares(v, rv, stats[0]);
+        res_row[idx] = v;
+      } else {
+        add_squares(stats[0], v);
+      }
+      if constexpr (kDynamic) {
+        quantiser.add_magnitudes(stats, v, weight_vec[idx]);
+      }
+    }
+    const Fp8Row<typename Quantiser::acc_t> r = quantiser.finish(stats, row);
+    const Vec* v_row = kResidual ? res_row : x_row;  // x, or the rounded new residual
+    auto* out_row = reinterpret_cast<Fp8Vector<scalar_t>*>(p.out + offset);
+#pragma unroll 1
+    for (int idx = threadIdx.x; idx < num_vectors; idx += kMaxThreadsPerBlock) {
+      out_row[idx] = quantised(quantiser, v_row[idx], weight_vec[idx], r);
     }
   }
 #endif
@@ -373,6 +443,20 @@ void launch_rms_norm_fp8(const Fp8NormPointers<scalar_t>& p) {
     return rms_norm_fp8_vector_kernel<scalar_t, kCasting, kResidual, kDynamic,
                                       decltype(vpt)::value>;
   };
+  // Aligned rows the vector kernel does not take, and the fused ops' rows it takes with blocks
+  // that underfill an SM (as fused_add_rms_norm's), are re-read while they stay in the L2.
+  const bool reread = aligned && p.hidden % vector_size<scalar_t>() == 0 &&
+                      (plan.vectors_per_thread == 0 ||
+                       (kResidual && vector_plan_underfills_sms<1, 2, kFp8WideVectors>(
+                                         plan, p.rows, vector_kernel))) &&
+                      reread_rows_stay_in_l2(p.hidden * static_cast<int64_t>(sizeof(scalar_t)));
+  if (reread) {
+    RowLaunch reread_plan;
+    reread_plan.threads_per_row = kMaxThreadsPerBlock;
+    launch_row_kernel(rms_norm_fp8_reread_kernel<scalar_t, kCasting, kResidual, kDynamic>,
+                      reread_plan, p.rows, stream, p);
+    return;
+  }
   if (!launch_vector_row_kernel<1, 2, kFp8WideVectors>(plan, p.rows, stream, vector_kernel, p)) {
     const auto scalar_kernel = [](auto rows_variant) {
       return rms_norm_fp8_scalar_kernel<scalar_t, kCasting, kResidual, kDynamic,

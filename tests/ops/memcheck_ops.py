@@ -182,6 +182,14 @@ def main() -> int:
                 F.rms_norm(summed, (hidden,), w.double(), 1e-6),
                 2 * tol,
             )
+        # The FP8 ops' rows re-read from L2: past the vector kernel (2049 16-byte vectors),
+        # and the fused ops' vector blocks of one an SM (2048), several rows a block in turn.
+        if fp8:
+            for row_vectors in (2048, 2049):
+                hidden = row_vectors * 16 // torch.empty((), dtype=dtype).element_size()
+                a = torch.randn(300, hidden, device="cuda", dtype=dtype)
+                w = torch.rand(hidden, device="cuda", dtype=dtype)
+                ok &= check_fp8_ops(a, w, f"{dtype}-300x{hidden}")
     if fp8:
         # float64 takes the vector and generic kernels only
         x64 = torch.randn(3, 1000, device="cuda", dtype=torch.float64)

@@ -26,8 +26,8 @@ from hotloop.ops import E4M3_MAX, FP8_DTYPE, FP8_OPS, MIN_DYNAMIC_SCALE
 
 DTYPES = [torch.float16, torch.bfloat16, torch.float32, torch.float64]
 # Every kernel path on a GPU: one element, odd sizes (register-resident scalars, each of
-# their variants: 7, 1001, 2047, 4095, 8193), aligned
-# rows of one to four vectors per thread, and past the register-resident limit (generic).
+# their variants: 7, 1001, 2047, 4095, 8193), aligned rows of one to four vectors per thread,
+# and past those (20000: re-read from L2 where aligned, else generic).
 HIDDEN_SIZES = [1, 7, 64, 1001, 2047, 4095, 4096, 8193, 16384, 20000]
 
 requires_fp8_gpu = pytest.mark.skipif(
@@ -196,6 +196,21 @@ def check_against_reference(
 def test_matches_float64_reference(device: str, op: Fp8Op, dtype: torch.dtype) -> None:
     for sample in sample_inputs(device, dtype):
         check_against_reference(op, sample)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+@pytest.mark.parametrize("row_vectors", [2048, 2049, 4096])
+@pytest.mark.parametrize("op", OPS)
+def test_wide_rows_in_turn(device: str, op: Fp8Op, row_vectors: int, dtype: torch.dtype) -> None:
+    # On an H100 or an H200 aligned rows past the vector kernel (2049 and 4096 16-byte
+    # vectors), and the fused ops' rows whose vector blocks leave an SM one block (2048), are
+    # re-read from L2. 400 rows are more than fit on those GPUs at once, so each block takes
+    # several rows in turn.
+    hidden = row_vectors * 16 // torch.empty((), dtype=dtype).element_size()
+    gen = torch.Generator().manual_seed(row_vectors)
+    x = torch.randn(400, hidden, generator=gen, dtype=torch.float64).to(device, dtype)
+    weight = (torch.rand(hidden, generator=gen, dtype=torch.float64) + 0.5).to(device, dtype)
+    check_against_reference(op, Sample(f"400x{hidden}", x, weight, 1e-6))
 
 
 # Float32 values and their e4m3 bits: ties to even, the subnormal range, carries into the
