@@ -60,8 +60,8 @@ class RMSNorm(nn.RMSNorm):
 
     A subclass: parameters, state_dict, ``reset_parameters`` and ``isinstance`` checks are
     torch's. ``backend``, ``casting``, ``offset`` and ``in_place_backward`` are
-    :func:`hotloop.rms_norm`'s, and so is what torch.compile sees of it: hotloop's op, or
-    under :func:`hotloop.set_compile_arithmetic` the mode's arithmetic.
+    :func:`hotloop.rms_norm`'s, and so is what torch.compile and torch.export see of it: the
+    mode's arithmetic and hotloop's op by default (:func:`hotloop.set_compile_arithmetic`).
     ``from_module`` converts an existing ``nn.RMSNorm`` or a Hugging Face ``LlamaRMSNorm``
     or ``GemmaRMSNorm`` (and the other classes of ``TRANSFORMERS_RMS_NORMS`` and
     ``TRANSFORMERS_GEMMA_RMS_NORMS``), keeps its weight and picks the casting mode that

@@ -1,6 +1,6 @@
-"""hotloop.set_compile_arithmetic (issue 29, the compiled Llama step): under it, torch.compile and
-torch.export trace rms_norm and RMSNorm as their casting mode's arithmetic in torch ops, which
-Inductor fuses; by default they trace hotloop's op.
+"""hotloop.set_compile_arithmetic (issue 29, the compiled Llama step): torch.compile traces
+rms_norm and RMSNorm as their casting mode's arithmetic in torch ops, which Inductor fuses,
+unless the setting is False; torch.export traces hotloop's op unless it is True.
 
 Graphs are read with a Dynamo backend that records the graph Dynamo hands it and the forward
 and backward graphs AOTAutograd makes of it, then runs them as they are (aot_eager's way).
@@ -52,7 +52,7 @@ def default_setting() -> Iterator[None]:
     """Every test starts from the default and leaves it behind, whatever it asserts, with
     Dynamo's caches empty (the parametrised tests compile one function's code many times)."""
     torch._dynamo.reset()
-    with hotloop.set_compile_arithmetic(False):
+    with hotloop.set_compile_arithmetic(None):
         yield
 
 
@@ -180,7 +180,7 @@ def test_arithmetic_gives_the_modes_bits(
 
 
 @pytest.mark.parametrize(("device", "backend"), TARGETS)
-def test_default_traces_the_op(device: str, backend: str) -> None:
+def test_compile_traces_the_arithmetic_unless_told(device: str, backend: str) -> None:
     x, w = norm_inputs(device, torch.bfloat16, "same", 0.0)
     recorder = GraphRecorder()
     compiled = torch.compile(
@@ -189,6 +189,12 @@ def test_default_traces_the_op(device: str, backend: str) -> None:
         fullgraph=True,
     )
     compiled(x, w).sum().backward()
+    assert recorder.graphs
+    assert recorder.hotloop_targets() == []
+    torch._dynamo.reset()
+    recorder.graphs.clear()
+    with hotloop.set_compile_arithmetic(False):
+        compiled(x, w).sum().backward()
     if backend == "triton":
         # Dynamo's graph need not name the Triton op (torch.library.triton_op): AOTAutograd
         # traces it into its kernels, which the forward and backward graphs call.
@@ -208,23 +214,23 @@ def test_changing_the_setting_traces_again(device: str, backend: str) -> None:
         lambda a, b: hotloop.rms_norm(a, b, EPS, backend), backend=recorder, fullgraph=True
     )
     with torch.no_grad():
-        compiled(x, w)
+        with hotloop.set_compile_arithmetic(False):
+            compiled(x, w)
         assert recorder.compiles == 1
         assert hotloop_targets(recorder.graphs[-1])
-        with hotloop.set_compile_arithmetic(True):
-            compiled(x, w)
+        compiled(x, w)
         assert recorder.compiles == 2
         assert not hotloop_targets(recorder.graphs[-1])
-        compiled(x, w)
-        with hotloop.set_compile_arithmetic(True):
+        with hotloop.set_compile_arithmetic(False):
             compiled(x, w)
+        compiled(x, w)
     assert recorder.compiles == 2
 
 
 def test_module_and_dynamic_shapes_under_inductor() -> None:
     # A norm between two elementwise steps, as in a decoder layer (residual add, the
-    # norm, the next layer's input): under the setting, Inductor's code calls no hotloop
-    # op; one dynamic graph serves other row counts.
+    # norm, the next layer's input): by default Inductor's code calls no hotloop op; one
+    # dynamic graph serves other row counts.
     from torch._inductor.utils import run_and_get_code
 
     norm = hotloop.RMSNorm(64, eps=EPS, casting="llama", dtype=torch.bfloat16)
@@ -235,14 +241,14 @@ def test_module_and_dynamic_shapes_under_inductor() -> None:
         return norm(h + r) * 2
 
     compiled = torch.compile(block, fullgraph=True, dynamic=True)
-    with hotloop.set_compile_arithmetic(True):
-        for rows in (5, 9):
-            h, r = (torch.randn(rows, 64, dtype=torch.bfloat16) for _ in range(2))
-            got, codes = run_and_get_code(compiled, h, r)
-            assert not any("torch.ops.hotloop" in code for code in codes)
-            torch.testing.assert_close(got, block(h, r), **TOLERANCES[torch.bfloat16])
+    for rows in (5, 9):
+        h, r = (torch.randn(rows, 64, dtype=torch.bfloat16) for _ in range(2))
+        got, codes = run_and_get_code(compiled, h, r)
+        assert not any("torch.ops.hotloop" in code for code in codes)
+        torch.testing.assert_close(got, block(h, r), **TOLERANCES[torch.bfloat16])
     torch._dynamo.reset()
-    _, codes = run_and_get_code(compiled, h, r)
+    with hotloop.set_compile_arithmetic(False):
+        _, codes = run_and_get_code(compiled, h, r)
     assert any("torch.ops.hotloop.rms_norm" in code for code in codes)
 
 
@@ -250,8 +256,9 @@ def test_eager_calls_run_the_kernels_either_way() -> None:
     x, w = norm_inputs("cpu", torch.bfloat16, "same", 0.0)
     with torch.no_grad():
         default = hotloop.rms_norm(x, w, EPS, casting="llama")
-        with hotloop.set_compile_arithmetic(True):
-            assert torch.equal(hotloop.rms_norm(x, w, EPS, casting="llama"), default)
+        for setting in (True, False):
+            with hotloop.set_compile_arithmetic(setting):
+                assert torch.equal(hotloop.rms_norm(x, w, EPS, casting="llama"), default)
 
 
 class Norm(torch.nn.Module):
@@ -265,9 +272,22 @@ class Norm(torch.nn.Module):
 
 @pytest.mark.parametrize("strict", [False, True], ids=["non_strict", "strict"])
 def test_export_keeps_the_op_unless_asked(strict: bool) -> None:
-    # AOTInductor packages and the C++ runner (examples/aoti) rely on the default.
+    # AOTInductor packages and the C++ runner (examples/aoti) rely on the default. A
+    # torch.compile before and after the export traces the arithmetic: the export's flag is
+    # read per trace.
     x = torch.randn(3, 40)
+    recorder = GraphRecorder()
+    compiled = torch.compile(Norm(), backend=recorder, fullgraph=True)
+    with torch.no_grad():
+        compiled(x)
     program = torch.export.export(Norm(), (x,), strict=strict)
+    assert hotloop_targets(program.graph_module) == ["hotloop.rms_norm.default"]
+    with torch.no_grad():
+        compiled(x + 1)
+    assert recorder.graphs
+    assert recorder.hotloop_targets() == []
+    with hotloop.set_compile_arithmetic(False):
+        program = torch.export.export(Norm(), (x,), strict=strict)
     assert hotloop_targets(program.graph_module) == ["hotloop.rms_norm.default"]
     with hotloop.set_compile_arithmetic(True):
         program = torch.export.export(Norm(), (x,), strict=strict)
@@ -327,16 +347,20 @@ def test_modes_the_ops_refuse_are_left_to_them(casting: int, offset: float) -> N
         assert not traced_as_arithmetic(x, None, casting, offset)
 
 
-def test_setting_is_a_bool_and_restores() -> None:
-    assert hotloop.is_compile_arithmetic_enabled() is False
-    with hotloop.set_compile_arithmetic(True):
-        assert hotloop.is_compile_arithmetic_enabled() is True
-        with hotloop.set_compile_arithmetic(False):
-            assert hotloop.is_compile_arithmetic_enabled() is False
-        assert hotloop.is_compile_arithmetic_enabled() is True
-    assert hotloop.is_compile_arithmetic_enabled() is False
-    hotloop.set_compile_arithmetic(True)  # without `with`: from here on
+def test_setting_is_a_bool_or_none_and_restores() -> None:
+    # Outside a trace the answer is torch.compile's: the arithmetic, unless set False.
     assert hotloop.is_compile_arithmetic_enabled() is True
-    with pytest.raises(TypeError, match="expected True or False but got 'yes'"):
+    with hotloop.set_compile_arithmetic(False):
+        assert hotloop.is_compile_arithmetic_enabled() is False
+        with hotloop.set_compile_arithmetic(True):
+            assert hotloop.is_compile_arithmetic_enabled() is True
+        assert hotloop.is_compile_arithmetic_enabled() is False
+        with hotloop.set_compile_arithmetic(None):
+            assert hotloop.is_compile_arithmetic_enabled() is True
+        assert hotloop.is_compile_arithmetic_enabled() is False
+    assert hotloop.is_compile_arithmetic_enabled() is True
+    hotloop.set_compile_arithmetic(False)  # without `with`: from here on
+    assert hotloop.is_compile_arithmetic_enabled() is False
+    with pytest.raises(TypeError, match=r"expected True, False or None .* but got 'yes'"):
         hotloop.set_compile_arithmetic("yes")  # type: ignore[arg-type]
-    assert hotloop.is_compile_arithmetic_enabled() is True
+    assert hotloop.is_compile_arithmetic_enabled() is False

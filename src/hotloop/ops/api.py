@@ -126,9 +126,10 @@ def rms_norm(
     in-place one is not differentiable again. Every backend takes it (the native ones
     through ``torch.ops.hotloop.rms_norm_backward_``).
 
-    torch.compile and torch.export trace hotloop's op, which Inductor cannot fuse into;
-    under :func:`hotloop.set_compile_arithmetic` they trace the mode's arithmetic in torch
-    ops instead (every backend; eager calls run the kernels either way).
+    torch.compile traces the mode's arithmetic in torch ops, which Inductor fuses with its
+    neighbours, and torch.export hotloop's op (which an AOTInductor package then calls);
+    :func:`hotloop.set_compile_arithmetic` sets either way for both (every backend; eager
+    calls run the kernels either way).
     """
     if x is None:  # before x.dtype below, which would fail without naming the op
         raise _missing_tensor("rms_norm", "x")
