@@ -191,9 +191,12 @@ def main() -> int:
                 w = torch.rand(hidden, device="cuda", dtype=dtype)
                 ok &= check_fp8_ops(a, w, f"{dtype}-300x{hidden}")
     if fp8:
-        # float64 takes the vector and generic kernels only
-        x64 = torch.randn(3, 1000, device="cuda", dtype=torch.float64)
-        ok &= check_fp8_ops(x64, torch.rand(1000, device="cuda", dtype=torch.float64), "f64")
+        # float64 takes the vector, re-read (aligned rows of 2049 16-byte vectors) and generic
+        # kernels only
+        for rows, hidden in ((3, 1000), (300, 4098)):
+            x64 = torch.randn(rows, hidden, device="cuda", dtype=torch.float64)
+            w64 = torch.rand(hidden, device="cuda", dtype=torch.float64)
+            ok &= check_fp8_ops(x64, w64, f"f64-{rows}x{hidden}")
     torch.cuda.synchronize()
     return 0 if ok else 1
 

@@ -198,7 +198,7 @@ def test_matches_float64_reference(device: str, op: Fp8Op, dtype: torch.dtype) -
         check_against_reference(op, sample)
 
 
-@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32, torch.float64])
 @pytest.mark.parametrize("row_vectors", [2048, 2049, 4096])
 @pytest.mark.parametrize("op", OPS)
 def test_wide_rows_in_turn(device: str, op: Fp8Op, row_vectors: int, dtype: torch.dtype) -> None:
