@@ -267,7 +267,7 @@ __global__ void __launch_bounds__(kMaxThreadsPerBlock, kRereadBlocksPerSm)
   for (const int64_t row : block_rows(p.rows)) {
     const int64_t offset = row * p.hidden;
     const Vec* x_row = reinterpret_cast<const Vec*>(p.x + offset);
-    Vec* res_row = reinterpret_cast<Vec*>(p.residual + offset);
+    Vec* res_row = kResidual ? reinterpret_cast<Vec*>(p.residual + offset) : nullptr;
     typename Quantiser::Stats stats = {};
 #pragma unroll 1
     for (int idx = threadIdx.x; idx < num_vectors; idx += kMaxThreadsPerBlock) {
