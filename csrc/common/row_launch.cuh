@@ -132,8 +132,9 @@ bool vector_plan_underfills_sms(const RowLaunch& plan, int64_t rows, const Kerne
                                          device_attribute(cudaDevAttrMaxThreadsPerMultiProcessor));
 }
 
-// Blocks an SM of the fused ops' re-read kernels (fused_add_rms_norm's and the FP8 ones'): one
-// block's row sum leaves the other's loads in flight.
+// Blocks an SM of the re-read kernels (fused_add_rms_norm's and the FP8 ops'), each of
+// kMaxThreadsPerBlock threads on one row at a time: one block's row sum leaves the other's
+// loads in flight.
 constexpr int kRereadBlocksPerSm = 2;
 
 // Whether rows of row_bytes that a re-read kernel stores (or reads) in its first pass stay in
@@ -212,6 +213,15 @@ void launch_row_kernel(void (*kernel)(Params...), const RowLaunch& plan, int64_t
                        cudaStream_t stream, Args... args) {
   kernel<<<dim3(static_cast<unsigned>(row_blocks(rows, plan))), plan.block(), 0, stream>>>(args...);
   HOTLOOP_KERNEL_LAUNCH_CHECK();
+}
+
+// A re-read kernel (kRereadBlocksPerSm) on its blocks: one row a block of kMaxThreadsPerBlock.
+template <typename... Params, typename... Args>
+void launch_reread_kernel(void (*kernel)(Params...), int64_t rows, cudaStream_t stream,
+                          Args... args) {
+  RowLaunch plan;
+  plan.threads_per_row = kMaxThreadsPerBlock;
+  launch_row_kernel(kernel, plan, rows, stream, args...);
 }
 
 // launch_row_kernel of kernel_of(std::integral_constant<int, V>{}) for the V of kVariants the

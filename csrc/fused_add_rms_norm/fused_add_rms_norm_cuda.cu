@@ -304,10 +304,8 @@ void launch_fused_add_rms_norm(scalar_t* x, scalar_t* residual, const scalar_t* 
     return;
   }
   if (wide == WideRows::kReread) {
-    RowLaunch reread;
-    reread.threads_per_row = kMaxThreadsPerBlock;
-    launch_row_kernel(fused_add_rms_norm_reread_kernel<scalar_t, kCasting>, reread, rows, stream, x,
-                      residual, weight, rows, hidden, eps_acc, offset_acc);
+    launch_reread_kernel(fused_add_rms_norm_reread_kernel<scalar_t, kCasting>, rows, stream, x,
+                         residual, weight, rows, hidden, eps_acc, offset_acc);
     return;
   }
   if (wide == WideRows::kStaged) {

@@ -451,10 +451,8 @@ void launch_rms_norm_fp8(const Fp8NormPointers<scalar_t>& p) {
                                          plan, p.rows, vector_kernel))) &&
                       reread_rows_stay_in_l2(p.hidden * static_cast<int64_t>(sizeof(scalar_t)));
   if (reread) {
-    RowLaunch reread_plan;
-    reread_plan.threads_per_row = kMaxThreadsPerBlock;
-    launch_row_kernel(rms_norm_fp8_reread_kernel<scalar_t, kCasting, kResidual, kDynamic>,
-                      reread_plan, p.rows, stream, p);
+    launch_reread_kernel(rms_norm_fp8_reread_kernel<scalar_t, kCasting, kResidual, kDynamic>,
+                         p.rows, stream, p);
     return;
   }
   if (!launch_vector_row_kernel<1, 2, kFp8WideVectors>(plan, p.rows, stream, vector_kernel, p)) {

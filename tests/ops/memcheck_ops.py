@@ -80,6 +80,7 @@ def main() -> int:
     ok = True
     fp8 = torch.cuda.get_device_capability() >= hotloop.ops.FP8_MIN_CAPABILITY
     for dtype, tol in ((torch.float32, 1e-5), (torch.bfloat16, 2e-2), (torch.float16, 4e-3)):
+        per_vector = 16 // torch.empty((), dtype=dtype).element_size()  # elements a 16-byte vector
         for rows, hidden in (
             (1, 1),
             (3, 7),
@@ -170,7 +171,7 @@ def main() -> int:
         # 16-byte vectors on an H100 (vector blocks of one an SM), the staged kernel 8192
         # (128 KB: too wide to re-read from L2), each block several rows in turn.
         for row_vectors in (1280, 1536, 8192):
-            hidden = row_vectors * 16 // torch.empty((), dtype=dtype).element_size()
+            hidden = row_vectors * per_vector
             a = torch.randn(300, hidden, device="cuda", dtype=dtype)
             residual = torch.randn_like(a)
             w = torch.rand(hidden, device="cuda", dtype=dtype)
@@ -186,7 +187,7 @@ def main() -> int:
         # and the fused ops' vector blocks of one an SM (2048), several rows a block in turn.
         if fp8:
             for row_vectors in (2048, 2049):
-                hidden = row_vectors * 16 // torch.empty((), dtype=dtype).element_size()
+                hidden = row_vectors * per_vector
                 a = torch.randn(300, hidden, device="cuda", dtype=dtype)
                 w = torch.rand(hidden, device="cuda", dtype=dtype)
                 ok &= check_fp8_ops(a, w, f"{dtype}-300x{hidden}")
