@@ -138,13 +138,14 @@ bool vector_plan_underfills_sms(const RowLaunch& plan, int64_t rows, const Kerne
 constexpr int kRereadBlocksPerSm = 2;
 
 // Whether rows of row_bytes that a re-read kernel stores (or reads) in its first pass stay in
-// the L2 for its second: while the rows its resident blocks hold fit in two fifths of the L2.
+// the L2 for its second: while the rows its resident blocks (blocks_per_sm an SM, a row each)
+// hold fit in two fifths of the L2.
 // Past that they are evicted before they are read back: on an H100 (50 MB), fused_add_rms_norm
 // in bfloat16, % of copy, re-read against staged in shared memory (benchmarks/NOTES.md, run
 // O33): 32768 with 17 MB in flight 96.7 / 94.2, 49152 with 26 MB 92.2 / 93.0, 65536 with 35 MB
 // 85.5 / 93.4.
-inline bool reread_rows_stay_in_l2(int64_t row_bytes) {
-  return 5 * int64_t{kRereadBlocksPerSm} * num_sms() * row_bytes <=
+inline bool reread_rows_stay_in_l2(int64_t row_bytes, int blocks_per_sm = kRereadBlocksPerSm) {
+  return 5 * int64_t{blocks_per_sm} * num_sms() * row_bytes <=
          2 * int64_t{device_attribute(cudaDevAttrL2CacheSize)};
 }
 
@@ -215,12 +216,12 @@ void launch_row_kernel(void (*kernel)(Params...), const RowLaunch& plan, int64_t
   HOTLOOP_KERNEL_LAUNCH_CHECK();
 }
 
-// A re-read kernel (kRereadBlocksPerSm) on its blocks: one row a block of kMaxThreadsPerBlock.
-template <typename... Params, typename... Args>
+// A re-read kernel on its blocks: one row a block of kThreads.
+template <int kThreads = kMaxThreadsPerBlock, typename... Params, typename... Args>
 void launch_reread_kernel(void (*kernel)(Params...), int64_t rows, cudaStream_t stream,
                           Args... args) {
   RowLaunch plan;
-  plan.threads_per_row = kMaxThreadsPerBlock;
+  plan.threads_per_row = kThreads;
   launch_row_kernel(kernel, plan, rows, stream, args...);
 }
 

@@ -247,20 +247,36 @@ __global__ void __launch_bounds__(kVectorsPerThread >= kFp8WideVectors ? kFp8Max
 }
 
 // The fused ops' aligned rows that the vector kernel does not hold well, and the unfused ops'
-// aligned rows past it: fused_add_rms_norm_reread_kernel's shape. One 16-byte vector of x (and
-// of the residual) a thread at a time on 1024 threads, two blocks an SM; the first pass forms
-// the row's statistics (and stores the rounded sums into the residual), the second reads the
-// row back from L2 and writes the FP8 values. On an H100, bfloat16, % of copy, before (the
-// vector kernel, or past it the scalar and generic ones) -> after (benchmarks/NOTES.md, run
-// O36): fused static 12288 86.6 -> 98.1, 16384 93.6 -> 98.0, 20480 52.5 -> 97.6, 32768
-// 43.0 -> 96.6; fused dynamic 12288 76.9 -> 97.3, 16384 90.8 -> 97.6, 32768 35.3 -> 96.2;
-// unfused static / dynamic at 20480 37.6 -> 76.7 / 71.8, 32768 29.5 / 29.2 -> 85.1 / 84.3.
-template <typename scalar_t, Casting kCasting, bool kResidual, bool kDynamic>
-__global__ void __launch_bounds__(kMaxThreadsPerBlock, kRereadBlocksPerSm)
+// aligned rows past it: fused_add_rms_norm_reread_kernel's shape. The first pass forms the
+// row's statistics (and stores the rounded sums into the residual), the second reads the row
+// back from L2 and writes the FP8 values. On an H100, bfloat16, % of copy, before (the vector
+// kernel, or past it the scalar and generic ones) -> after (benchmarks/NOTES.md, runs O36-O37):
+// fused static 12288 86.6 -> 98.1, 16384 93.6 -> 98.0, 20480 52.5 -> 97.6, 32768 43.0 -> 96.6;
+// fused dynamic 12288 76.9 -> 97.3, 16384 90.8 -> 97.6, 32768 35.3 -> 96.2; unfused static /
+// dynamic at 16392 37.7 / 37.9 -> 92.8 / 88.0, 20480 37.6 -> 90.9 / 88.4, 32768 29.5 / 29.2 ->
+// 90.2 / 86.7.
+//
+// The fused ops hold one 16-byte vector of x and one of the residual a thread at a time, on
+// 1024 threads, two blocks an SM. The unfused ops have no residual load beside x's, so they
+// load two vectors of x ahead instead, on 1536 threads an SM (40 registers): 512-thread blocks,
+// three an SM, while those rows stay in the L2, else 768-thread blocks, two an SM. Run O37,
+// unfused static / dynamic, one vector on 1024 x 2 -> two on 512 x 3 or on 768 x 2: 16392
+// 82.5 / 77.6 -> 92.8 / 88.0 or 79.5 / 73.7; 20480 76.1 / 71.3 -> 90.9 / 88.4 or 87.2 / 83.9;
+// 32768 (past the L2 at three blocks) 84.4 / 83.6 -> 86.5 / 84.5 or 90.2 / 86.7. Two vectors
+// on 1024 threads, one block an SM, lost (59-81 static).
+template <bool kResidual>
+constexpr int kFp8RereadVectorsInFlight = kResidual ? 1 : 2;
+constexpr int fp8_reread_blocks_per_sm(bool residual, int threads) {
+  return residual ? kRereadBlocksPerSm : 1536 / threads;
+}
+
+template <typename scalar_t, Casting kCasting, bool kResidual, bool kDynamic, int kThreads>
+__global__ void __launch_bounds__(kThreads, fp8_reread_blocks_per_sm(kResidual, kThreads))
     rms_norm_fp8_reread_kernel(const Fp8NormPointers<scalar_t> p) {
 #if HOTLOOP_FP8_KERNEL_CODE
   using Quantiser = Fp8RowQuantiser<scalar_t, kCasting, kDynamic>;
   using Vec = AlignedVector<scalar_t, vector_size<scalar_t>()>;
+  constexpr int kInFlight = kFp8RereadVectorsInFlight<kResidual>;
   const int num_vectors = static_cast<int>(p.hidden / vector_size<scalar_t>());
   const Quantiser quantiser(p);
   const Vec* weight_vec = reinterpret_cast<const Vec*>(p.weight);
@@ -270,24 +286,36 @@ __global__ void __launch_bounds__(kMaxThreadsPerBlock, kRereadBlocksPerSm)
     Vec* res_row = kResidual ? reinterpret_cast<Vec*>(p.residual + offset) : nullptr;
     typename Quantiser::Stats stats = {};
 #pragma unroll 1
-    for (int idx = threadIdx.x; idx < num_vectors; idx += kMaxThreadsPerBlock) {
-      Vec v = x_row[idx];
-      if constexpr (kResidual) {
-        const Vec rv = res_row[idx];
-        add_rounded_squares(v, rv, stats[0]);
-        res_row[idx] = v;
-      } else {
-        add_squares(stats[0], v);
+    for (int first = threadIdx.x; first < num_vectors; first += kInFlight * kThreads) {
+      Vec v[kInFlight];
+#pragma unroll
+      for (int j = 0; j < kInFlight; ++j) {
+        if (first + j * kThreads < num_vectors) {
+          v[j] = x_row[first + j * kThreads];
+        }
       }
-      if constexpr (kDynamic) {
-        quantiser.add_magnitudes(stats, v, weight_vec[idx]);
+#pragma unroll
+      for (int j = 0; j < kInFlight; ++j) {
+        const int idx = first + j * kThreads;
+        if (idx < num_vectors) {
+          if constexpr (kResidual) {
+            const Vec rv = res_row[idx];
+            add_rounded_squares(v[j], rv, stats[0]);
+            res_row[idx] = v[j];
+          } else {
+            add_squares(stats[0], v[j]);
+          }
+          if constexpr (kDynamic) {
+            quantiser.add_magnitudes(stats, v[j], weight_vec[idx]);
+          }
+        }
       }
     }
     const Fp8Row<typename Quantiser::acc_t> r = quantiser.finish(stats, row);
     const Vec* v_row = kResidual ? res_row : x_row;  // x, or the rounded new residual
     auto* out_row = reinterpret_cast<Fp8Vector<scalar_t>*>(p.out + offset);
 #pragma unroll 1
-    for (int idx = threadIdx.x; idx < num_vectors; idx += kMaxThreadsPerBlock) {
+    for (int idx = threadIdx.x; idx < num_vectors; idx += kThreads) {
       out_row[idx] = quantised(quantiser, v_row[idx], weight_vec[idx], r);
     }
   }
@@ -443,16 +471,28 @@ void launch_rms_norm_fp8(const Fp8NormPointers<scalar_t>& p) {
     return rms_norm_fp8_vector_kernel<scalar_t, kCasting, kResidual, kDynamic,
                                       decltype(vpt)::value>;
   };
+  const int64_t row_bytes = p.hidden * static_cast<int64_t>(sizeof(scalar_t));
   // Aligned rows the vector kernel does not take, and the fused ops' rows it takes with blocks
   // that underfill an SM (as fused_add_rms_norm's), are re-read while they stay in the L2.
   const bool reread = aligned && p.hidden % vector_size<scalar_t>() == 0 &&
                       (plan.vectors_per_thread == 0 ||
                        (kResidual && vector_plan_underfills_sms<1, 2, kFp8WideVectors>(
                                          plan, p.rows, vector_kernel))) &&
-                      reread_rows_stay_in_l2(p.hidden * static_cast<int64_t>(sizeof(scalar_t)));
+                      reread_rows_stay_in_l2(row_bytes);
   if (reread) {
-    launch_reread_kernel(rms_norm_fp8_reread_kernel<scalar_t, kCasting, kResidual, kDynamic>,
-                         p.rows, stream, p);
+    const auto launch = [&](auto threads) {
+      constexpr int kThreads = decltype(threads)::value;
+      launch_reread_kernel<kThreads>(
+          rms_norm_fp8_reread_kernel<scalar_t, kCasting, kResidual, kDynamic, kThreads>, p.rows,
+          stream, p);
+    };
+    if constexpr (kResidual) {
+      launch(std::integral_constant<int, kMaxThreadsPerBlock>{});
+    } else if (reread_rows_stay_in_l2(row_bytes, fp8_reread_blocks_per_sm(false, 512))) {
+      launch(std::integral_constant<int, 512>{});
+    } else {
+      launch(std::integral_constant<int, 768>{});
+    }
     return;
   }
   if (!launch_vector_row_kernel<1, 2, kFp8WideVectors>(plan, p.rows, stream, vector_kernel, p)) {
