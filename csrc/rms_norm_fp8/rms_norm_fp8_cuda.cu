@@ -254,16 +254,20 @@ __global__ void __launch_bounds__(kVectorsPerThread >= kFp8WideVectors ? kFp8Max
 // fused static 12288 86.6 -> 98.1, 16384 93.6 -> 98.0, 20480 52.5 -> 97.6, 32768 43.0 -> 96.6;
 // fused dynamic 12288 76.9 -> 97.3, 16384 90.8 -> 97.6, 32768 35.3 -> 96.2; unfused static /
 // dynamic at 16392 37.7 / 37.9 -> 92.8 / 88.0, 20480 37.6 -> 90.9 / 88.4, 32768 29.5 / 29.2 ->
-// 90.2 / 86.7.
+// 90.2 / 86.7, 65536 27.5 / 27.4 -> 76.8 / 69.9.
 //
 // The fused ops hold one 16-byte vector of x and one of the residual a thread at a time, on
 // 1024 threads, two blocks an SM. The unfused ops have no residual load beside x's, so they
 // load two vectors of x ahead instead, on 1536 threads an SM (40 registers): 512-thread blocks,
-// three an SM, while those rows stay in the L2, else 768-thread blocks, two an SM. Run O37,
+// three an SM, while those rows stay in the L2, else 768-thread blocks, two an SM, else one
+// block of 1024 threads (54 registers). Run O37,
 // unfused static / dynamic, one vector on 1024 x 2 -> two on 512 x 3 or on 768 x 2: 16392
 // 82.5 / 77.6 -> 92.8 / 88.0 or 79.5 / 73.7; 20480 76.1 / 71.3 -> 90.9 / 88.4 or 87.2 / 83.9;
-// 32768 (past the L2 at three blocks) 84.4 / 83.6 -> 86.5 / 84.5 or 90.2 / 86.7. Two vectors
-// on 1024 threads, one block an SM, lost (59-81 static).
+// 32768 (past the L2 at three blocks) 84.4 / 83.6 -> 86.5 / 84.5 or 90.2 / 86.7. One block
+// of 1024 threads lost there (59-81 static), but takes the rows past the L2 at two blocks,
+// which went to the generic kernel (run O38, 65536: 27.5 / 27.4 -> 76.8 / 69.9; 768 threads,
+// two blocks, 67.0 / 64.0). The vector plans of 12288 and 16384 stay ahead of the re-read
+// (O38, dynamic 86.9 / 93.4 against 84.9 / 90.6 on 512 threads).
 template <bool kResidual>
 constexpr int kFp8RereadVectorsInFlight = kResidual ? 1 : 2;
 constexpr int fp8_reread_blocks_per_sm(bool residual, int threads) {
@@ -473,12 +477,13 @@ void launch_rms_norm_fp8(const Fp8NormPointers<scalar_t>& p) {
   };
   const int64_t row_bytes = p.hidden * static_cast<int64_t>(sizeof(scalar_t));
   // Aligned rows the vector kernel does not take, and the fused ops' rows it takes with blocks
-  // that underfill an SM (as fused_add_rms_norm's), are re-read while they stay in the L2.
+  // that underfill an SM (as fused_add_rms_norm's), are re-read while they stay in the L2: the
+  // unfused ops' on the most blocks an SM whose rows do.
   const bool reread = aligned && p.hidden % vector_size<scalar_t>() == 0 &&
                       (plan.vectors_per_thread == 0 ||
                        (kResidual && vector_plan_underfills_sms<1, 2, kFp8WideVectors>(
                                          plan, p.rows, vector_kernel))) &&
-                      reread_rows_stay_in_l2(row_bytes);
+                      reread_rows_stay_in_l2(row_bytes, fp8_reread_blocks_per_sm(kResidual, 1024));
   if (reread) {
     const auto launch = [&](auto threads) {
       constexpr int kThreads = decltype(threads)::value;
@@ -486,12 +491,17 @@ void launch_rms_norm_fp8(const Fp8NormPointers<scalar_t>& p) {
           rms_norm_fp8_reread_kernel<scalar_t, kCasting, kResidual, kDynamic, kThreads>, p.rows,
           stream, p);
     };
+    const auto fits = [&](int threads) {
+      return reread_rows_stay_in_l2(row_bytes, fp8_reread_blocks_per_sm(false, threads));
+    };
     if constexpr (kResidual) {
       launch(std::integral_constant<int, kMaxThreadsPerBlock>{});
-    } else if (reread_rows_stay_in_l2(row_bytes, fp8_reread_blocks_per_sm(false, 512))) {
+    } else if (fits(512)) {
       launch(std::integral_constant<int, 512>{});
-    } else {
+    } else if (fits(768)) {
       launch(std::integral_constant<int, 768>{});
+    } else {
+      launch(std::integral_constant<int, 1024>{});
     }
     return;
   }

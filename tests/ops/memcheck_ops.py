@@ -184,13 +184,14 @@ def main() -> int:
                 2 * tol,
             )
         # The FP8 ops' rows re-read from L2: past the vector kernel (2049 16-byte vectors),
-        # and the fused ops' vector blocks of one an SM (2048), several rows a block in turn.
+        # the fused ops' vector blocks of one an SM (2048), and the unfused ops' rows on two
+        # blocks of 768 threads (4096) or one of 1024 (8192), several rows a block in turn.
         if fp8:
-            for row_vectors in (2048, 2049):
+            for rows, row_vectors in ((300, 2048), (300, 2049), (300, 4096), (140, 8192)):
                 hidden = row_vectors * per_vector
-                a = torch.randn(300, hidden, device="cuda", dtype=dtype)
+                a = torch.randn(rows, hidden, device="cuda", dtype=dtype)
                 w = torch.rand(hidden, device="cuda", dtype=dtype)
-                ok &= check_fp8_ops(a, w, f"{dtype}-300x{hidden}")
+                ok &= check_fp8_ops(a, w, f"{dtype}-{rows}x{hidden}")
     if fp8:
         # float64 takes the vector, re-read (aligned rows of 2049 16-byte vectors) and generic
         # kernels only

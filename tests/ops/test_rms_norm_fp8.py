@@ -199,18 +199,20 @@ def test_matches_float64_reference(device: str, op: Fp8Op, dtype: torch.dtype) -
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32, torch.float64])
-@pytest.mark.parametrize("row_vectors", [2048, 2049, 4096])
+@pytest.mark.parametrize("row_vectors", [2048, 2049, 4096, 8192])
 @pytest.mark.parametrize("op", OPS)
 def test_wide_rows_in_turn(device: str, op: Fp8Op, row_vectors: int, dtype: torch.dtype) -> None:
     # On an H100 or an H200 aligned rows past the vector kernel (2049 and 4096 16-byte
     # vectors), and the fused ops' rows whose vector blocks leave an SM one block (2048), are
-    # re-read from L2. 400 rows are more than fit on those GPUs at once, so each block takes
-    # several rows in turn.
+    # re-read from L2; the unfused ops' on three blocks of 512 threads an SM (2049), two of 768
+    # (4096) or, for rows whose two blocks would leave the L2, one of 1024 (8192). More rows
+    # than fit on those GPUs at once, so each block takes several rows in turn.
     hidden = row_vectors * 16 // torch.empty((), dtype=dtype).element_size()
+    rows = 400 if row_vectors <= 4096 else 200
     gen = torch.Generator().manual_seed(row_vectors)
-    x = torch.randn(400, hidden, generator=gen, dtype=torch.float64).to(device, dtype)
+    x = torch.randn(rows, hidden, generator=gen, dtype=torch.float64).to(device, dtype)
     weight = (torch.rand(hidden, generator=gen, dtype=torch.float64) + 0.5).to(device, dtype)
-    check_against_reference(op, Sample(f"400x{hidden}", x, weight, 1e-6))
+    check_against_reference(op, Sample(f"{rows}x{hidden}", x, weight, 1e-6))
 
 
 # Float32 values and their e4m3 bits: ties to even, the subnormal range, carries into the
