@@ -258,16 +258,15 @@ __global__ void __launch_bounds__(kVectorsPerThread >= kFp8WideVectors ? kFp8Max
 //
 // The fused ops hold one 16-byte vector of x and one of the residual a thread at a time, on
 // 1024 threads, two blocks an SM. The unfused ops have no residual load beside x's, so they
-// load two vectors of x ahead instead, on 1536 threads an SM (40 registers): 512-thread blocks,
-// three an SM, while those rows stay in the L2, else 768-thread blocks, two an SM, else one
-// block of 1024 threads (54 registers). Run O37,
-// unfused static / dynamic, one vector on 1024 x 2 -> two on 512 x 3 or on 768 x 2: 16392
-// 82.5 / 77.6 -> 92.8 / 88.0 or 79.5 / 73.7; 20480 76.1 / 71.3 -> 90.9 / 88.4 or 87.2 / 83.9;
-// 32768 (past the L2 at three blocks) 84.4 / 83.6 -> 86.5 / 84.5 or 90.2 / 86.7. One block
-// of 1024 threads lost there (59-81 static), but takes the rows past the L2 at two blocks,
-// which went to the generic kernel (run O38, 65536: 27.5 / 27.4 -> 76.8 / 69.9; 768 threads,
-// two blocks, 67.0 / 64.0). The vector plans of 12288 and 16384 stay ahead of the re-read
-// (O38, dynamic 86.9 / 93.4 against 84.9 / 90.6 on 512 threads).
+// load two vectors of x ahead instead: on the most blocks an SM whose rows stay in the L2 of
+// 512 threads, three an SM (40 registers), 768, two an SM, or 1024, one an SM (54 registers).
+// Run O37, unfused static / dynamic, one vector on 1024 x 2 -> two on 512 x 3 or on 768 x 2:
+// 16392 82.5 / 77.6 -> 92.8 / 88.0 or 79.5 / 73.7; 20480 76.1 / 71.3 -> 90.9 / 88.4 or
+// 87.2 / 83.9; 32768 (past the L2 at three blocks) 84.4 / 83.6 -> 86.5 / 84.5 or 90.2 / 86.7.
+// One block of 1024 threads lost there (59-81 static), but takes the rows past the L2 at two
+// blocks, which went to the generic kernel (run O38, 65536: 27.5 / 27.4 -> 76.8 / 69.9; 768
+// threads, two blocks, 67.0 / 64.0). The vector plans of 12288 and 16384 stay ahead of the
+// re-read (O38, dynamic 86.9 / 93.4 against 84.9 / 90.6 on 512 threads).
 template <bool kResidual>
 constexpr int kFp8RereadVectorsInFlight = kResidual ? 1 : 2;
 constexpr int fp8_reread_blocks_per_sm(bool residual, int threads) {
