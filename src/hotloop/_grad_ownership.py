@@ -69,8 +69,10 @@ class GradOverwritingFunction(torch.autograd.Function):
 @torch.autograd.function.once_differentiable
 def _backward_once(ctx: Any, grad: Tensor) -> Any:
     # Counted first, here for every subclass and the probe alike: the Python count depends
-    # on the frames above. (Only where asked: it costs a few microseconds.)
-    counted = ctx.write_over_grad or ctx.probe
+    # on the frames above. (Only where asked: it costs a few microseconds.) Not where Dynamo
+    # traces this backward (compiled autograd): the counts would be the tracer's, not the
+    # engine's, and it cannot trace sys.getrefcount; the usual backward runs there.
+    counted = (ctx.write_over_grad or ctx.probe) and not torch.compiler.is_compiling()
     holders = ctx.holders = _holders(grad) if counted else None
     writable = (
         ctx.write_over_grad

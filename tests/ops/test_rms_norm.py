@@ -272,6 +272,32 @@ def test_compile_dynamic_shapes_without_graph_breaks(device: str) -> None:
     assert torch._dynamo.explain(f)(x).graph_break_count == 0
 
 
+@requires_compile
+@pytest.mark.parametrize("in_place_backward", [False, True])
+def test_compiled_autograd_traces_the_eager_backward(device: str, in_place_backward: bool) -> None:
+    # An eager forward whose backward torch.compile takes (compiled autograd, which training
+    # frameworks turn on): Dynamo traces the eager Function's backward, which must give the
+    # gradients the plain backward gives.
+    from torch._dynamo import compiled_autograd
+    from torch._dynamo.utils import counters
+
+    x = torch.randn(8, 256, device=device, requires_grad=True)
+    w = (torch.rand(256, device=device) + 0.5).requires_grad_()
+
+    def loss() -> torch.Tensor:
+        y = hotloop.rms_norm(x, w, 1e-6, in_place_backward=in_place_backward)
+        return (y * y).sum()
+
+    expected = torch.autograd.grad(loss(), (x, w))
+    captures = counters["compiled_autograd"]["captures"]
+    out = loss()
+    with compiled_autograd._enable(torch.compile(backend="aot_eager")):
+        out.backward()
+    assert counters["compiled_autograd"]["captures"] == captures + 1
+    torch.testing.assert_close(x.grad, expected[0])
+    torch.testing.assert_close(w.grad, expected[1])
+
+
 def test_export(device: str) -> None:
     module = torch.nn.Sequential(torch.nn.Linear(16, 16), hotloop.RMSNorm(16)).to(device)
     x = torch.randn(4, 16, device=device)

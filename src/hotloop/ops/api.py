@@ -126,7 +126,8 @@ def rms_norm(
     buffer at the norm's backward; where anything else holds it (a fan-out such as
     ``x + rms_norm(x)``, the caller, a hook) the usual backward runs
     (hotloop._grad_ownership says how it tells). Compiled and torch.func calls take the
-    usual backward, and so does a backward that builds a graph (``create_graph``); the
+    usual backward, and so do a backward that compiled autograd traces and one that builds
+    a graph (``create_graph``); the
     in-place one is not differentiable again. Every backend takes it (the native ones
     through ``torch.ops.hotloop.rms_norm_backward_``).
 
