@@ -272,12 +272,23 @@ def test_compile_dynamic_shapes_without_graph_breaks(device: str) -> None:
     assert torch._dynamo.explain(f)(x).graph_break_count == 0
 
 
+# Calls whose backward compiled autograd takes: the eager Function of hotloop.rms_norm (with
+# and without the in-place backward), and the ops' Autograd kernels, which run where a call
+# goes to the op itself.
+COMPILED_AUTOGRAD_CALLS = {
+    "rms_norm": lambda x, w: hotloop.rms_norm(x, w, 1e-6),
+    "rms_norm in place": lambda x, w: hotloop.rms_norm(x, w, 1e-6, in_place_backward=True),
+    "the rms_norm op": lambda x, w: torch.ops.hotloop.rms_norm(x, w, 1e-6),
+    "muladd": lambda x, w: hotloop.muladd(x, w.expand_as(x), 2.0),
+}
+
+
 @requires_compile
-@pytest.mark.parametrize("in_place_backward", [False, True])
-def test_compiled_autograd_traces_the_eager_backward(device: str, in_place_backward: bool) -> None:
+@pytest.mark.parametrize("call", COMPILED_AUTOGRAD_CALLS)
+def test_compiled_autograd_gives_the_eager_gradients(device: str, call: str) -> None:
     # An eager forward whose backward torch.compile takes (compiled autograd, which training
-    # frameworks turn on): Dynamo traces the eager Function's backward, which must give the
-    # gradients the plain backward gives.
+    # frameworks turn on): Dynamo traces each node's backward, which must give the gradients
+    # the eager backward gives.
     from torch._dynamo import compiled_autograd
     from torch._dynamo.utils import counters
 
@@ -285,7 +296,7 @@ def test_compiled_autograd_traces_the_eager_backward(device: str, in_place_backw
     w = (torch.rand(256, device=device) + 0.5).requires_grad_()
 
     def loss() -> torch.Tensor:
-        y = hotloop.rms_norm(x, w, 1e-6, in_place_backward=in_place_backward)
+        y = COMPILED_AUTOGRAD_CALLS[call](x, w)
         return (y * y).sum()
 
     expected = torch.autograd.grad(loss(), (x, w))

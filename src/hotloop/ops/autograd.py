@@ -25,7 +25,13 @@ _LIB = torch.library.Library("hotloop", "IMPL")
 # transform level that is running the kernel, as the C++ autograd kernels of torch's ops do.
 # (torch.autograd.Function.apply would instead hand the Function to torch.func as a whole,
 # through custom_function_call, which has no kernel below the transform running this one.)
-_AutogradFunction = torch.autograd.function._SingleLevelFunction
+class _AutogradFunction(torch.autograd.function._SingleLevelFunction):
+    # What torch.autograd.Function adds and compiled autograd (torch.compile of a backward)
+    # asks every Function node for: the key its compiled graphs are cached under. Without it
+    # that backward failed with an AttributeError.
+    @staticmethod
+    def _compiled_autograd_key(ctx: Any) -> tuple[int]:
+        return (ctx._autograd_function_id,)
 
 
 def _below(op: Any, *args: Any) -> Any:
