@@ -127,9 +127,8 @@ def rms_norm(
     ``x + rms_norm(x)``, the caller, a hook) the usual backward runs
     (hotloop._grad_ownership says how it tells). Compiled and torch.func calls take the
     usual backward, and so do a backward that compiled autograd traces and one that builds
-    a graph (``create_graph``); the
-    in-place one is not differentiable again. Every backend takes it (the native ones
-    through ``torch.ops.hotloop.rms_norm_backward_``).
+    a graph (``create_graph``); the in-place one is not differentiable again. Every backend
+    takes it (the native ones through ``torch.ops.hotloop.rms_norm_backward_``).
 
     torch.compile traces the mode's arithmetic in torch ops, which Inductor fuses with its
     neighbours, and torch.export hotloop's op (which an AOTInductor package then calls);
