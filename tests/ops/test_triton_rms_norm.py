@@ -635,7 +635,33 @@ def check_in_place():  # a function: its names stay out of the script around it
     print("in-place backward checks passed")
 
 
+def check_compiled_autograd():
+    # torch.compile of the backward of eager calls (compiled autograd): Dynamo traces the eager
+    # Function's backward, which must give the eager backward's gradients, in place or not.
+    from torch._dynamo import compiled_autograd
+    from torch._dynamo.utils import counters
+
+    for in_place in (False, True):
+        x = torch.randn(6, 64, device=DEVICE, requires_grad=True)
+        w = (torch.rand(64, device=DEVICE) + 0.5).requires_grad_()
+
+        def loss():
+            y = hotloop.rms_norm(x, w, 1e-6, backend="triton", in_place_backward=in_place)
+            return (y * y).sum()
+
+        expected = torch.autograd.grad(loss(), (x, w))
+        captures = counters["compiled_autograd"]["captures"]
+        out = loss()
+        with compiled_autograd._enable(torch.compile(backend="aot_eager")):
+            out.backward()
+        assert counters["compiled_autograd"]["captures"] == captures + 1, in_place
+        torch.testing.assert_close(x.grad, expected[0])
+        torch.testing.assert_close(w.grad, expected[1])
+    print("compiled autograd checks passed")
+
+
 check_in_place()
+check_compiled_autograd()
 """
 
 
@@ -683,6 +709,7 @@ def test_kernels_in_triton_interpreter(tmp_path: Path) -> None:
     assert proc.returncode == 0, f"stdout:\n{proc.stdout}\nstderr:\n{proc.stderr[-6000:]}"
     assert "forward AD checks passed" in proc.stdout
     assert "in-place backward checks passed" in proc.stdout
+    assert "compiled autograd checks passed" in proc.stdout
     assert "interpreter checks passed" in proc.stdout
 
 
@@ -700,7 +727,9 @@ def test_forward_ad_on_cuda(capsys: pytest.CaptureFixture[str]) -> None:
 @requires_cuda
 def test_in_place_backward_on_cuda(capsys: pytest.CaptureFixture[str]) -> None:
     exec(IN_PLACE_CHECKS, {"torch": torch, "hotloop": hotloop, "DEVICE": "cuda"})
-    assert "in-place backward checks passed" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert "in-place backward checks passed" in out
+    assert "compiled autograd checks passed" in out
 
 
 @pytest.mark.parametrize("eps", [1e-6, 1e-5, 0.1, 1e-12, 0.0, 3.0])

@@ -304,16 +304,23 @@ class _EagerRMSNorm(GradOverwritingFunction):
         ctx: Any, grad_out: torch.Tensor, writable: bool
     ) -> tuple[Optional[torch.Tensor], ...]:
         x, weight = ctx.saved_tensors
-        grad_x, grad_weight = _backward_grads(
-            grad_out,
-            x,
-            weight,
-            ctx.eps,
-            ctx.casting,
-            ctx.offset,
-            eager=x.is_cuda,
-            grad_x=grad_out if writable else None,
-        )
+        if torch.compiler.is_compiling():
+            # Dynamo traces this backward (compiled autograd): the backward op, which it
+            # traces, rather than the launch below, which it cannot (writable is False here).
+            grad_x, grad_weight = rms_norm_backward(
+                grad_out, x, weight, ctx.eps, ctx.casting, ctx.offset
+            )
+        else:
+            grad_x, grad_weight = _backward_grads(
+                grad_out,
+                x,
+                weight,
+                ctx.eps,
+                ctx.casting,
+                ctx.offset,
+                eager=x.is_cuda,
+                grad_x=grad_out if writable else None,
+            )
         return grad_x, (grad_weight if weight is not None else None), None, None, None, None
 
 
