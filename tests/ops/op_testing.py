@@ -5,7 +5,7 @@ from __future__ import annotations
 import importlib.util
 import inspect
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -93,6 +93,40 @@ def assert_norm_grads_close(
 
 # Gradients of a bfloat16 block (norm + matmul) compiled by inductor against eager: the weight
 # gradient sums over every row, so its rounding grows with them.
+# check_compiled_autograd(call, device): call(x, w) -> y, eager; torch.compile of its backward
+# (compiled autograd, which training frameworks turn on) must trace it and give the eager
+# backward's gradients. Source rather than a function: the Triton interpreter's checks run it
+# in a Python that imports torch and hotloop only (compiled_autograd_check() defines it here).
+COMPILED_AUTOGRAD_CHECK = """
+def check_compiled_autograd(call, device):
+    from torch._dynamo import compiled_autograd
+    from torch._dynamo.utils import counters
+
+    x = torch.randn(8, 256, device=device, requires_grad=True)
+    w = (torch.rand(256, device=device) + 0.5).requires_grad_()
+
+    def loss():
+        y = call(x, w)
+        return (y * y).sum()
+
+    expected = torch.autograd.grad(loss(), (x, w))
+    captures = counters["compiled_autograd"]["captures"]
+    out = loss()
+    with compiled_autograd._enable(torch.compile(backend="aot_eager")):
+        out.backward()
+    assert counters["compiled_autograd"]["captures"] == captures + 1, "Dynamo traced nothing"
+    torch.testing.assert_close(x.grad, expected[0])
+    torch.testing.assert_close(w.grad, expected[1])
+"""
+
+
+def compiled_autograd_check() -> Callable[[Callable[..., torch.Tensor], str], None]:
+    namespace: dict[str, Any] = {"torch": torch}
+    exec(COMPILED_AUTOGRAD_CHECK, namespace)
+    check: Callable[[Callable[..., torch.Tensor], str], None] = namespace["check_compiled_autograd"]
+    return check
+
+
 BLOCK_GRAD_TOLERANCE = {"atol": 5e-2, "rtol": 2e-2}
 # bfloat16 end to end through a model (the Llama drop-in): a few bf16 ulps over the layers.
 MODEL_TOLERANCE = {"atol": 5e-2, "rtol": 5e-2}

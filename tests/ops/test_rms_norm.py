@@ -9,6 +9,7 @@ from op_testing import (
     RELATIVE_TOLERANCES,
     TOLERANCES,
     OpRecorder,
+    compiled_autograd_check,
     opcheck,
     requires_compile,
     requires_cuda,
@@ -286,27 +287,7 @@ COMPILED_AUTOGRAD_CALLS = {
 @requires_compile
 @pytest.mark.parametrize("call", COMPILED_AUTOGRAD_CALLS)
 def test_compiled_autograd_gives_the_eager_gradients(device: str, call: str) -> None:
-    # An eager forward whose backward torch.compile takes (compiled autograd, which training
-    # frameworks turn on): Dynamo traces each node's backward, which must give the gradients
-    # the eager backward gives.
-    from torch._dynamo import compiled_autograd
-    from torch._dynamo.utils import counters
-
-    x = torch.randn(8, 256, device=device, requires_grad=True)
-    w = (torch.rand(256, device=device) + 0.5).requires_grad_()
-
-    def loss() -> torch.Tensor:
-        y = COMPILED_AUTOGRAD_CALLS[call](x, w)
-        return (y * y).sum()
-
-    expected = torch.autograd.grad(loss(), (x, w))
-    captures = counters["compiled_autograd"]["captures"]
-    out = loss()
-    with compiled_autograd._enable(torch.compile(backend="aot_eager")):
-        out.backward()
-    assert counters["compiled_autograd"]["captures"] == captures + 1
-    torch.testing.assert_close(x.grad, expected[0])
-    torch.testing.assert_close(w.grad, expected[1])
+    compiled_autograd_check()(COMPILED_AUTOGRAD_CALLS[call], device)
 
 
 def test_export(device: str) -> None:

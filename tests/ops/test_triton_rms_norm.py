@@ -19,6 +19,7 @@ import torch
 import torch.nn.functional as F
 from op_testing import (
     BLOCK_GRAD_TOLERANCE,
+    COMPILED_AUTOGRAD_CHECK,
     RELATIVE_TOLERANCES,
     TOLERANCES,
     OpRecorder,
@@ -595,7 +596,9 @@ print("forward AD checks passed")
 # the gradient received where autograd's engine alone holds it (the kernels read each tile
 # before they write it), the usual backward where anything else does. Run in the interpreter
 # above and, in the GPU test below, on CUDA tensors (DEVICE).
-IN_PLACE_CHECKS = """
+IN_PLACE_CHECKS = (
+    COMPILED_AUTOGRAD_CHECK
+    + """
 def in_place_step(shape, dtype, in_place, fan_out=False, casting="torch"):
     gen = torch.Generator().manual_seed(0)
     x = torch.randn(shape, generator=gen).to(DEVICE, dtype).requires_grad_()
@@ -635,34 +638,18 @@ def check_in_place():  # a function: its names stay out of the script around it
     print("in-place backward checks passed")
 
 
-def check_compiled_autograd():
-    # torch.compile of the backward of eager calls (compiled autograd): Dynamo traces the eager
-    # Function's backward, which must give the eager backward's gradients, in place or not.
-    from torch._dynamo import compiled_autograd
-    from torch._dynamo.utils import counters
-
-    for in_place in (False, True):
-        x = torch.randn(6, 64, device=DEVICE, requires_grad=True)
-        w = (torch.rand(64, device=DEVICE) + 0.5).requires_grad_()
-
-        def loss():
-            y = hotloop.rms_norm(x, w, 1e-6, backend="triton", in_place_backward=in_place)
-            return (y * y).sum()
-
-        expected = torch.autograd.grad(loss(), (x, w))
-        captures = counters["compiled_autograd"]["captures"]
-        out = loss()
-        with compiled_autograd._enable(torch.compile(backend="aot_eager")):
-            out.backward()
-        assert counters["compiled_autograd"]["captures"] == captures + 1, in_place
-        torch.testing.assert_close(x.grad, expected[0])
-        torch.testing.assert_close(w.grad, expected[1])
-    print("compiled autograd checks passed")
-
-
 check_in_place()
-check_compiled_autograd()
+# torch.compile of the eager Function's backward (compiled autograd), in place and not.
+for in_place in (False, True):
+    check_compiled_autograd(
+        lambda x, w: hotloop.rms_norm(
+            x, w, 1e-6, backend="triton", in_place_backward=in_place
+        ),
+        DEVICE,
+    )
+print("compiled autograd checks passed")
 """
+)
 
 
 def version_tuple(version: str) -> tuple[int, int]:
