@@ -132,21 +132,22 @@ bool vector_plan_underfills_sms(const RowLaunch& plan, int64_t rows, const Kerne
                                          device_attribute(cudaDevAttrMaxThreadsPerMultiProcessor));
 }
 
-// Blocks an SM of the re-read kernels (fused_add_rms_norm's and the FP8 ops'), each of
+// Blocks an SM of the fused ops' re-read kernels (fused_add_rms_norm's and the FP8 ones), each of
 // kMaxThreadsPerBlock threads on one row at a time: one block's row sum leaves the other's
 // loads in flight.
 constexpr int kRereadBlocksPerSm = 2;
 
-// Whether rows of row_bytes that a re-read kernel stores (or reads) in its first pass stay in
-// the L2 for its second: while the rows its resident blocks (blocks_per_sm an SM, a row each)
-// hold fit in two fifths of the L2.
+// How many blocks an SM (a row each) a re-read kernel may keep resident so that the rows of
+// row_bytes they store (or read) in their first pass stay in the L2 for their second: while
+// those rows fit in two fifths of the L2.
 // Past that they are evicted before they are read back: on an H100 (50 MB), fused_add_rms_norm
 // in bfloat16, % of copy, re-read against staged in shared memory (benchmarks/NOTES.md, run
 // O33): 32768 with 17 MB in flight 96.7 / 94.2, 49152 with 26 MB 92.2 / 93.0, 65536 with 35 MB
 // 85.5 / 93.4.
-inline bool reread_rows_stay_in_l2(int64_t row_bytes, int blocks_per_sm = kRereadBlocksPerSm) {
-  return 5 * int64_t{blocks_per_sm} * num_sms() * row_bytes <=
-         2 * int64_t{device_attribute(cudaDevAttrL2CacheSize)};
+inline int64_t reread_blocks_in_l2(int64_t row_bytes) {
+  // (Rows of no bytes fit any number: counted as rows of one.)
+  return 2 * int64_t{device_attribute(cudaDevAttrL2CacheSize)} /
+         (5 * int64_t{num_sms()} * std::max<int64_t>(row_bytes, 1));
 }
 
 // One block per group of rows, capped (kernels loop over rows with a grid stride).

@@ -280,7 +280,7 @@ void launch_fused_add_rms_norm(scalar_t* x, scalar_t* residual, const scalar_t* 
   const int64_t row_bytes = hidden * static_cast<int64_t>(sizeof(scalar_t));
   // Aligned rows the vector kernel does not take, or takes with blocks that underfill an SM:
   // the re-read kernel while the residual rows it has stored and not yet read back stay in the
-  // L2 (reread_rows_stay_in_l2), else the staged kernel where a row fits in shared memory.
+  // L2 (reread_blocks_in_l2), else the staged kernel where a row fits in shared memory.
   // Decided only for such rows: a decode-sized call with a vector plan reads no device
   // attribute for it.
   enum class WideRows { kNone, kReread, kStaged };
@@ -288,7 +288,7 @@ void launch_fused_add_rms_norm(scalar_t* x, scalar_t* residual, const scalar_t* 
     if (!aligned || hidden % vector_size<scalar_t>() != 0) {
       return WideRows::kNone;
     }
-    if (reread_rows_stay_in_l2(row_bytes)) {
+    if (reread_blocks_in_l2(row_bytes) >= kRereadBlocksPerSm) {
       return WideRows::kReread;
     }
     return row_bytes <= staged_bytes_limit() ? WideRows::kStaged : WideRows::kNone;

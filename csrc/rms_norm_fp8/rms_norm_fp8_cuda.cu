@@ -474,34 +474,33 @@ void launch_rms_norm_fp8(const Fp8NormPointers<scalar_t>& p) {
     return rms_norm_fp8_vector_kernel<scalar_t, kCasting, kResidual, kDynamic,
                                       decltype(vpt)::value>;
   };
-  const int64_t row_bytes = p.hidden * static_cast<int64_t>(sizeof(scalar_t));
   // Aligned rows the vector kernel does not take, and the fused ops' rows it takes with blocks
   // that underfill an SM (as fused_add_rms_norm's), are re-read while they stay in the L2: the
-  // unfused ops' on the most blocks an SM whose rows do.
-  const bool reread = aligned && p.hidden % vector_size<scalar_t>() == 0 &&
-                      (plan.vectors_per_thread == 0 ||
-                       (kResidual && vector_plan_underfills_sms<1, 2, kFp8WideVectors>(
-                                         plan, p.rows, vector_kernel))) &&
-                      reread_rows_stay_in_l2(row_bytes, fp8_reread_blocks_per_sm(kResidual, 1024));
-  if (reread) {
-    const auto launch = [&](auto threads) {
-      constexpr int kThreads = decltype(threads)::value;
-      launch_reread_kernel<kThreads>(
-          rms_norm_fp8_reread_kernel<scalar_t, kCasting, kResidual, kDynamic, kThreads>, p.rows,
-          stream, p);
-    };
-    const auto fits = [&](int threads) {
-      return reread_rows_stay_in_l2(row_bytes, fp8_reread_blocks_per_sm(false, threads));
-    };
-    if constexpr (kResidual) {
-      launch(std::integral_constant<int, kMaxThreadsPerBlock>{});
-    } else if (fits(512)) {
-      launch(std::integral_constant<int, 512>{});
-    } else if (fits(768)) {
-      launch(std::integral_constant<int, 768>{});
-    } else {
-      launch(std::integral_constant<int, 1024>{});
+  // unfused ops' on the most blocks an SM whose rows do. (Asked only for such rows: a
+  // decode-sized call with a vector plan reads no device attribute for it.)
+  const bool wide = aligned && p.hidden % vector_size<scalar_t>() == 0 &&
+                    (plan.vectors_per_thread == 0 ||
+                     (kResidual && vector_plan_underfills_sms<1, 2, kFp8WideVectors>(
+                                       plan, p.rows, vector_kernel)));
+  const int64_t blocks_in_l2 =
+      wide ? reread_blocks_in_l2(p.hidden * static_cast<int64_t>(sizeof(scalar_t))) : 0;
+  const auto reread = [&](auto threads) {
+    constexpr int kThreads = decltype(threads)::value;
+    if (blocks_in_l2 < fp8_reread_blocks_per_sm(kResidual, kThreads)) {
+      return false;
     }
+    launch_reread_kernel<kThreads>(
+        rms_norm_fp8_reread_kernel<scalar_t, kCasting, kResidual, kDynamic, kThreads>, p.rows,
+        stream, p);
+    return true;
+  };
+  if constexpr (kResidual) {
+    if (reread(std::integral_constant<int, kMaxThreadsPerBlock>{})) {
+      return;
+    }
+  } else if (reread(std::integral_constant<int, 512>{}) ||
+             reread(std::integral_constant<int, 768>{}) ||
+             reread(std::integral_constant<int, 1024>{})) {
     return;
   }
   if (!launch_vector_row_kernel<1, 2, kFp8WideVectors>(plan, p.rows, stream, vector_kernel, p)) {
