@@ -96,7 +96,7 @@ def assert_norm_grads_close(
 # check_compiled_autograd(call, device): call(x, w) -> y, eager; torch.compile of its backward
 # (compiled autograd, which training frameworks turn on) must trace it and give the eager
 # backward's gradients. Source rather than a function: the Triton interpreter's checks run it
-# in a Python that imports torch and hotloop only (compiled_autograd_check() defines it here).
+# in a Python that imports torch and hotloop only (defined here from the same source).
 COMPILED_AUTOGRAD_CHECK = """
 def check_compiled_autograd(call, device):
     from torch._dynamo import compiled_autograd
@@ -120,11 +120,11 @@ def check_compiled_autograd(call, device):
 """
 
 
-def compiled_autograd_check() -> Callable[[Callable[..., torch.Tensor], str], None]:
-    namespace: dict[str, Any] = {"torch": torch}
-    exec(COMPILED_AUTOGRAD_CHECK, namespace)
-    check: Callable[[Callable[..., torch.Tensor], str], None] = namespace["check_compiled_autograd"]
-    return check
+_compiled_autograd_namespace: dict[str, Any] = {"torch": torch}
+exec(COMPILED_AUTOGRAD_CHECK, _compiled_autograd_namespace)
+check_compiled_autograd: Callable[[Callable[..., torch.Tensor], str], None] = (
+    _compiled_autograd_namespace["check_compiled_autograd"]
+)
 
 
 BLOCK_GRAD_TOLERANCE = {"atol": 5e-2, "rtol": 2e-2}

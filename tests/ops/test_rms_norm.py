@@ -9,7 +9,7 @@ from op_testing import (
     RELATIVE_TOLERANCES,
     TOLERANCES,
     OpRecorder,
-    compiled_autograd_check,
+    check_compiled_autograd,
     opcheck,
     requires_compile,
     requires_cuda,
@@ -287,7 +287,7 @@ COMPILED_AUTOGRAD_CALLS = {
 @requires_compile
 @pytest.mark.parametrize("call", COMPILED_AUTOGRAD_CALLS)
 def test_compiled_autograd_gives_the_eager_gradients(device: str, call: str) -> None:
-    compiled_autograd_check()(COMPILED_AUTOGRAD_CALLS[call], device)
+    check_compiled_autograd(COMPILED_AUTOGRAD_CALLS[call], device)
 
 
 def test_export(device: str) -> None:
