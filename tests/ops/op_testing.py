@@ -110,6 +110,7 @@ def check_compiled_autograd(call, device):
         return (y * y).sum()
 
     expected = torch.autograd.grad(loss(), (x, w))
+    compiled_autograd.reset()  # a graph cached by an earlier check would not be captured
     captures = counters["compiled_autograd"]["captures"]
     out = loss()
     with compiled_autograd._enable(torch.compile(backend="aot_eager")):

@@ -224,13 +224,23 @@ class _EagerRmsNorm(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx: Any, grad: Tensor) -> tuple[Tensor | None, ...]:
-        x, weight = ctx.saved_tensors
-        if torch.is_grad_enabled():  # create_graph: the backward op's Function records
+        grad_x, grad_weight = _eager_backward(ctx, grad)
+        return grad_x, grad_weight, None, None, None
+
+
+def _eager_backward(ctx: Any, grad: Tensor) -> tuple[Tensor, Tensor | None]:
+    """The backward op on what _eager_forward saved, below autograd where nothing records.
+
+    With create_graph the backward op's Function records. Where Dynamo traces this backward
+    (compiled autograd) the op is called as it is, a node of the graph: Dynamo before torch
+    2.15 cannot trace the guard (it graph-breaks on it with a warning)."""
+    x, weight = ctx.saved_tensors
+    if torch.is_grad_enabled() or torch.compiler.is_compiling():
+        grad_x, grad_weight = _RMS_NORM_BACKWARD(grad, x, weight, *ctx.mode)
+    else:
+        with torch._C._AutoDispatchBelowAutograd():
             grad_x, grad_weight = _RMS_NORM_BACKWARD(grad, x, weight, *ctx.mode)
-        else:
-            with torch._C._AutoDispatchBelowAutograd():
-                grad_x, grad_weight = _RMS_NORM_BACKWARD(grad, x, weight, *ctx.mode)
-        return grad_x, (grad_weight if weight is not None else None), None, None, None
+    return grad_x, (grad_weight if weight is not None else None)
 
 
 class _EagerRmsNormInPlace(GradOverwritingFunction):
@@ -247,15 +257,14 @@ class _EagerRmsNormInPlace(GradOverwritingFunction):
 
     @staticmethod
     def backward_writing(ctx: Any, grad: Tensor, writable: bool) -> tuple[Tensor | None, ...]:
+        if not writable:
+            grad_x, grad_weight = _eager_backward(ctx, grad)
+            return grad_x, grad_weight, None, None, None
         x, weight = ctx.saved_tensors
         # Below ADInplaceOrView: GradOverwritingFunction bumps grad's version after the write.
         with torch._C._AutoDispatchBelowADInplaceOrView():
-            if writable:
-                grad_x = grad
-                grad_weight = _RMS_NORM_BACKWARD_IN_PLACE(grad, x, weight, *ctx.mode)
-            else:
-                grad_x, grad_weight = _RMS_NORM_BACKWARD(grad, x, weight, *ctx.mode)
-        return grad_x, (grad_weight if weight is not None else None), None, None, None
+            grad_weight = _RMS_NORM_BACKWARD_IN_PLACE(grad, x, weight, *ctx.mode)
+        return grad, (grad_weight if weight is not None else None), None, None, None
 
 
 def default_eps(x: Tensor) -> float:
