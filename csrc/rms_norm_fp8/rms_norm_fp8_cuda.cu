@@ -257,9 +257,12 @@ __global__ void __launch_bounds__(kVectorsPerThread >= kFp8WideVectors ? kFp8Max
 // 90.2 / 86.7, 65536 27.5 / 27.4 -> 76.8 / 69.9.
 //
 // The fused ops hold one 16-byte vector of x and one of the residual a thread at a time, on
-// 1024 threads, two blocks an SM. The unfused ops have no residual load beside x's, so they
-// load two vectors of x ahead instead: on the most blocks an SM whose rows stay in the L2 of
-// 512 threads, three an SM (40 registers), 768, two an SM, or 1024, one an SM (54 registers).
+// 1024 threads, two blocks an SM; where two blocks' rows would leave the L2, two of each on one
+// block of 1024 (48-64 registers; run O39, 65536 static / dynamic 38.3 / 24.4 -> 84.7 / 92.6,
+// 40960 40.2 / 30.6 -> 96.0 / 94.5, which went to the generic kernel). The unfused ops have no
+// residual load beside x's, so they load two vectors of x ahead instead: on the most blocks an
+// SM whose rows stay in the L2 of 512 threads, three an SM (40 registers), 768, two an SM, or
+// 1024, one an SM (54 registers). With two vectors in flight a thread, 1536 threads an SM.
 // Run O37, unfused static / dynamic, one vector on 1024 x 2 -> two on 512 x 3 or on 768 x 2:
 // 16392 82.5 / 77.6 -> 92.8 / 88.0 or 79.5 / 73.7; 20480 76.1 / 71.3 -> 90.9 / 88.4 or
 // 87.2 / 83.9; 32768 (past the L2 at three blocks) 84.4 / 83.6 -> 86.5 / 84.5 or 90.2 / 86.7.
@@ -267,19 +270,17 @@ __global__ void __launch_bounds__(kVectorsPerThread >= kFp8WideVectors ? kFp8Max
 // blocks, which went to the generic kernel (run O38, 65536: 27.5 / 27.4 -> 76.8 / 69.9; 768
 // threads, two blocks, 67.0 / 64.0). The vector plans of 12288 and 16384 stay ahead of the
 // re-read (O38, dynamic 86.9 / 93.4 against 84.9 / 90.6 on 512 threads).
-template <bool kResidual>
-constexpr int kFp8RereadVectorsInFlight = kResidual ? 1 : 2;
-constexpr int fp8_reread_blocks_per_sm(bool residual, int threads) {
-  return residual ? kRereadBlocksPerSm : 1536 / threads;
+constexpr int fp8_reread_blocks_per_sm(int threads, int in_flight) {
+  return (in_flight == 1 ? kRereadBlocksPerSm * kMaxThreadsPerBlock : 1536) / threads;
 }
 
-template <typename scalar_t, Casting kCasting, bool kResidual, bool kDynamic, int kThreads>
-__global__ void __launch_bounds__(kThreads, fp8_reread_blocks_per_sm(kResidual, kThreads))
+template <typename scalar_t, Casting kCasting, bool kResidual, bool kDynamic, int kThreads,
+          int kInFlight>
+__global__ void __launch_bounds__(kThreads, fp8_reread_blocks_per_sm(kThreads, kInFlight))
     rms_norm_fp8_reread_kernel(const Fp8NormPointers<scalar_t> p) {
 #if HOTLOOP_FP8_KERNEL_CODE
   using Quantiser = Fp8RowQuantiser<scalar_t, kCasting, kDynamic>;
   using Vec = AlignedVector<scalar_t, vector_size<scalar_t>()>;
-  constexpr int kInFlight = kFp8RereadVectorsInFlight<kResidual>;
   const int num_vectors = static_cast<int>(p.hidden / vector_size<scalar_t>());
   const Quantiser quantiser(p);
   const Vec* weight_vec = reinterpret_cast<const Vec*>(p.weight);
@@ -291,10 +292,14 @@ __global__ void __launch_bounds__(kThreads, fp8_reread_blocks_per_sm(kResidual, 
 #pragma unroll 1
     for (int first = threadIdx.x; first < num_vectors; first += kInFlight * kThreads) {
       Vec v[kInFlight];
+      Vec rv[kResidual ? kInFlight : 1];
 #pragma unroll
       for (int j = 0; j < kInFlight; ++j) {
         if (first + j * kThreads < num_vectors) {
           v[j] = x_row[first + j * kThreads];
+          if constexpr (kResidual) {
+            rv[j] = res_row[first + j * kThreads];
+          }
         }
       }
 #pragma unroll
@@ -302,8 +307,7 @@ __global__ void __launch_bounds__(kThreads, fp8_reread_blocks_per_sm(kResidual, 
         const int idx = first + j * kThreads;
         if (idx < num_vectors) {
           if constexpr (kResidual) {
-            const Vec rv = res_row[idx];
-            add_rounded_squares(v[j], rv, stats[0]);
+            add_rounded_squares(v[j], rv[j], stats[0]);
             res_row[idx] = v[j];
           } else {
             add_squares(stats[0], v[j]);
@@ -475,8 +479,8 @@ void launch_rms_norm_fp8(const Fp8NormPointers<scalar_t>& p) {
                                       decltype(vpt)::value>;
   };
   // Aligned rows the vector kernel does not take, and the fused ops' rows it takes with blocks
-  // that underfill an SM (as fused_add_rms_norm's), are re-read while they stay in the L2: the
-  // unfused ops' on the most blocks an SM whose rows do. (Asked only for such rows: a
+  // that underfill an SM (as fused_add_rms_norm's), are re-read while they stay in the L2, on
+  // the most blocks an SM whose rows do. (Asked only for such rows: a
   // decode-sized call with a vector plan reads no device attribute for it.)
   const bool wide = aligned && p.hidden % vector_size<scalar_t>() == 0 &&
                     (plan.vectors_per_thread == 0 ||
@@ -484,23 +488,27 @@ void launch_rms_norm_fp8(const Fp8NormPointers<scalar_t>& p) {
                                        plan, p.rows, vector_kernel)));
   const int64_t blocks_in_l2 =
       wide ? reread_blocks_in_l2(p.hidden * static_cast<int64_t>(sizeof(scalar_t))) : 0;
-  const auto reread = [&](auto threads) {
+  const auto reread = [&](auto threads, auto in_flight) {
     constexpr int kThreads = decltype(threads)::value;
-    if (blocks_in_l2 < fp8_reread_blocks_per_sm(kResidual, kThreads)) {
+    constexpr int kInFlight = decltype(in_flight)::value;
+    if (blocks_in_l2 < fp8_reread_blocks_per_sm(kThreads, kInFlight)) {
       return false;
     }
     launch_reread_kernel<kThreads>(
-        rms_norm_fp8_reread_kernel<scalar_t, kCasting, kResidual, kDynamic, kThreads>, p.rows,
-        stream, p);
+        rms_norm_fp8_reread_kernel<scalar_t, kCasting, kResidual, kDynamic, kThreads, kInFlight>,
+        p.rows, stream, p);
     return true;
   };
+  using One = std::integral_constant<int, 1>;
+  using Two = std::integral_constant<int, 2>;
   if constexpr (kResidual) {
-    if (reread(std::integral_constant<int, kMaxThreadsPerBlock>{})) {
+    if (reread(std::integral_constant<int, kMaxThreadsPerBlock>{}, One{}) ||
+        reread(std::integral_constant<int, kMaxThreadsPerBlock>{}, Two{})) {
       return;
     }
-  } else if (reread(std::integral_constant<int, 512>{}) ||
-             reread(std::integral_constant<int, 768>{}) ||
-             reread(std::integral_constant<int, 1024>{})) {
+  } else if (reread(std::integral_constant<int, 512>{}, Two{}) ||
+             reread(std::integral_constant<int, 768>{}, Two{}) ||
+             reread(std::integral_constant<int, 1024>{}, Two{})) {
     return;
   }
   if (!launch_vector_row_kernel<1, 2, kFp8WideVectors>(plan, p.rows, stream, vector_kernel, p)) {
