@@ -1255,11 +1255,17 @@ __global__ void sum_partials_kernel(const acc_type<scalar_t>* __restrict__ parti
 
 template <typename Kernel>
 int64_t persistent_blocks(Kernel kernel, const RowLaunch& plan, int64_t rows) {
+  // Rows for no more blocks than SMs take a block each whatever the occupancy, which the
+  // runtime takes about 1 us to work out (benchmarks/NOTES.md, run 117).
+  const int64_t row_groups = std::max<int64_t>(1, ceil_div(rows, plan.rows_per_block));
+  if (row_groups <= num_sms()) {
+    return row_groups;
+  }
   int blocks_per_sm = 0;
   HOTLOOP_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(
       &blocks_per_sm, kernel, plan.threads_per_row * plan.rows_per_block, 0));
   const int64_t full_gpu = static_cast<int64_t>(std::max(blocks_per_sm, 1)) * num_sms();
-  return std::max<int64_t>(1, std::min(full_gpu, ceil_div(rows, plan.rows_per_block)));
+  return std::min(full_gpu, row_groups);
 }
 
 template <typename scalar_t, Casting kCasting>
@@ -1321,11 +1327,16 @@ void launch_rms_norm_backward(const scalar_t* grad_out, const scalar_t* x, const
       }
       return rms_norm_backward_vector_kernel<scalar_t, kCasting, false>;
     }();
-    const int64_t blocks = persistent_blocks(kernel, plan, rows);
-    // One block (decode-sized rows): it writes grad_weight itself, which saves the partial
-    // row's allocation and the sum's launch: at (1, 4096) bfloat16 on an H100 the op took
-    // 14.0-21.4 us a call instead of 24.7-26.6, 0.92-0.94x aten's against 1.11-1.56x
-    // (benchmarks/NOTES.md, run 94).
+    // One block where the rows take at most two of its passes (decode-sized rows): it writes
+    // grad_weight itself, which saves the partial rows' allocation and the sum's launch. On
+    // an H100, bfloat16 (benchmarks/NOTES.md, runs 94 and O40): at (1, 4096) the op took
+    // 14.0-21.4 us a call instead of 24.7-26.6, 0.92-0.94x aten's against 1.11-1.56x; at
+    // (2, 4096) 12.5-14.4 instead of 18.8-20.2 (aten 16.3-23.0), its GPU time in a CUDA graph
+    // 4.2 us instead of 4.3-4.4. Four passes took 6.9 us of GPU time instead of 4.5.
+    constexpr int64_t kDirectPasses = 2;
+    const int64_t blocks = ceil_div(rows, plan.rows_per_block) <= kDirectPasses
+                               ? 1
+                               : persistent_blocks(kernel, plan, rows);
     const bool direct = blocks == 1;
     with_partials(direct ? 0 : blocks, /*zeroed=*/false, [&](acc_t* partials_ptr) {
       launch_dependent(kernel, dim3(static_cast<unsigned>(blocks)), plan.block(), stream, grad_out,

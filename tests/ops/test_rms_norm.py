@@ -194,6 +194,24 @@ def test_backward_many_aligned_rows_a_block(device: str, dtype: torch.dtype, hid
     assert (grad_w.double() - expected_w).abs().max() <= RELATIVE_TOLERANCES[dtype] * scale
 
 
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32])
+@pytest.mark.parametrize("hidden", [64, 512, 4096, 8192])
+@pytest.mark.parametrize("rows", [1, 2, 3, 7, 16])
+def test_backward_few_rows(device: str, dtype: torch.dtype, hidden: int, rows: int) -> None:
+    # Decode-sized rows: up to two passes of one block take the rows in turn and write
+    # grad_weight themselves, more go to a block each and the partial rows' sum; 64 and 512
+    # put several rows in a block at once.
+    gen = torch.Generator(device=device).manual_seed(hidden + rows)
+    x = torch.randn(rows, hidden, device=device, dtype=dtype, generator=gen)
+    grad_out = torch.randn(rows, hidden, device=device, dtype=dtype, generator=gen)
+    weight = torch.rand(hidden, device=device, dtype=dtype, generator=gen) + 0.5
+    tol = {"atol": 8 * TOLERANCES[dtype]["atol"], "rtol": 4 * TOLERANCES[dtype]["rtol"]}
+    grad_x, grad_w = torch.ops.hotloop.rms_norm_backward(grad_out, x, weight, 1e-6)
+    expected_x, expected_w = rms_norm_backward_reference(grad_out, x, weight, 1e-6)
+    torch.testing.assert_close(grad_x, expected_x.to(dtype), **tol)
+    torch.testing.assert_close(grad_w, expected_w.to(dtype), **tol)
+
+
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_backward_matches_reference(device: str, dtype: torch.dtype) -> None:
     # Fresh random inputs each run; a failure names the seed and the sample to rerun it.
