@@ -89,6 +89,7 @@ def main() -> int:
             (3, 2047),
             (2, 4095),
             (3, 6001),  # 16-bit spans on 384 threads
+            (2, 4096),  # the vector backward's one block, two rows in turn
             (3, 4096),
             (2, 8193),
             (2, 12288),
