@@ -135,6 +135,25 @@ def rms_norm_backward_reference(
     return x64.grad, None if w64 is None else w64.grad
 
 
+def backward_tolerance(dtype: torch.dtype) -> dict[str, float]:
+    return {"atol": 8 * TOLERANCES[dtype]["atol"], "rtol": 4 * TOLERANCES[dtype]["rtol"]}
+
+
+def check_grad_x_of_random_rows(
+    device: str, dtype: torch.dtype, rows: int, hidden: int, seed: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The backward op on random aligned rows with a weight: grad_x checked against the float64
+    reference; returns grad_weight and its reference, for the caller's own comparison."""
+    gen = torch.Generator(device=device).manual_seed(seed)
+    x = torch.randn(rows, hidden, device=device, dtype=dtype, generator=gen)
+    grad_out = torch.randn(rows, hidden, device=device, dtype=dtype, generator=gen)
+    weight = torch.rand(hidden, device=device, dtype=dtype, generator=gen) + 0.5
+    grad_x, grad_w = torch.ops.hotloop.rms_norm_backward(grad_out, x, weight, 1e-6)
+    expected_x, expected_w = rms_norm_backward_reference(grad_out, x, weight, 1e-6)
+    torch.testing.assert_close(grad_x, expected_x.to(dtype), **backward_tolerance(dtype))
+    return grad_w, expected_w
+
+
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32])
 # 16377: the widest 16-bit span the staged span kernel takes (2048 vectors on 1024 threads)
 @pytest.mark.parametrize("hidden", [257, 1001, 2047, 4095, 8193, 16377])
@@ -153,7 +172,7 @@ def test_backward_rows_off_the_vector_boundary(
     base = torch.randn(rows * hidden + 1, device=device, dtype=dtype, generator=gen)
     clean_base = torch.randn(rows * hidden + 1, device=device, dtype=dtype, generator=gen)
     weight = torch.rand(hidden, device=device, dtype=dtype, generator=gen) + 0.5
-    tol = {"atol": 8 * TOLERANCES[dtype]["atol"], "rtol": 4 * TOLERANCES[dtype]["rtol"]}
+    tol = backward_tolerance(dtype)
     finite = torch.ones(rows, dtype=torch.bool, device=device)
     finite[4] = False
     for x_at, grad_at in ((0, 0), (1, 1), (1, 0)):
@@ -180,15 +199,7 @@ def test_backward_many_aligned_rows_a_block(device: str, dtype: torch.dtype, hid
     # bfloat16 and float32 kernels of rows up to 64 threads load each next row while they work
     # on this one, and a wrong next row, or a load that lands late, shows in grad_x and in the
     # grad_weight summed over all rows.
-    rows = 4000
-    gen = torch.Generator(device=device).manual_seed(hidden)
-    x = torch.randn(rows, hidden, device=device, dtype=dtype, generator=gen)
-    grad_out = torch.randn(rows, hidden, device=device, dtype=dtype, generator=gen)
-    weight = torch.rand(hidden, device=device, dtype=dtype, generator=gen) + 0.5
-    tol = {"atol": 8 * TOLERANCES[dtype]["atol"], "rtol": 4 * TOLERANCES[dtype]["rtol"]}
-    grad_x, grad_w = torch.ops.hotloop.rms_norm_backward(grad_out, x, weight, 1e-6)
-    expected_x, expected_w = rms_norm_backward_reference(grad_out, x, weight, 1e-6)
-    torch.testing.assert_close(grad_x, expected_x.to(dtype), **tol)
+    grad_w, expected_w = check_grad_x_of_random_rows(device, dtype, 4000, hidden, seed=hidden)
     # grad_weight sums 4000 rows: compare it to its largest value, not element by element
     scale = expected_w.abs().max()
     assert (grad_w.double() - expected_w).abs().max() <= RELATIVE_TOLERANCES[dtype] * scale
@@ -201,15 +212,8 @@ def test_backward_few_rows(device: str, dtype: torch.dtype, hidden: int, rows: i
     # Decode-sized rows: up to two passes of one block take the rows in turn and write
     # grad_weight themselves, more go to a block each and the partial rows' sum; 64 and 512
     # put several rows in a block at once.
-    gen = torch.Generator(device=device).manual_seed(hidden + rows)
-    x = torch.randn(rows, hidden, device=device, dtype=dtype, generator=gen)
-    grad_out = torch.randn(rows, hidden, device=device, dtype=dtype, generator=gen)
-    weight = torch.rand(hidden, device=device, dtype=dtype, generator=gen) + 0.5
-    tol = {"atol": 8 * TOLERANCES[dtype]["atol"], "rtol": 4 * TOLERANCES[dtype]["rtol"]}
-    grad_x, grad_w = torch.ops.hotloop.rms_norm_backward(grad_out, x, weight, 1e-6)
-    expected_x, expected_w = rms_norm_backward_reference(grad_out, x, weight, 1e-6)
-    torch.testing.assert_close(grad_x, expected_x.to(dtype), **tol)
-    torch.testing.assert_close(grad_w, expected_w.to(dtype), **tol)
+    grad_w, expected_w = check_grad_x_of_random_rows(device, dtype, rows, hidden, hidden + rows)
+    torch.testing.assert_close(grad_w, expected_w.to(dtype), **backward_tolerance(dtype))
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
