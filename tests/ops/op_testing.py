@@ -91,8 +91,6 @@ def assert_norm_grads_close(
     )
 
 
-# Gradients of a bfloat16 block (norm + matmul) compiled by inductor against eager: the weight
-# gradient sums over every row, so its rounding grows with them.
 # check_compiled_autograd(call, device): call(x, w) -> y, eager; torch.compile of its backward
 # (compiled autograd, which training frameworks turn on) must trace it and give the eager
 # backward's gradients. Source rather than a function: the Triton interpreter's checks run it
@@ -128,6 +126,8 @@ check_compiled_autograd: Callable[[Callable[..., torch.Tensor], str], None] = (
 )
 
 
+# Gradients of a bfloat16 block (norm + matmul) compiled by inductor against eager: the weight
+# gradient sums over every row, so its rounding grows with them.
 BLOCK_GRAD_TOLERANCE = {"atol": 5e-2, "rtol": 2e-2}
 # bfloat16 end to end through a model (the Llama drop-in): a few bf16 ulps over the layers.
 MODEL_TOLERANCE = {"atol": 5e-2, "rtol": 5e-2}

@@ -224,12 +224,12 @@ class _EagerRmsNorm(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx: Any, grad: Tensor) -> tuple[Tensor | None, ...]:
-        grad_x, grad_weight = _eager_backward(ctx, grad)
-        return grad_x, grad_weight, None, None, None
+        return _eager_backward(ctx, grad)
 
 
-def _eager_backward(ctx: Any, grad: Tensor) -> tuple[Tensor, Tensor | None]:
-    """The backward op on what _eager_forward saved, below autograd where nothing records.
+def _eager_backward(ctx: Any, grad: Tensor) -> tuple[Tensor | None, ...]:
+    """The eager Functions' gradients: the backward op on what _eager_forward saved, below
+    autograd where nothing records.
 
     With create_graph the backward op's Function records. Where Dynamo traces this backward
     (compiled autograd) the op is called as it is, a node of the graph: Dynamo before torch
@@ -240,7 +240,7 @@ def _eager_backward(ctx: Any, grad: Tensor) -> tuple[Tensor, Tensor | None]:
     else:
         with torch._C._AutoDispatchBelowAutograd():
             grad_x, grad_weight = _RMS_NORM_BACKWARD(grad, x, weight, *ctx.mode)
-    return grad_x, (grad_weight if weight is not None else None)
+    return grad_x, (grad_weight if weight is not None else None), None, None, None
 
 
 class _EagerRmsNormInPlace(GradOverwritingFunction):
@@ -258,8 +258,7 @@ class _EagerRmsNormInPlace(GradOverwritingFunction):
     @staticmethod
     def backward_writing(ctx: Any, grad: Tensor, writable: bool) -> tuple[Tensor | None, ...]:
         if not writable:
-            grad_x, grad_weight = _eager_backward(ctx, grad)
-            return grad_x, grad_weight, None, None, None
+            return _eager_backward(ctx, grad)
         x, weight = ctx.saved_tensors
         # Below ADInplaceOrView: GradOverwritingFunction bumps grad's version after the write.
         with torch._C._AutoDispatchBelowADInplaceOrView():
