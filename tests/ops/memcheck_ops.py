@@ -91,6 +91,7 @@ def main() -> int:
             (3, 6001),  # 16-bit spans on 384 threads
             (2, 4096),  # the vector backward's one block, two rows in turn
             (3, 4096),
+            (600, 4096),  # the vector backward's persistent grid, some blocks two rows in turn
             (2, 8193),
             (2, 12288),
             (1, 16384),
