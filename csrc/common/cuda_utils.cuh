@@ -65,11 +65,12 @@ struct SumAndMaxOp {
 //
 // A row is the threadIdx.x dimension of the block. blockDim.x is either a power of two
 // <= 32 -- several rows share a warp, and the xor shuffles below never cross the aligned
-// group of blockDim.x lanes -- or a multiple of 32, and then blockDim.y == 1 and the
-// per-warp results meet in shared memory. Every thread of the block must call this (the
-// caller masks rows past the end instead of skipping them), since the shuffles name the
-// full warp and there is a barrier.
-template <typename Op, typename T, int N>
+// group of blockDim.x lanes -- or a multiple of 32, and then the per-warp results meet in
+// shared memory, with blockDim.y == 1 unless kManyRows (then the block's rows wait for one
+// another at its barriers). Every thread of the block must call this (the caller masks rows
+// past the end instead of skipping them), since the shuffles name the full warp and there is
+// a barrier.
+template <typename Op, bool kManyRows = false, typename T, int N>
 __device__ __forceinline__ void row_reduce(T (&v)[N]) {
   const Op combine;
   const int lanes = blockDim.x < kWarpSize ? blockDim.x : kWarpSize;
@@ -86,17 +87,18 @@ __device__ __forceinline__ void row_reduce(T (&v)[N]) {
   const int warp = threadIdx.x / kWarpSize;
   const int lane = threadIdx.x % kWarpSize;
   const int num_warps = blockDim.x / kWarpSize;
+  const int first_slot = kManyRows ? static_cast<int>(threadIdx.y) * num_warps : 0;
   if (lane == 0) {
 #pragma unroll
     for (int n = 0; n < N; ++n) {
-      partial[n][warp] = v[n];
+      partial[n][first_slot + warp] = v[n];
     }
   }
   __syncthreads();
   // Every warp reduces the per-warp results itself: no second barrier to broadcast.
 #pragma unroll
   for (int n = 0; n < N; ++n) {
-    v[n] = lane < num_warps ? partial[n][lane] : T(0);
+    v[n] = lane < num_warps ? partial[n][first_slot + lane] : T(0);
   }
 #pragma unroll
   for (int offset = kWarpSize / 2; offset > 0; offset /= 2) {
@@ -109,9 +111,9 @@ __device__ __forceinline__ void row_reduce(T (&v)[N]) {
   __syncthreads();
 }
 
-template <typename T, int N>
+template <bool kManyRows = false, typename T, int N>
 __device__ __forceinline__ void row_sum(T (&v)[N]) {
-  row_reduce<SumOp>(v);
+  row_reduce<SumOp, kManyRows>(v);
 }
 
 // v[0] summed and v[1], a magnitude, maximised over the row.

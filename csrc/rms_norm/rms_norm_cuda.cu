@@ -738,10 +738,15 @@ template <typename scalar_t>
 constexpr bool kLoadsAhead = std::is_same_v<scalar_t, BFloat16> || std::is_same_v<scalar_t, float>;
 static_assert(kLoadAheadMaxThreadsPerRow <= kLoadAheadMaxThreads);
 
+// Rows of kWarpSize to kManyRowsMaxThreads threads may share a block (kManyRows, chosen by
+// rows_a_block): one block an SM holds the rows of several, with one partial row of grad_weight
+// for all of them.
+constexpr int kManyRowsMaxThreads = 128;
+
 // The grid only fills the GPU once (every row slot holds a grad_weight accumulator in
 // registers), rows strided over it. A grid of one block writes grad_weight itself (given
 // grad_weight, no weight_partials).
-template <typename scalar_t, Casting kCasting, bool kLoadAhead>
+template <typename scalar_t, Casting kCasting, bool kLoadAhead, bool kManyRows>
 __global__ void __launch_bounds__(kLoadAhead ? kLoadAheadMaxThreads : kBackwardMaxThreads)
     rms_norm_backward_vector_kernel(const scalar_t* grad_out, const scalar_t* __restrict__ x,
                                     const scalar_t* __restrict__ weight, scalar_t* grad_x,
@@ -804,7 +809,7 @@ __global__ void __launch_bounds__(kLoadAhead ? kLoadAheadMaxThreads : kBackwardM
                                     has_weight<kCasting>(weight_vec), sums, offset);
       }
     }
-    row_sum(sums);
+    row_sum<kManyRows>(sums);
 
     const acc_t rstd = row_rstd<kCasting>(sums[0], inv_hidden, eps);
     const acc_t x_coeff = grad_x_coefficient(rstd, sums[1], inv_hidden);
@@ -823,9 +828,10 @@ __global__ void __launch_bounds__(kLoadAhead ? kLoadAheadMaxThreads : kBackwardM
   if (weight_partials == nullptr && grad_weight == nullptr) {
     return;
   }
-  // One partial row per block. Short rows share a block along threadIdx.y: add
-  // their accumulators in shared memory first, in a fixed order (deterministic).
-  __shared__ acc_t block_dw[kWarpSize * kVectorsPerThread * kVec];
+  // One partial row per block. Rows that share a block along threadIdx.y add their
+  // accumulators in shared memory first, in a fixed order (deterministic).
+  __shared__ acc_t
+      block_dw[(kManyRows ? kManyRowsMaxThreads : kWarpSize) * kVectorsPerThread * kVec];
   if (blockDim.y > 1) {
     for (int y = 0; y < static_cast<int>(blockDim.y); ++y) {
       if (threadIdx.y == y) {
@@ -1268,6 +1274,35 @@ int64_t persistent_blocks(Kernel kernel, const RowLaunch& plan, int64_t rows) {
   return std::min(full_gpu, row_groups);
 }
 
+// Rows a block of the vector backward. Where memory is slow for an SM and a row of kWarpSize to
+// kManyRowsMaxThreads threads fills every thread's vector slots (H = threads x kBackwardVectors
+// vectors), rows share a block, as many as the SM holds blocks of one row (`kernel`'s occupancy),
+// where they fit the kernel's bound; else the plan's. The rows of a block then move in lockstep
+// through row_reduce's barriers, and that is where the gain is. Forward+backward on an H100, %
+// of copy, in-process A/B (benchmarks/NOTES.md, runs O46-O48): bfloat16 H = 4096 94.5 -> 95.3-95.5
+// in three processes, 3072 even in two and -0.3 in one; float16 4096 95.0 -> 95.7, 3072 95.4 ->
+// 95.6, 2048 94.1 -> 95.8. With idle slots the lockstep lost (bfloat16 2560 95.3 -> 92.9, 3584
+// 95.7 -> 94.6), and a named barrier a row instead of the lockstep gave one row a block's
+// figures back at 2560, 3584 and 4096 (+0.8 at 3000 only). Not with the load ahead: its bound,
+// 128 threads, holds two rows of 64 where an SM holds six, and two rows a block there (bfloat16
+// 2048) lost 1.4 points. float32's rows do not fit the bound either (five blocks of 128 threads
+// an SM). Not measured on an H200, whose memory is not slow for an SM.
+template <typename Kernel>
+int rows_a_block(Kernel kernel, const RowLaunch& plan, int64_t rows, int num_vectors,
+                 bool load_ahead) {
+  if (plan.rows_per_block != 1 || plan.threads_per_row < kWarpSize ||
+      plan.threads_per_row > kManyRowsMaxThreads ||
+      plan.threads_per_row * kBackwardVectors != num_vectors || rows <= num_sms() || load_ahead ||
+      !memory_is_slow_for_an_sm()) {
+    return plan.rows_per_block;
+  }
+  int blocks_per_sm = 0;
+  HOTLOOP_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks_per_sm, kernel,
+                                                                   plan.threads_per_row, 0));
+  return blocks_per_sm * plan.threads_per_row <= kBackwardMaxThreads ? std::max(blocks_per_sm, 1)
+                                                                     : plan.rows_per_block;
+}
+
 template <typename scalar_t, Casting kCasting>
 void launch_rms_norm_backward(const scalar_t* grad_out, const scalar_t* x, const scalar_t* weight,
                               scalar_t* grad_x, scalar_t* grad_weight, int64_t rows, int64_t hidden,
@@ -1319,13 +1354,16 @@ void launch_rms_norm_backward(const scalar_t* grad_out, const scalar_t* x, const
   };
 
   const bool vector_launched = launch_vector_rows<kBackwardVectors>(plan, [&](auto) {
+    const bool load_ahead = kLoadsAhead<scalar_t> &&
+                            plan.threads_per_row <= kLoadAheadMaxThreadsPerRow &&
+                            memory_is_slow_for_an_sm();
     const auto kernel = [&] {
       if constexpr (kLoadsAhead<scalar_t>) {
-        if (plan.threads_per_row <= kLoadAheadMaxThreadsPerRow && memory_is_slow_for_an_sm()) {
-          return rms_norm_backward_vector_kernel<scalar_t, kCasting, true>;
+        if (load_ahead) {
+          return rms_norm_backward_vector_kernel<scalar_t, kCasting, true, false>;
         }
       }
-      return rms_norm_backward_vector_kernel<scalar_t, kCasting, false>;
+      return rms_norm_backward_vector_kernel<scalar_t, kCasting, false, false>;
     }();
     // One block where the rows take at most two of its passes (decode-sized rows): it writes
     // grad_weight itself, which saves the partial rows' allocation and the sum's launch. On
@@ -1334,13 +1372,19 @@ void launch_rms_norm_backward(const scalar_t* grad_out, const scalar_t* x, const
     // (2, 4096) 12.5-14.4 instead of 18.8-20.2 (aten 16.3-23.0), its GPU time in a CUDA graph
     // 4.2 us instead of 4.3-4.4. Four passes took 6.9 us of GPU time instead of 4.5.
     constexpr int64_t kDirectPasses = 2;
-    const int64_t blocks = ceil_div(rows, plan.rows_per_block) <= kDirectPasses
+    RowLaunch launch_plan = plan;
+    launch_plan.rows_per_block = rows_a_block(
+        kernel, plan, rows, static_cast<int>(hidden / vector_size<scalar_t>()), load_ahead);
+    const auto launched = launch_plan.rows_per_block > plan.rows_per_block
+                              ? rms_norm_backward_vector_kernel<scalar_t, kCasting, false, true>
+                              : kernel;
+    const int64_t blocks = ceil_div(rows, launch_plan.rows_per_block) <= kDirectPasses
                                ? 1
-                               : persistent_blocks(kernel, plan, rows);
+                               : persistent_blocks(launched, launch_plan, rows);
     const bool direct = blocks == 1;
     with_partials(direct ? 0 : blocks, /*zeroed=*/false, [&](acc_t* partials_ptr) {
-      launch_dependent(kernel, dim3(static_cast<unsigned>(blocks)), plan.block(), stream, grad_out,
-                       x, weight, grad_x, partials_ptr, rows, hidden, eps_acc, offset_acc,
+      launch_dependent(launched, dim3(static_cast<unsigned>(blocks)), launch_plan.block(), stream,
+                       grad_out, x, weight, grad_x, partials_ptr, rows, hidden, eps_acc, offset_acc,
                        direct ? grad_weight : nullptr);
     });
   });
