@@ -1277,16 +1277,19 @@ int64_t persistent_blocks(Kernel kernel, const RowLaunch& plan, int64_t rows) {
 // Rows a block of the vector backward. Where memory is slow for an SM and a row of kWarpSize to
 // kManyRowsMaxThreads threads fills every thread's vector slots (H = threads x kBackwardVectors
 // vectors), rows share a block, as many as the SM holds blocks of one row (`kernel`'s occupancy),
-// where they fit the kernel's bound; else the plan's. The rows of a block then move in lockstep
-// through row_reduce's barriers, and that is where the gain is. Forward+backward on an H100, %
-// of copy, in-process A/B (benchmarks/NOTES.md, runs O46-O48): bfloat16 H = 4096 94.5 -> 95.3-95.5
-// in three processes, 3072 even in two and -0.3 in one; float16 4096 95.0 -> 95.7, 3072 95.4 ->
-// 95.6, 2048 94.1 -> 95.8. With idle slots the lockstep lost (bfloat16 2560 95.3 -> 92.9, 3584
-// 95.7 -> 94.6), and a named barrier a row instead of the lockstep gave one row a block's
-// figures back at 2560, 3584 and 4096 (+0.8 at 3000 only). Not with the load ahead: its bound,
-// 128 threads, holds two rows of 64 where an SM holds six, and two rows a block there (bfloat16
-// 2048) lost 1.4 points. float32's rows do not fit the bound either (five blocks of 128 threads
-// an SM). Not measured on an H200, whose memory is not slow for an SM.
+// where they fill the kernel's bound exactly; else the plan's. The rows of a block then move in
+// lockstep through row_reduce's barriers, and that is where the gain is: a named barrier a row
+// instead gave one row a block's figures back. Forward+backward on an H100, % of copy,
+// in-process A/B (benchmarks/NOTES.md, runs O46-O50), torch / llama / gemma casting:
+// float16 H = 4096 (four rows of 128 threads) 94.9 -> 95.8 / 94.6 -> 95.4 / 94.8 -> 95.7, 2048
+// (eight of 64) 94.1 -> 95.7 / 93.8 -> 95.3 / 93.9 -> 95.7; bfloat16 4096 94.5 -> 95.0-95.5 /
+// 94.6 -> 94.1-94.3 / 94.6 -> 95.1-95.2, so bfloat16 in Llama's casting keeps one row a block
+// (the launcher's kRowsMayShare). Five rows of 96 (3072, 480 threads) lost: bfloat16 95.1 ->
+// 94.7 / 95.0 -> 93.0 / 95.2 -> 94.7. With idle slots the lockstep lost more (bfloat16 2560
+// 95.3 -> 92.9, 3584 95.7 -> 94.6). Not with the load ahead: its bound, 128 threads, holds two
+// rows of 64 where an SM holds six, and two rows a block there (bfloat16 2048) lost 1.4 points.
+// float32's rows do not fill the bound (five or six blocks of 128 threads an SM). Not measured
+// on an H200, whose memory is not slow for an SM.
 template <typename Kernel>
 int rows_a_block(Kernel kernel, const RowLaunch& plan, int64_t rows, int num_vectors,
                  bool load_ahead) {
@@ -1299,7 +1302,7 @@ int rows_a_block(Kernel kernel, const RowLaunch& plan, int64_t rows, int num_vec
   int blocks_per_sm = 0;
   HOTLOOP_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks_per_sm, kernel,
                                                                    plan.threads_per_row, 0));
-  return blocks_per_sm * plan.threads_per_row <= kBackwardMaxThreads ? std::max(blocks_per_sm, 1)
+  return blocks_per_sm * plan.threads_per_row == kBackwardMaxThreads ? blocks_per_sm
                                                                      : plan.rows_per_block;
 }
 
@@ -1372,12 +1375,17 @@ void launch_rms_norm_backward(const scalar_t* grad_out, const scalar_t* x, const
     // (2, 4096) 12.5-14.4 instead of 18.8-20.2 (aten 16.3-23.0), its GPU time in a CUDA graph
     // 4.2 us instead of 4.3-4.4. Four passes took 6.9 us of GPU time instead of 4.5.
     constexpr int64_t kDirectPasses = 2;
+    constexpr bool kRowsMayShare =
+        !(std::is_same_v<scalar_t, BFloat16> && kCasting == Casting::kLlama);
     RowLaunch launch_plan = plan;
-    launch_plan.rows_per_block = rows_a_block(
-        kernel, plan, rows, static_cast<int>(hidden / vector_size<scalar_t>()), load_ahead);
-    const auto launched = launch_plan.rows_per_block > plan.rows_per_block
-                              ? rms_norm_backward_vector_kernel<scalar_t, kCasting, false, true>
-                              : kernel;
+    if constexpr (kRowsMayShare) {
+      launch_plan.rows_per_block = rows_a_block(
+          kernel, plan, rows, static_cast<int>(hidden / vector_size<scalar_t>()), load_ahead);
+    }
+    const auto launched =
+        launch_plan.rows_per_block > plan.rows_per_block
+            ? rms_norm_backward_vector_kernel<scalar_t, kCasting, false, kRowsMayShare>
+            : kernel;
     const int64_t blocks = ceil_div(rows, launch_plan.rows_per_block) <= kDirectPasses
                                ? 1
                                : persistent_blocks(launched, launch_plan, rows);

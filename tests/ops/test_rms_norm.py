@@ -199,8 +199,8 @@ def test_backward_many_aligned_rows_a_block(device: str, dtype: torch.dtype, hid
     # bfloat16 and float32 kernels of rows up to 64 threads load each next row while they work
     # on this one, and a wrong next row, or a load that lands late, shows in grad_x and in the
     # grad_weight summed over all rows. On an H100, rows of 32-128 threads that fill every
-    # thread's vectors share a block (bfloat16 3072 and 4096, float16 2048-4096: four to eight
-    # a block): 4003, a prime, leaves rows past the end in the last block.
+    # thread's vectors and fill the block share it (bfloat16 4096, float16 2048 and 4096: four
+    # and eight a block): 4003, a prime, leaves rows past the end in the last block.
     grad_w, expected_w = check_grad_x_of_random_rows(device, dtype, 4003, hidden, seed=hidden)
     # grad_weight sums 4003 rows: compare it to its largest value, not element by element
     scale = expected_w.abs().max()
