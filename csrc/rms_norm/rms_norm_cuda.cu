@@ -1277,19 +1277,19 @@ int64_t persistent_blocks(Kernel kernel, const RowLaunch& plan, int64_t rows) {
 // Rows a block of the vector backward. Where memory is slow for an SM and a row of kWarpSize to
 // kManyRowsMaxThreads threads fills every thread's vector slots (H = threads x kBackwardVectors
 // vectors), rows share a block, as many as the SM holds blocks of one row (`kernel`'s occupancy),
-// where they fill the kernel's bound exactly; else the plan's. The rows of a block then move in
-// lockstep through row_reduce's barriers, and that is where the gain is: a named barrier a row
-// instead gave one row a block's figures back. Forward+backward on an H100, % of copy,
-// in-process A/B (benchmarks/NOTES.md, runs O46-O50), torch / llama / gemma casting:
-// float16 H = 4096 (four rows of 128 threads) 94.9 -> 95.8 / 94.6 -> 95.4 / 94.8 -> 95.7, 2048
-// (eight of 64) 94.1 -> 95.7 / 93.8 -> 95.3 / 93.9 -> 95.7; bfloat16 4096 94.5 -> 95.0-95.5 /
-// 94.6 -> 94.1-94.3 / 94.6 -> 95.1-95.2, so bfloat16 in Llama's casting keeps one row a block
-// (the launcher's kRowsMayShare). Five rows of 96 (3072, 480 threads) lost: bfloat16 95.1 ->
-// 94.7 / 95.0 -> 93.0 / 95.2 -> 94.7. With idle slots the lockstep lost more (bfloat16 2560
-// 95.3 -> 92.9, 3584 95.7 -> 94.6). Not with the load ahead: its bound, 128 threads, holds two
-// rows of 64 where an SM holds six, and two rows a block there (bfloat16 2048) lost 1.4 points.
-// float32's rows do not fill the bound (five or six blocks of 128 threads an SM). Not measured
-// on an H200, whose memory is not slow for an SM.
+// where they fill the kernel's bound exactly and there are rows for such a block on every SM; else
+// the plan's. The rows of a block then move in lockstep through row_reduce's barriers, and that is
+// where the gain is: a named barrier a row instead gave one row a block's figures back.
+// Forward+backward on an H100, % of copy, in-process A/B (benchmarks/NOTES.md, runs O46-O50), torch
+// / llama / gemma casting: float16 H = 4096 (four rows of 128 threads) 94.9 -> 95.8 / 94.6 -> 95.4
+// / 94.8 -> 95.7, 2048 (eight of 64) 94.1 -> 95.7 / 93.8 -> 95.3 / 93.9 -> 95.7; bfloat16 4096 94.5
+// -> 95.0-95.5 / 94.6 -> 94.1-94.3 / 94.6 -> 95.1-95.2, so bfloat16 in Llama's casting keeps one
+// row a block (the launcher's kRowsMayShare). Five rows of 96 (3072, 480 threads) lost: bfloat16
+// 95.1 -> 94.7 / 95.0 -> 93.0 / 95.2 -> 94.7. With idle slots the lockstep lost more (bfloat16 2560
+// 95.3 -> 92.9, 3584 95.7 -> 94.6). Not with the load ahead: its bound, 128 threads, holds two rows
+// of 64 where an SM holds six, and two rows a block there (bfloat16 2048) lost 1.4 points.
+// float32's rows do not fill the bound (five or six blocks of 128 threads an SM). Not measured on
+// an H200, whose memory is not slow for an SM.
 template <typename Kernel>
 int rows_a_block(Kernel kernel, const RowLaunch& plan, int64_t rows, int num_vectors,
                  bool load_ahead) {
@@ -1302,8 +1302,12 @@ int rows_a_block(Kernel kernel, const RowLaunch& plan, int64_t rows, int num_vec
   int blocks_per_sm = 0;
   HOTLOOP_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks_per_sm, kernel,
                                                                    plan.threads_per_row, 0));
-  return blocks_per_sm * plan.threads_per_row == kBackwardMaxThreads ? blocks_per_sm
-                                                                     : plan.rows_per_block;
+  // Fewer rows than that many an SM would leave SMs without a block that one row a block
+  // keeps busy.
+  const bool fills_gpu = rows >= static_cast<int64_t>(blocks_per_sm) * num_sms();
+  return fills_gpu && blocks_per_sm * plan.threads_per_row == kBackwardMaxThreads
+             ? blocks_per_sm
+             : plan.rows_per_block;
 }
 
 template <typename scalar_t, Casting kCasting>

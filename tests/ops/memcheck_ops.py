@@ -92,10 +92,10 @@ def main() -> int:
             (2, 4096),  # the vector backward's one block, two rows in turn
             (3, 4096),
             # The vector backward's persistent grid, some blocks two rows in turn; on an H100
-            # several rows a block where they fill their threads' vectors (16-bit 4096, float16
-            # 2048), rows past the end in the last block (601).
+            # several rows a block where they fill their threads' vectors and the block (16-bit
+            # 4096: four, float16 2048: eight), rows past the end in the last block (1061).
             (600, 4096),
-            (601, 2048),
+            (1061, 2048),
             (2, 8193),
             (2, 12288),
             (1, 16384),
