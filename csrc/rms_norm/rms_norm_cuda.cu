@@ -1361,9 +1361,9 @@ void launch_rms_norm_backward(const scalar_t* grad_out, const scalar_t* x, const
   };
 
   const bool vector_launched = launch_vector_rows<kBackwardVectors>(plan, [&](auto) {
-    const bool load_ahead = kLoadsAhead<scalar_t> &&
-                            plan.threads_per_row <= kLoadAheadMaxThreadsPerRow &&
-                            memory_is_slow_for_an_sm();
+    [[maybe_unused]] const bool load_ahead = kLoadsAhead<scalar_t> &&
+                                             plan.threads_per_row <= kLoadAheadMaxThreadsPerRow &&
+                                             memory_is_slow_for_an_sm();
     const auto kernel = [&] {
       if constexpr (kLoadsAhead<scalar_t>) {
         if (load_ahead) {
@@ -1379,8 +1379,10 @@ void launch_rms_norm_backward(const scalar_t* grad_out, const scalar_t* x, const
     // (2, 4096) 12.5-14.4 instead of 18.8-20.2 (aten 16.3-23.0), its GPU time in a CUDA graph
     // 4.2 us instead of 4.3-4.4. Four passes took 6.9 us of GPU time instead of 4.5.
     constexpr int64_t kDirectPasses = 2;
-    constexpr bool kRowsMayShare =
-        !(std::is_same_v<scalar_t, BFloat16> && kCasting == Casting::kLlama);
+    // Measured in 16 bits (float32's rows never fill the bound; float64 is not measured), where
+    // bfloat16 in Llama's casting lost (rows_a_block).
+    constexpr bool kRowsMayShare = sizeof(scalar_t) == 2 && !(std::is_same_v<scalar_t, BFloat16> &&
+                                                              kCasting == Casting::kLlama);
     RowLaunch launch_plan = plan;
     if constexpr (kRowsMayShare) {
       launch_plan.rows_per_block = rows_a_block(
