@@ -1293,21 +1293,21 @@ int64_t persistent_blocks(Kernel kernel, const RowLaunch& plan, int64_t rows) {
 template <typename Kernel>
 int rows_a_block(Kernel kernel, const RowLaunch& plan, int64_t rows, int num_vectors,
                  bool load_ahead) {
+  // The only row count that fills the bound; fewer rows than that many an SM would leave SMs
+  // without a block that one row a block keeps busy (and need no occupancy query).
+  const int filling_rows = kBackwardMaxThreads / plan.threads_per_row;
   if (plan.rows_per_block != 1 || plan.threads_per_row < kWarpSize ||
       plan.threads_per_row > kManyRowsMaxThreads ||
-      plan.threads_per_row * kBackwardVectors != num_vectors || rows <= num_sms() || load_ahead ||
+      filling_rows * plan.threads_per_row != kBackwardMaxThreads ||
+      plan.threads_per_row * kBackwardVectors != num_vectors ||
+      rows < static_cast<int64_t>(filling_rows) * num_sms() || load_ahead ||
       !memory_is_slow_for_an_sm()) {
     return plan.rows_per_block;
   }
   int blocks_per_sm = 0;
   HOTLOOP_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks_per_sm, kernel,
                                                                    plan.threads_per_row, 0));
-  // Fewer rows than that many an SM would leave SMs without a block that one row a block
-  // keeps busy.
-  const bool fills_gpu = rows >= static_cast<int64_t>(blocks_per_sm) * num_sms();
-  return fills_gpu && blocks_per_sm * plan.threads_per_row == kBackwardMaxThreads
-             ? blocks_per_sm
-             : plan.rows_per_block;
+  return blocks_per_sm == filling_rows ? filling_rows : plan.rows_per_block;
 }
 
 template <typename scalar_t, Casting kCasting>
