@@ -8,6 +8,7 @@
 
 #include <atomic>
 #include <cstdint>
+#include <cstring>
 
 namespace hotloop {
 
@@ -35,6 +36,36 @@ __device__ __forceinline__ void add_squares(acc_t& sum, const AlignedVector<T, k
     const acc_t value = static_cast<acc_t>(v.val[k]);
     sum += value * value;
   }
+}
+
+// How long a load asks L2 to keep its line (PTX createpolicy with ld's L2::cache_hint, what
+// Triton's eviction_policy compiles to): kKeep (evict_last) for a first read that a second pass
+// reads again, kLastUse (evict_first) for that second read, so the lines of rows still to be
+// re-read outlast it.
+enum class L2Eviction { kKeep, kLastUse };
+
+template <L2Eviction kEviction, typename Vec>
+__device__ __forceinline__ Vec load_with_l2_eviction(const Vec* p) {
+  static_assert(sizeof(Vec) == kVectorBytes, "one 16-byte vector");
+  uint64_t policy;
+  uint32_t w0, w1, w2, w3;
+  if constexpr (kEviction == L2Eviction::kKeep) {
+    asm volatile("createpolicy.fractional.L2::evict_last.b64 %0, 1.0;" : "=l"(policy));
+    asm volatile("ld.global.L1::evict_last.L2::cache_hint.v4.u32 {%0, %1, %2, %3}, [%4], %5;"
+                 : "=r"(w0), "=r"(w1), "=r"(w2), "=r"(w3)
+                 : "l"(p), "l"(policy)
+                 : "memory");
+  } else {
+    asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(policy));
+    asm volatile("ld.global.L1::evict_first.L2::cache_hint.v4.u32 {%0, %1, %2, %3}, [%4], %5;"
+                 : "=r"(w0), "=r"(w1), "=r"(w2), "=r"(w3)
+                 : "l"(p), "l"(policy)
+                 : "memory");
+  }
+  const uint32_t words[4] = {w0, w1, w2, w3};
+  Vec v;
+  memcpy(&v, words, sizeof(v));
+  return v;
 }
 
 inline bool is_vector_aligned(const void* ptr) {

@@ -84,21 +84,35 @@ inline RowLaunch plan_row_launch(int64_t hidden, int vector_width, bool vector_o
   return plan;
 }
 
-// On a GPU whose memory is slow for an SM (memory_is_slow_for_an_sm), the plan of the first of
-// `slow_memory_limits` that takes a vector kernel; elsewhere, or where none does, `limits`'s.
+// The plan of the first of `limits_list` that takes a vector kernel, or where none does, the
+// last's.
 template <std::size_t kCount>
-inline RowLaunch plan_row_launch_for_device(int64_t hidden, int vector_width, bool vector_ok,
-                                            const RowKernelLimits (&slow_memory_limits)[kCount],
-                                            const RowKernelLimits& limits) {
-  if (memory_is_slow_for_an_sm()) {
-    for (const RowKernelLimits& slow : slow_memory_limits) {
-      const RowLaunch plan = plan_row_launch(hidden, vector_width, vector_ok, slow);
-      if (plan.vectors_per_thread != 0) {
-        return plan;
-      }
+inline RowLaunch first_vector_plan(int64_t hidden, int vector_width, bool vector_ok,
+                                   const RowKernelLimits (&limits_list)[kCount]) {
+  RowLaunch plan;
+  for (const RowKernelLimits& limits : limits_list) {
+    plan = plan_row_launch(hidden, vector_width, vector_ok, limits);
+    if (plan.vectors_per_thread != 0) {
+      break;
     }
   }
-  return plan_row_launch(hidden, vector_width, vector_ok, limits);
+  return plan;
+}
+
+// On a GPU whose memory is slow for an SM (memory_is_slow_for_an_sm), the plan of the first of
+// `slow_memory_limits` that takes a vector kernel; elsewhere, or where none does,
+// first_vector_plan of `limits`.
+template <std::size_t kSlowCount, std::size_t kCount>
+inline RowLaunch plan_row_launch_for_device(int64_t hidden, int vector_width, bool vector_ok,
+                                            const RowKernelLimits (&slow_memory_limits)[kSlowCount],
+                                            const RowKernelLimits (&limits)[kCount]) {
+  if (memory_is_slow_for_an_sm()) {
+    const RowLaunch plan = first_vector_plan(hidden, vector_width, vector_ok, slow_memory_limits);
+    if (plan.vectors_per_thread != 0) {
+      return plan;
+    }
+  }
+  return first_vector_plan(hidden, vector_width, vector_ok, limits);
 }
 
 // Calls launch(std::integral_constant<int, V>{}) for the V of kVariants the plan picked

@@ -40,11 +40,32 @@ constexpr RowKernelLimits kFusedLimits{/*max_vectors_per_thread=*/kFusedWideVect
 // -> 98.5, 8192 (two on 512, not four on 256) 98.0 -> 98.3, 12288 (two on 768, not four on
 // 384) 86.4 -> 88.1, 16384 (two on 1024, not four on 512) 96.2 -> 96.6; the same in
 // alternating processes against main's wheel (run O29). One vector on 1024 threads lost at
-// 8192 (91.5). Not measured on an H200, whose rms_norm forward lost with fewer bytes a thread
-// (runs 68, 73-74).
+// 8192 (91.5). On an H200 these limits lost past 512 vectors (run O59: 8192 94.6 -> 82.0).
 constexpr RowKernelLimits kSlowMemoryFusedLimits[] = {
     {/*max_vectors_per_thread=*/2, /*target_threads=*/512, /*max_threads=*/kMaxThreadsPerBlock},
 };
+
+// Elsewhere (an H200) 16-bit rows of up to 512 vectors take one vector on up to 512 threads, and
+// longer ones kFusedLimits. bfloat16 on an H200, % of copy (benchmarks/NOTES.md, run 126; one
+// vector on 512 threads, not two on 256, at 512 vectors): H = 3072 (384 vectors) 64.3 -> 95.7,
+// 4096 85.8 -> 94.6, torch.compile 94.8 and 93.8; float16 at 4096 95.1 -> 95.2. Rows of up to
+// 256 vectors had one vector a thread already (2048: 96.4 both). float32 keeps kFusedLimits:
+// at 2048 (512 vectors) 95.5 -> 95.1.
+constexpr RowKernelLimits kSixteenBitFusedLimits[] = {
+    {/*max_vectors_per_thread=*/1, /*target_threads=*/512, /*max_threads=*/512},
+    kFusedLimits,
+};
+
+// fused_add_rms_norm's vector plan on this device; for rows no vector kernel takes, the generic
+// kernel's.
+inline RowLaunch plan_fused_add(int64_t hidden, int vector_width, bool aligned) {
+  if (vector_width == kVectorBytes / 2) {
+    return plan_row_launch_for_device(hidden, vector_width, aligned, kSlowMemoryFusedLimits,
+                                      kSixteenBitFusedLimits);
+  }
+  return plan_row_launch_for_device(hidden, vector_width, aligned, kSlowMemoryFusedLimits,
+                                    {kFusedLimits});
+}
 
 // Where a vector plan's blocks leave an SM one block or less than half its threads and rows
 // queue for them (vector_plan_underfills_sms), the rows take the re-read kernel (or, past its
@@ -270,8 +291,7 @@ void launch_fused_add_rms_norm(scalar_t* x, scalar_t* residual, const scalar_t* 
   const acc_t offset_acc = static_cast<acc_t>(offset);
   const bool aligned =
       is_vector_aligned(x) && is_vector_aligned(residual) && is_vector_aligned(weight);
-  const RowLaunch plan = plan_row_launch_for_device(hidden, vector_size<scalar_t>(), aligned,
-                                                    kSlowMemoryFusedLimits, kFusedLimits);
+  const RowLaunch plan = plan_fused_add(hidden, vector_size<scalar_t>(), aligned);
   const cudaStream_t stream = current_stream();
   const acc_t eps_acc = static_cast<acc_t>(eps);
   const auto vector_kernel = [](auto vpt) {

@@ -17,6 +17,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <limits>
 #include <optional>
 #include <tuple>
 #include <type_traits>
@@ -51,6 +52,7 @@ constexpr int kForwardMaxThreadsAt8 = 512;
 // than eight on 192, at 16384 four on 512 1-2.5 % faster than eight on 256, and 8192 and
 // 32768 within 1 % (runs 73-74: the registers of eight vectors leave fewer warps an SM); 1024
 // threads were 1-3 % slower on the H200 there. The H100 takes fewer bytes a thread, below.
+// 16-bit rows of some widths (4096-32768) take rms_norm_l2_reread_kernel instead.
 constexpr RowKernelLimits kForwardLimits{/*max_vectors_per_thread=*/8, /*target_threads=*/512,
                                          /*max_threads=*/kForwardMaxThreadsAt8,
                                          /*min_vectors_per_thread=*/2};
@@ -77,7 +79,7 @@ constexpr RowKernelLimits kSlowMemoryForwardLimits[] = {
 
 RowLaunch plan_forward(int64_t hidden, int vector_width, bool aligned) {
   return plan_row_launch_for_device(hidden, vector_width, aligned, kSlowMemoryForwardLimits,
-                                    kForwardLimits);
+                                    {kForwardLimits});
 }
 
 // ---------------------------------------------------------------------------
@@ -237,6 +239,104 @@ __global__ void __launch_bounds__(kVectorsPerThread >= 8 ? kForwardMaxThreadsAt8
         y_row[idx] = out;
       }
     }
+  }
+}
+
+// The forward of 16-bit rows of exactly kThreads x kVectorsPerThread vectors, shaped as
+// torch.compile's kernel: one row a block and no loop over rows, x read twice. The first read
+// asks L2 to keep x (L2Eviction::kKeep) and sums its squares; the second reads it back from L2
+// as its last use and normalizes it, two vectors at a time. Holding no row across the barrier,
+// it fits the 32 registers of 2048 threads an SM at every shape. bfloat16, % of copy, forward /
+// forward+backward, from the vector kernel's plan (in brackets) to this one, and torch.compile's
+// forward (benchmarks/NOTES.md: the H200 in run 126, three rounds; the H100 in run 127, two):
+//   H200  H = 4096 on 256 x 2   (256 x 2) 94.6 / 91.6 -> 98.1 / 93.0, torch.compile 86.2
+//             8192 on 512 x 2   (512 x 2) 94.9 / 89.5 -> 98.2 / 90.9, 98.2
+//            12288 on 512 x 3   (384 x 4) 88.8 / 78.0 -> 97.5 / 80.6, 97.2
+//            16384 on 512 x 4   (512 x 4) 94.3 / 85.9 -> 96.1 / 86.7, 95.8
+//            32768 on 1024 x 4  (512 x 8) 85.3 / 73.3 -> 96.1 / 76.3, 95.1
+//   H100  H = 4096 on 256 x 2   (256 x 2) 97.3 / 95.4 -> 97.7 / 95.1
+//             8192 on 512 x 2   (512 x 2) 97.3 / 95.1 -> 97.8 / 95.7, 97.5
+//            12288 on 512 x 3   (768 x 2) 97.9 / 91.3 -> 97.7 / 91.5
+//            32768 on 1024 x 4  (1024 x 4) 96.2 / 89.9 -> 97.4 / 90.2, 95.6
+// float16 on the H200: 8192 94.4 -> 98.2, 32768 92.5 -> 96.3. So the H200 takes every shape and
+// the H100 (memory_is_slow_for_an_sm) 8192's and 32768's. Other shapes of these rows lost on
+// the H200 (run O59: 4096 on 512 x 1 83.8, 8192 on 1024 x 1 72.9, 12288 on 768 x 2 89.3 and on
+// 1024 threads 67.0, 16384 on 1024 x 2 92.6, 32768 on 512 x 8 75.6), as did plain loads for
+// both reads (8192 94.9, 12288 59.2, 32768 23.7: the row does not stay in L2) and the row
+// length at run time with the last vectors masked (run O58: 87.4 at 8192, 54.7 at 32768).
+template <typename scalar_t, Casting kCasting, int kThreads, int kVectorsPerThread>
+__global__ void __launch_bounds__(kThreads, 2 * kMaxThreadsPerBlock / kThreads)
+    rms_norm_l2_reread_kernel(const scalar_t* __restrict__ x, const scalar_t* __restrict__ weight,
+                              scalar_t* __restrict__ y, acc_type<scalar_t> eps,
+                              acc_type<scalar_t> offset) {
+  using acc_t = acc_type<scalar_t>;
+  constexpr int kVec = vector_size<scalar_t>();
+  using Vec = AlignedVector<scalar_t, kVec>;
+  constexpr int kRowVectors = kThreads * kVectorsPerThread;
+  constexpr acc_t kInvHidden = acc_t(1) / static_cast<acc_t>(kRowVectors * kVec);
+  const Vec* x_row =
+      reinterpret_cast<const Vec*>(x) + static_cast<int64_t>(blockIdx.x) * kRowVectors;
+  Vec* y_row = reinterpret_cast<Vec*>(y) + static_cast<int64_t>(blockIdx.x) * kRowVectors;
+  const Vec* weight_vec = reinterpret_cast<const Vec*>(weight);
+  Vec xv[kVectorsPerThread];
+#pragma unroll
+  for (int i = 0; i < kVectorsPerThread; ++i) {
+    xv[i] = load_with_l2_eviction<L2Eviction::kKeep>(x_row + threadIdx.x + i * kThreads);
+  }
+  acc_t sum_sq[1] = {0};
+#pragma unroll
+  for (int i = 0; i < kVectorsPerThread; ++i) {
+    add_squares(sum_sq[0], xv[i]);
+  }
+  row_sum(sum_sq);
+  const acc_t rstd = row_rstd<kCasting>(sum_sq[0], kInvHidden, eps);
+  // Two vectors in flight a thread for the second read; more spilled at 32 registers.
+  constexpr int kInFlight = kVectorsPerThread <= 2 ? kVectorsPerThread : 1;
+#pragma unroll
+  for (int first = 0; first < kVectorsPerThread; first += kInFlight) {
+#pragma unroll
+    for (int i = first; i < first + kInFlight; ++i) {
+      xv[i] = load_with_l2_eviction<L2Eviction::kLastUse>(x_row + threadIdx.x + i * kThreads);
+    }
+#pragma unroll
+    for (int i = first; i < first + kInFlight; ++i) {
+      const int idx = threadIdx.x + i * kThreads;
+      y_row[idx] = normalized<kCasting>(xv[i], rstd, weight_vec, idx, offset);
+    }
+  }
+}
+
+// Launches rms_norm_l2_reread_kernel where it applies (above) and returns whether it did.
+template <typename scalar_t, Casting kCasting>
+bool launch_l2_reread_rms_norm(const scalar_t* x, const scalar_t* weight, scalar_t* y, int64_t rows,
+                               int64_t hidden, acc_type<scalar_t> eps, acc_type<scalar_t> offset,
+                               bool aligned, cudaStream_t stream) {
+  if constexpr (sizeof(scalar_t) != 2) {
+    return false;
+  } else {
+    constexpr int kVec = vector_size<scalar_t>();
+    if (!aligned || hidden % kVec != 0 || rows < 1 || rows > std::numeric_limits<int32_t>::max()) {
+      return false;
+    }
+    const int64_t row_vectors = hidden / kVec;
+    const bool slow_memory = memory_is_slow_for_an_sm();
+    const auto launch = [&](auto threads, auto vectors_per_thread, bool on_slow_memory) {
+      constexpr int kThreads = decltype(threads)::value;
+      constexpr int kVectorsPerThread = decltype(vectors_per_thread)::value;
+      if (row_vectors != kThreads * kVectorsPerThread || (slow_memory && !on_slow_memory)) {
+        return false;
+      }
+      rms_norm_l2_reread_kernel<scalar_t, kCasting, kThreads, kVectorsPerThread>
+          <<<static_cast<unsigned>(rows), kThreads, 0, stream>>>(x, weight, y, eps, offset);
+      HOTLOOP_KERNEL_LAUNCH_CHECK();
+      return true;
+    };
+    using std::integral_constant;
+    return launch(integral_constant<int, 256>{}, integral_constant<int, 2>{}, false) ||
+           launch(integral_constant<int, 512>{}, integral_constant<int, 2>{}, true) ||
+           launch(integral_constant<int, 512>{}, integral_constant<int, 3>{}, false) ||
+           launch(integral_constant<int, 512>{}, integral_constant<int, 4>{}, false) ||
+           launch(integral_constant<int, 1024>{}, integral_constant<int, 4>{}, true);
   }
 }
 
@@ -536,7 +636,9 @@ void launch_rms_norm(const scalar_t* x, const scalar_t* weight, scalar_t* y, int
   const auto vector_kernel = [](auto vpt) {
     return rms_norm_vector_kernel<scalar_t, kCasting, decltype(vpt)::value>;
   };
-  if (launch_vector_row_kernel<1, 2, 4, 8>(plan, rows, stream, vector_kernel, x, weight, y, rows,
+  if (launch_l2_reread_rms_norm<scalar_t, kCasting>(x, weight, y, rows, hidden, eps_acc, offset_acc,
+                                                    aligned, stream) ||
+      launch_vector_row_kernel<1, 2, 4, 8>(plan, rows, stream, vector_kernel, x, weight, y, rows,
                                            hidden, eps_acc, offset_acc) ||
       launch_shifted_rms_norm<scalar_t, kCasting>(x, weight, y, rows, hidden, eps_acc, offset_acc,
                                                   stream, like)) {

@@ -96,6 +96,9 @@ def main() -> int:
             # 4096: four, float16 2048: eight), rows past the end in the last block (1061).
             (600, 4096),
             (1061, 2048),
+            # 16-bit rows of 4096-32768 on an H200 (4096, 8192, 12288, 16384, 32768): one row a
+            # block, x read twice from L2.
+            (2, 8192),
             (2, 8193),
             (2, 12288),
             (1, 16384),

@@ -40,6 +40,12 @@ def rms_norm_reference(x: torch.Tensor, weight: torch.Tensor | None, eps: float)
     return (y if weight is None else y * weight.double()).to(x.dtype)
 
 
+def assert_forward_with_and_without_weight(x: torch.Tensor, weight: torch.Tensor) -> None:
+    for w in (weight, None):
+        expected = rms_norm_reference(x, w, 1e-6)
+        torch.testing.assert_close(hotloop.rms_norm(x, w, 1e-6), expected, **TOLERANCES[x.dtype])
+
+
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_forward_matches_reference(device: str, dtype: torch.dtype) -> None:
     for x, weight, eps in sample_inputs(device, dtype):
@@ -67,6 +73,21 @@ def test_forward_rows_of_many_threads(device: str, dtype: torch.dtype, row_vecto
     )
 
 
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("hidden", [4096, 8192, 12288, 16384, 32768])
+@pytest.mark.parametrize("rows", [1, 3, 301])
+def test_forward_rows_read_twice_from_l2(
+    device: str, dtype: torch.dtype, hidden: int, rows: int
+) -> None:
+    # On an H200 16-bit rows of these widths (on an H100 8192 and 32768) run one row a block of
+    # 256-1024 threads with two to four vectors each, x read twice (rms_norm_l2_reread_kernel);
+    # 301 rows are more blocks than fit at once.
+    gen = torch.Generator(device=device).manual_seed(hidden + rows)
+    x = torch.randn(rows, hidden, device=device, dtype=dtype, generator=gen)
+    weight = torch.rand(hidden, device=device, dtype=dtype, generator=gen) + 0.5
+    assert_forward_with_and_without_weight(x, weight)
+
+
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32])
 @pytest.mark.parametrize("hidden", [257, 1001, 2047, 4095, 6001, 8193])
 def test_forward_rows_off_the_vector_boundary(device: str, dtype: torch.dtype, hidden: int) -> None:
@@ -77,9 +98,7 @@ def test_forward_rows_off_the_vector_boundary(device: str, dtype: torch.dtype, h
     base = torch.randn(3000 * hidden + 1, device=device, dtype=dtype, generator=gen)
     weight = torch.rand(hidden, device=device, dtype=dtype, generator=gen) + 0.5
     for x in (base[:-1].view(3000, hidden), base[1:].view(3000, hidden)):
-        for w in (weight, None):
-            expected = rms_norm_reference(x, w, 1e-6)
-            torch.testing.assert_close(hotloop.rms_norm(x, w, 1e-6), expected, **TOLERANCES[dtype])
+        assert_forward_with_and_without_weight(x, weight)
 
 
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32])
@@ -357,14 +376,15 @@ def test_fused_add_rms_norm(device: str, dtype: torch.dtype) -> None:
 
 
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32])
-@pytest.mark.parametrize("row_vectors", [512, 1024, 1025, 1280, 1536, 2048, 2049])
+@pytest.mark.parametrize("row_vectors", [384, 512, 1024, 1025, 1280, 1536, 2048, 2049])
 @pytest.mark.parametrize("rows", [4, 300])
 def test_fused_add_rms_norm_rows_of_many_threads(
     device: str, dtype: torch.dtype, row_vectors: int, rows: int
 ) -> None:
     # On an H100 aligned rows of up to 512 16-byte vectors take one vector a thread on up to
     # 512 threads, and rows of up to 2048 two on up to 1024 (1025 on 544: threads with two
-    # vectors, one, or none); on an H200 up to four on up to 512. Where those blocks leave an
+    # vectors, one, or none); on an H200 16-bit rows of up to 512 one vector on up to 512 too
+    # (384, 512), other rows up to four on up to 512. Where those blocks leave an
     # SM one block or less than half its threads and rows queue for them (300 rows: more than
     # one block on every SM), the re-read kernel takes the rows instead (1025-2048 on an H100);
     # 4 rows fit at once and keep the vector kernel. 2049 is past both.

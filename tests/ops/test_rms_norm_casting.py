@@ -86,6 +86,21 @@ def test_casting_gives_the_models_bits(
         assert (hotloop.rms_norm(x, weight, EPS, backend=backend) != expected).any()
 
 
+@pytest.mark.parametrize("casting", list(MODEL_FORMULAS))
+@pytest.mark.parametrize("dtype", HALF_DTYPES)
+@pytest.mark.parametrize("hidden", [8192, 12288, 16384, 32768])
+def test_casting_on_rows_read_twice_from_l2(
+    device: str, casting: str, dtype: torch.dtype, hidden: int
+) -> None:
+    # On an H200 16-bit rows of these widths (and 4096, above) take a kernel of their own that
+    # reads x twice: each shape it compiles, in each mode.
+    offset, formula, model_weight = MODEL_FORMULAS[casting]
+    x = exact_square_sums(5, hidden, dtype, device, seed=hidden)
+    weight = model_weight(weight_like(hidden, dtype, device, 0.3, seed=hidden + 1)).to(dtype)
+    got = hotloop.rms_norm(x, weight, EPS, casting=casting, offset=offset)
+    assert_same_bits(got, formula(x, weight, EPS))
+
+
 @pytest.mark.parametrize("dtype", HALF_DTYPES)
 def test_llama_casting_on_random_rows(device: str, backend: str, dtype: torch.dtype) -> None:
     # Rows of normal values: float32 sums depend on their order, so a row's rstd may differ
