@@ -323,7 +323,12 @@ bool launch_l2_reread_rms_norm(const scalar_t* x, const scalar_t* weight, scalar
     const auto launch = [&](auto threads, auto vectors_per_thread, bool on_slow_memory) {
       constexpr int kThreads = decltype(threads)::value;
       constexpr int kVectorsPerThread = decltype(vectors_per_thread)::value;
-      if (row_vectors != kThreads * kVectorsPerThread || (slow_memory && !on_slow_memory)) {
+      // The rows of the blocks an SM holds must stay in L2 for the second read
+      // (reread_blocks_in_l2): on an H100 or an H200 every shape's do (32768: 2 blocks of 2),
+      // a GPU with a smaller L2 keeps the vector kernel.
+      constexpr int kBlocksPerSm = 2 * kMaxThreadsPerBlock / kThreads;
+      if (row_vectors != kThreads * kVectorsPerThread || (slow_memory && !on_slow_memory) ||
+          reread_blocks_in_l2(row_vectors * kVectorBytes) < kBlocksPerSm) {
         return false;
       }
       rms_norm_l2_reread_kernel<scalar_t, kCasting, kThreads, kVectorsPerThread>
