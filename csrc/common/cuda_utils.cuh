@@ -181,27 +181,35 @@ inline int compute_capability_major() {
   return device_attribute(cudaDevAttrComputeCapabilityMajor);
 }
 
-// Peak memory bandwidth of the current device an SM, GB/s: two transfers a memory clock over
-// the bus (H100 SXM 25, H200 37). Asked once a device: the runtime asks the driver for the
-// memory clock on every call, which took a forward at (1, 4096) from 24 to 530 us on an H100
-// (benchmarks/NOTES.md, run O22).
-inline double memory_gbps_per_sm() {
+// A fixed attribute of `device`, asked of the runtime once a device (the first 64 devices;
+// a later one asks every time): for some attributes the runtime asks the driver on every call,
+// which took a forward at (1, 4096) from 24 to 530 us on an H100 with the memory clock
+// (benchmarks/NOTES.md, run O22), and launch decisions on a call's path read them.
+template <cudaDeviceAttr kAttribute>
+inline int device_attribute_once(int device) {
   constexpr int kCachedDevices = 64;
-  static std::atomic<double> cached[kCachedDevices] = {};  // 0: not asked yet
-  const int device = current_device();
+  static std::atomic<int> cached[kCachedDevices] = {};  // 0: not asked yet
   if (device < kCachedDevices) {
-    const double known = cached[device].load(std::memory_order_relaxed);
-    if (known > 0) {
+    const int known = cached[device].load(std::memory_order_relaxed);
+    if (known != 0) {
       return known;
     }
   }
-  const double clock_khz = device_attribute(cudaDevAttrMemoryClockRate, device);
-  const int bus_bits = device_attribute(cudaDevAttrGlobalMemoryBusWidth, device);
-  const double gbps = 2.0 * clock_khz * 1e3 * (bus_bits / 8) / 1e9 / num_sms(device);
+  const int value = device_attribute(kAttribute, device);
   if (device < kCachedDevices) {
-    cached[device].store(gbps, std::memory_order_relaxed);
+    cached[device].store(value, std::memory_order_relaxed);
   }
-  return gbps;
+  return value;
+}
+
+// Peak memory bandwidth of the current device an SM, GB/s: two transfers a memory clock over
+// the bus (H100 SXM 25, H200 37).
+inline double memory_gbps_per_sm() {
+  const int device = current_device();
+  const double clock_khz = device_attribute_once<cudaDevAttrMemoryClockRate>(device);
+  const int bus_bits = device_attribute_once<cudaDevAttrGlobalMemoryBusWidth>(device);
+  const int sms = device_attribute_once<cudaDevAttrMultiProcessorCount>(device);
+  return 2.0 * clock_khz * 1e3 * (bus_bits / 8) / 1e9 / sms;
 }
 
 // Whether the current device's peak memory bandwidth an SM is at most 30 GB/s (an H100 SXM's

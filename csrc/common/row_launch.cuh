@@ -160,9 +160,11 @@ constexpr int kRereadBlocksPerSm = 2;
 // O33): 32768 with 17 MB in flight 96.7 / 94.2, 49152 with 26 MB 92.2 / 93.0, 65536 with 35 MB
 // 85.5 / 93.4.
 inline int64_t reread_blocks_in_l2(int64_t row_bytes) {
+  const int device = current_device();
   // (Rows of no bytes fit any number: counted as rows of one.)
-  return 2 * int64_t{device_attribute(cudaDevAttrL2CacheSize)} /
-         (5 * int64_t{num_sms()} * std::max<int64_t>(row_bytes, 1));
+  return 2 * int64_t{device_attribute_once<cudaDevAttrL2CacheSize>(device)} /
+         (5 * int64_t{device_attribute_once<cudaDevAttrMultiProcessorCount>(device)} *
+          std::max<int64_t>(row_bytes, 1));
 }
 
 // One block per group of rows, capped (kernels loop over rows with a grid stride).

@@ -319,7 +319,8 @@ bool launch_l2_reread_rms_norm(const scalar_t* x, const scalar_t* weight, scalar
       return false;
     }
     const int64_t row_vectors = hidden / kVec;
-    const bool slow_memory = memory_is_slow_for_an_sm();
+    // One row a block, no loop over rows: the grid is the rows, not launch_reread_kernel's
+    // (capped, for kernels that loop).
     const auto launch = [&](auto threads, auto vectors_per_thread, bool on_slow_memory) {
       constexpr int kThreads = decltype(threads)::value;
       constexpr int kVectorsPerThread = decltype(vectors_per_thread)::value;
@@ -327,7 +328,8 @@ bool launch_l2_reread_rms_norm(const scalar_t* x, const scalar_t* weight, scalar
       // (reread_blocks_in_l2): on an H100 or an H200 every shape's do (32768: 2 blocks of 2),
       // a GPU with a smaller L2 keeps the vector kernel.
       constexpr int kBlocksPerSm = 2 * kMaxThreadsPerBlock / kThreads;
-      if (row_vectors != kThreads * kVectorsPerThread || (slow_memory && !on_slow_memory) ||
+      if (row_vectors != kThreads * kVectorsPerThread ||
+          (!on_slow_memory && memory_is_slow_for_an_sm()) ||
           reread_blocks_in_l2(row_vectors * kVectorBytes) < kBlocksPerSm) {
         return false;
       }
