@@ -980,6 +980,101 @@ __global__ void __launch_bounds__(kLoadAhead ? kLoadAheadMaxThreads : kBackwardM
   }
 }
 
+// A thread's vectors first, first + 1, ... (kInFlight of them, those below kVectorsPerThread) of
+// x's and grad_out's rows in rms_norm_backward_l2_reread_kernel, read with kEviction.
+template <L2Eviction kEviction, int kThreads, int kVectorsPerThread, int kInFlight, typename Vec>
+__device__ __forceinline__ void load_x_and_grad_out(Vec (&xv)[kInFlight], Vec (&gov)[kInFlight],
+                                                    const Vec* x_row, const Vec* grad_out_row,
+                                                    int first) {
+#pragma unroll
+  for (int i = 0; i < kInFlight && first + i < kVectorsPerThread; ++i) {
+    const int idx = threadIdx.x + (first + i) * kThreads;
+    xv[i] = load_with_l2_eviction<kEviction>(x_row + idx);
+    gov[i] = load_with_l2_eviction<kEviction>(grad_out_row + idx);
+  }
+}
+
+// The backward of 16-bit rows of exactly kThreads x kVectorsPerThread vectors in the shape of
+// rms_norm_l2_reread_kernel: x and grad_out read twice, the first read asking L2 to keep them
+// and the second (after the row sums) marking their last use, so that a thread holds only its
+// grad_weight accumulator across the row's barrier. One block an SM, looping over rows (the
+// accumulator sums a block's rows into its partial row of grad_weight, as in the vector kernel).
+// On an H200 it beats the vector and staged kernels at two shapes only. bfloat16, % of copy,
+// backward op / forward+backward, those kernels -> this one (benchmarks/NOTES.md, run O60, two
+// rounds each within 0.2):
+//   H = 12288 on 768 x 2 (80 registers)    71.4 / 80.4 -> 75.6 / 83.6
+//       32768 on 512 x 8 (128 registers)   67.5 / 76.0 -> 69.6 / 78.9
+// Every other shape lost. Bounded to 64 registers so that an SM holds 1024 threads (two blocks
+// of 512, four of 256), where the accumulator leaves too few for the loads or spills: 4096 on
+// 256 x 2 88.8 -> 79.1, 8192 on 512 x 2 85.4 -> 74.8 and on 1024 x 1 62.4, 12288 on 512 x 3
+// 42.9, 16384 on 512 x 4 80.8 -> 70.9 and on 1024 x 2 64.1, 32768 on 1024 x 4 60.5. With more
+// registers: 12288 on two blocks of 384 x 4 (80) 70.9, 16384 on one of 512 x 4 (105) 69.8.
+// 32768's shape spills 264-320 bytes in Llama's and Gemma's casting and is taken in torch's only.
+template <typename scalar_t, Casting kCasting, int kThreads, int kVectorsPerThread>
+__global__ void __launch_bounds__(kThreads, 1)
+    rms_norm_backward_l2_reread_kernel(const scalar_t* grad_out, const scalar_t* __restrict__ x,
+                                       const scalar_t* __restrict__ weight, scalar_t* grad_x,
+                                       acc_type<scalar_t>* __restrict__ weight_partials,
+                                       int64_t rows, acc_type<scalar_t> eps,
+                                       acc_type<scalar_t> offset) {
+  using acc_t = acc_type<scalar_t>;
+  constexpr int kVec = vector_size<scalar_t>();
+  using Vec = AlignedVector<scalar_t, kVec>;
+  using AccVec = AlignedVector<acc_t, kVec>;
+  constexpr int kRowVectors = kThreads * kVectorsPerThread;
+  constexpr acc_t kInvHidden = acc_t(1) / static_cast<acc_t>(kRowVectors * kVec);
+  // Vectors of x and of grad_out a thread has in flight at a time.
+  constexpr int kInFlight = 2;
+  const Vec* weight_vec = reinterpret_cast<const Vec*>(weight);
+  wait_for_prior_grids();
+  allow_dependent_grids();
+
+  acc_t dw[kVectorsPerThread][kVec];
+  zero_accumulator(dw);
+  for (int64_t row = blockIdx.x; row < rows; row += gridDim.x) {
+    const Vec* x_row = reinterpret_cast<const Vec*>(x) + row * kRowVectors;
+    const Vec* grad_out_row = reinterpret_cast<const Vec*>(grad_out) + row * kRowVectors;
+    Vec* grad_x_row = reinterpret_cast<Vec*>(grad_x) + row * kRowVectors;
+    acc_t sums[2] = {0, 0};  // sum(x^2) and sum(g * x)
+#pragma unroll
+    for (int first = 0; first < kVectorsPerThread; first += kInFlight) {
+      Vec xv[kInFlight];
+      Vec gov[kInFlight];
+      load_x_and_grad_out<L2Eviction::kKeep, kThreads, kVectorsPerThread>(xv, gov, x_row,
+                                                                          grad_out_row, first);
+#pragma unroll
+      for (int i = 0; i < kInFlight && first + i < kVectorsPerThread; ++i) {
+        const Vec wv = weight_vector<kCasting>(weight_vec, threadIdx.x + (first + i) * kThreads);
+        add_backward_sums<kCasting>(xv[i], gov[i], elements_of(wv),
+                                    has_weight<kCasting>(weight_vec), sums, offset);
+      }
+    }
+    row_sum(sums);
+    const acc_t rstd = row_rstd<kCasting>(sums[0], kInvHidden, eps);
+    const acc_t x_coeff = grad_x_coefficient(rstd, sums[1], kInvHidden);
+#pragma unroll
+    for (int first = 0; first < kVectorsPerThread; first += kInFlight) {
+      Vec xv[kInFlight];
+      Vec gov[kInFlight];
+      load_x_and_grad_out<L2Eviction::kLastUse, kThreads, kVectorsPerThread>(xv, gov, x_row,
+                                                                             grad_out_row, first);
+#pragma unroll
+      for (int i = 0; i < kInFlight && first + i < kVectorsPerThread; ++i) {
+        const int idx = threadIdx.x + (first + i) * kThreads;
+        const Vec wv = weight_vector<kCasting>(weight_vec, idx);
+        grad_x_row[idx] = backward_vector<kCasting>(xv[i], gov[i], elements_of(wv),
+                                                    has_weight<kCasting>(weight_vec), rstd, x_coeff,
+                                                    dw[first + i], offset);
+      }
+    }
+  }
+  if (weight_partials != nullptr) {
+    store_partial_vectors(
+        reinterpret_cast<AccVec*>(weight_partials) + static_cast<int64_t>(blockIdx.x) * kRowVectors,
+        dw, kThreads, kRowVectors);
+  }
+}
+
 // Aligned rows longer than the vector kernels take: x and grad_out of the row staged in
 // shared memory (common/staged_rows.cuh), the grad_weight accumulator of this thread's
 // kVectorsPerThread vectors in registers, one partial row per block as in the vector
@@ -1469,6 +1564,38 @@ void launch_rms_norm_backward(const scalar_t* grad_out, const scalar_t* x, const
     });
   };
 
+  if constexpr (sizeof(scalar_t) == 2) {
+    // rms_norm_backward_l2_reread_kernel for its shapes (above), where memory is fast for an SM
+    // (memory_is_slow_for_an_sm: an H200, not an H100, where it was not measured) and every
+    // block takes at least two rows (fewer take the vector kernel, which writes
+    // grad_weight itself for decode sizes).
+    const auto reread = [&](auto threads, auto vectors_per_thread) {
+      constexpr int kThreads = decltype(threads)::value;
+      constexpr int kVectorsPerThread = decltype(vectors_per_thread)::value;
+      constexpr int64_t kRowElements =
+          int64_t{kThreads} * kVectorsPerThread * vector_size<scalar_t>();
+      if (!aligned || hidden != kRowElements || rows < 2 * int64_t{num_sms()} ||
+          memory_is_slow_for_an_sm() ||
+          reread_blocks_in_l2(2 * kRowElements * static_cast<int64_t>(sizeof(scalar_t))) < 1) {
+        return false;
+      }
+      with_partials(num_sms(), /*zeroed=*/false, [&](acc_t* partials_ptr) {
+        launch_dependent(
+            rms_norm_backward_l2_reread_kernel<scalar_t, kCasting, kThreads, kVectorsPerThread>,
+            dim3(static_cast<unsigned>(num_sms())), dim3(kThreads), stream, grad_out, x, weight,
+            grad_x, partials_ptr, rows, eps_acc, offset_acc);
+      });
+      return true;
+    };
+    using std::integral_constant;
+    bool launched = reread(integral_constant<int, 768>{}, integral_constant<int, 2>{});
+    if constexpr (kCasting == Casting::kTorch) {
+      launched = launched || reread(integral_constant<int, 512>{}, integral_constant<int, 8>{});
+    }
+    if (launched) {
+      return;
+    }
+  }
   const bool vector_launched = launch_vector_rows<kBackwardVectors>(plan, [&](auto) {
     [[maybe_unused]] const bool load_ahead = kLoadsAhead<scalar_t> &&
                                              plan.threads_per_row <= kLoadAheadMaxThreadsPerRow &&

@@ -226,6 +226,35 @@ def test_backward_many_aligned_rows_a_block(device: str, dtype: torch.dtype, hid
     assert (grad_w.double() - expected_w).abs().max() <= RELATIVE_TOLERANCES[dtype] * scale
 
 
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("hidden", [12288, 32768])
+def test_backward_rows_read_twice_from_l2(device: str, dtype: torch.dtype, hidden: int) -> None:
+    # On an H200 16-bit rows of these widths (32768 in torch's casting) with at least two rows
+    # for each block read x and grad_out twice (rms_norm_backward_l2_reread_kernel), a block an
+    # SM looping over rows; 2115 rows leave some blocks a row more than others. In place too:
+    # grad_x over grad_out.
+    if device == "cpu":
+        pytest.skip("a GPU kernel's shape; the CPU kernels take rows in chunks")
+    rows = 2115
+    gen = torch.Generator(device=device).manual_seed(hidden)
+    x = torch.randn(rows, hidden, device=device, dtype=dtype, generator=gen)
+    grad_out = torch.randn(rows, hidden, device=device, dtype=dtype, generator=gen)
+    weight = torch.rand(hidden, device=device, dtype=dtype, generator=gen) + 0.5
+    tol = backward_tolerance(dtype)
+    for w in (weight, None):
+        expected_x, expected_w = rms_norm_backward_reference(grad_out, x, w, 1e-6)
+        grad_x, grad_w = torch.ops.hotloop.rms_norm_backward(grad_out, x, w, 1e-6)
+        torch.testing.assert_close(grad_x, expected_x.to(dtype), **tol)
+        in_place = grad_out.clone()
+        grad_w_in_place = torch.ops.hotloop.rms_norm_backward_(in_place, x, w, 1e-6)
+        assert torch.equal(in_place, grad_x)
+        if w is not None:
+            # grad_weight sums 2115 rows: compare it to its largest value
+            scale = expected_w.abs().max()
+            assert (grad_w.double() - expected_w).abs().max() <= RELATIVE_TOLERANCES[dtype] * scale
+            assert torch.equal(grad_w_in_place, grad_w)
+
+
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32])
 @pytest.mark.parametrize("hidden", [64, 512, 4096, 8192])
 @pytest.mark.parametrize("rows", [1, 2, 3, 7, 16])

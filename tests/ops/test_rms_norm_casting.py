@@ -143,10 +143,13 @@ def casting_reference(
 
 @pytest.mark.parametrize("casting", list(OP_CASTING))
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
-@pytest.mark.parametrize("shape", [(7, 1000), (300, 4096), (3, 20001)])
+# (2115, 12288): on an H200 the backward that reads its rows twice from L2, in each mode
+@pytest.mark.parametrize("shape", [(7, 1000), (300, 4096), (3, 20001), (2115, 12288)])
 def test_backward_matches_the_modes_reference(
     device: str, backend: str, casting: str, dtype: torch.dtype, shape: tuple[int, int]
 ) -> None:
+    if device == "cpu" and shape[0] > 300:
+        pytest.skip("a GPU kernel's shape; the CPU kernels take rows in chunks")
     offset = 1.0 if casting == "gemma" else 0.0
     gen = torch.Generator(device="cpu").manual_seed(shape[1])
     x = torch.randn(shape, generator=gen).to(device=device, dtype=dtype).requires_grad_()
