@@ -172,15 +172,6 @@ inline int device_attribute(cudaDeviceAttr attribute, int device = current_devic
   return value;
 }
 
-inline int num_sms(int device = current_device()) {
-  return device_attribute(cudaDevAttrMultiProcessorCount, device);
-}
-
-// 9 for Hopper.
-inline int compute_capability_major() {
-  return device_attribute(cudaDevAttrComputeCapabilityMajor);
-}
-
 // A fixed attribute of `device`, asked of the runtime once a device (the first 64 devices;
 // a later one asks every time): for some attributes the runtime asks the driver on every call,
 // which took a forward at (1, 4096) from 24 to 530 us on an H100 with the memory clock
@@ -202,14 +193,22 @@ inline int device_attribute_once(int device) {
   return value;
 }
 
+inline int num_sms(int device = current_device()) {
+  return device_attribute_once<cudaDevAttrMultiProcessorCount>(device);
+}
+
+// 9 for Hopper.
+inline int compute_capability_major() {
+  return device_attribute_once<cudaDevAttrComputeCapabilityMajor>(current_device());
+}
+
 // Peak memory bandwidth of the current device an SM, GB/s: two transfers a memory clock over
 // the bus (H100 SXM 25, H200 37).
 inline double memory_gbps_per_sm() {
   const int device = current_device();
   const double clock_khz = device_attribute_once<cudaDevAttrMemoryClockRate>(device);
   const int bus_bits = device_attribute_once<cudaDevAttrGlobalMemoryBusWidth>(device);
-  const int sms = device_attribute_once<cudaDevAttrMultiProcessorCount>(device);
-  return 2.0 * clock_khz * 1e3 * (bus_bits / 8) / 1e9 / sms;
+  return 2.0 * clock_khz * 1e3 * (bus_bits / 8) / 1e9 / num_sms(device);
 }
 
 // Whether the current device's peak memory bandwidth an SM is at most 30 GB/s (an H100 SXM's

@@ -143,8 +143,10 @@ bool vector_plan_underfills_sms(const RowLaunch& plan, int64_t rows, const Kerne
         cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, kernel_of(vpt), threads, 0));
   });
   const bool rows_wait = rows > int64_t{blocks} * plan.rows_per_block * sms;
-  return rows_wait && (blocks < 2 || 2 * blocks * threads <
-                                         device_attribute(cudaDevAttrMaxThreadsPerMultiProcessor));
+  return rows_wait &&
+         (blocks < 2 ||
+          2 * blocks * threads <
+              device_attribute_once<cudaDevAttrMaxThreadsPerMultiProcessor>(current_device()));
 }
 
 // Blocks an SM of the fused ops' re-read kernels (fused_add_rms_norm's and the FP8 ones), each of

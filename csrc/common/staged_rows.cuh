@@ -159,7 +159,8 @@ __device__ __forceinline__ int64_t next_staged_row(const RowPart& part, int64_t 
 
 // Dynamic shared memory a block of the current device may stage rows in.
 inline int64_t staged_bytes_limit() {
-  return int64_t{device_attribute(cudaDevAttrMaxSharedMemoryPerBlockOptin)} - kStagedReservedBytes;
+  return int64_t{device_attribute_once<cudaDevAttrMaxSharedMemoryPerBlockOptin>(current_device())} -
+         kStagedReservedBytes;
 }
 
 // Blocks a staged row of `row_bytes` (every tensor the kernel stages) and `row_vectors`
