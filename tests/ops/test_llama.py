@@ -67,6 +67,38 @@ def test_swapped_llama_matches(device: str, compiled: bool, arithmetic: bool | N
         assert err < 5e-2, f"{name}: relative gradient error {err:.3g}"
 
 
+@requires_compile
+def test_compiled_swapped_llama_gives_inductor_the_stock_graphs(device: str) -> None:
+    # Compiled, the norms are traced as their casting's arithmetic, which is LlamaRMSNorm's op
+    # for op: AOTAutograd's forward and backward graphs of a training step (what Inductor
+    # compiles) are the stock model's, so a compiled step's time can only differ by noise.
+    from functorch.compile import make_boxed_func
+    from torch._dynamo.backends.common import aot_autograd
+
+    reference = tiny_llama(device)
+    ours = copy.deepcopy(reference)
+    hotloop.RMSNorm.replace_in(ours, "LlamaRMSNorm")
+    tokens = torch.randint(0, 256, (2, 24), device=device)
+
+    def graphs(model: torch.nn.Module) -> list[str]:
+        codes: list[str] = []
+
+        def record(gm: torch.fx.GraphModule, example_inputs: object) -> object:
+            codes.append(gm.code)
+            return make_boxed_func(gm.forward)
+
+        torch._dynamo.reset()
+        compiled = torch.compile(
+            model, backend=aot_autograd(fw_compiler=record, bw_compiler=record)
+        )
+        compiled(input_ids=tokens, labels=tokens).loss.backward()
+        return codes
+
+    stock = graphs(reference)
+    assert len(stock) == 2  # one forward graph and its backward
+    assert graphs(ours) == stock
+
+
 def test_swapped_llama_generates_the_stock_tokens(device: str) -> None:
     # from_module picks the "llama" casting, which rounds where LlamaRMSNorm rounds: greedy
     # decoding then picks the stock model's tokens. Trained-looking norm weights (not the
