@@ -158,15 +158,23 @@ def backward_tolerance(dtype: torch.dtype) -> dict[str, float]:
     return {"atol": 8 * TOLERANCES[dtype]["atol"], "rtol": 4 * TOLERANCES[dtype]["rtol"]}
 
 
+def random_backward_inputs(
+    device: str, dtype: torch.dtype, rows: int, hidden: int, seed: int
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """x and grad_out of random aligned rows, and a weight in [0.5, 1.5)."""
+    gen = torch.Generator(device=device).manual_seed(seed)
+    x = torch.randn(rows, hidden, device=device, dtype=dtype, generator=gen)
+    grad_out = torch.randn(rows, hidden, device=device, dtype=dtype, generator=gen)
+    weight = torch.rand(hidden, device=device, dtype=dtype, generator=gen) + 0.5
+    return x, grad_out, weight
+
+
 def check_grad_x_of_random_rows(
     device: str, dtype: torch.dtype, rows: int, hidden: int, seed: int
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """The backward op on random aligned rows with a weight: grad_x checked against the float64
     reference; returns grad_weight and its reference, for the caller's own comparison."""
-    gen = torch.Generator(device=device).manual_seed(seed)
-    x = torch.randn(rows, hidden, device=device, dtype=dtype, generator=gen)
-    grad_out = torch.randn(rows, hidden, device=device, dtype=dtype, generator=gen)
-    weight = torch.rand(hidden, device=device, dtype=dtype, generator=gen) + 0.5
+    x, grad_out, weight = random_backward_inputs(device, dtype, rows, hidden, seed)
     grad_x, grad_w = torch.ops.hotloop.rms_norm_backward(grad_out, x, weight, 1e-6)
     expected_x, expected_w = rms_norm_backward_reference(grad_out, x, weight, 1e-6)
     torch.testing.assert_close(grad_x, expected_x.to(dtype), **backward_tolerance(dtype))
@@ -235,11 +243,7 @@ def test_backward_rows_read_twice_from_l2(device: str, dtype: torch.dtype, hidde
     # grad_x over grad_out.
     if device == "cpu":
         pytest.skip("a GPU kernel's shape; the CPU kernels take rows in chunks")
-    rows = 2115
-    gen = torch.Generator(device=device).manual_seed(hidden)
-    x = torch.randn(rows, hidden, device=device, dtype=dtype, generator=gen)
-    grad_out = torch.randn(rows, hidden, device=device, dtype=dtype, generator=gen)
-    weight = torch.rand(hidden, device=device, dtype=dtype, generator=gen) + 0.5
+    x, grad_out, weight = random_backward_inputs(device, dtype, 2115, hidden, seed=hidden)
     tol = backward_tolerance(dtype)
     for w in (weight, None):
         expected_x, expected_w = rms_norm_backward_reference(grad_out, x, w, 1e-6)
