@@ -42,21 +42,28 @@ __device__ __forceinline__ void allow_dependent_grids() {
 #endif
 }
 
-// kernel<<<grid, block, 0, stream>>>(args...) as a programmatic dependent of the kernel
-// before it in the stream, where the GPU has that.
+// kernel<<<grid, block, shared_bytes, stream>>>(args...) as a programmatic dependent of the
+// kernel before it in the stream, where the GPU has that.
 template <typename... Params, typename... Args>
-void launch_dependent(void (*kernel)(Params...), dim3 grid, dim3 block, cudaStream_t stream,
-                      Args... args) {
+void launch_dependent_with_shared_memory(void (*kernel)(Params...), dim3 grid, dim3 block,
+                                         int64_t shared_bytes, cudaStream_t stream, Args... args) {
   cudaLaunchAttribute attribute;
   attribute.id = cudaLaunchAttributeProgrammaticStreamSerialization;
   attribute.val.programmaticStreamSerializationAllowed = 1;
   cudaLaunchConfig_t config = {};
   config.gridDim = grid;
   config.blockDim = block;
+  config.dynamicSmemBytes = static_cast<size_t>(shared_bytes);
   config.stream = stream;
   config.attrs = &attribute;
   config.numAttrs = compute_capability_major() >= 9 ? 1 : 0;
   HOTLOOP_CUDA_CHECK(cudaLaunchKernelEx(&config, kernel, args...));
+}
+
+template <typename... Params, typename... Args>
+void launch_dependent(void (*kernel)(Params...), dim3 grid, dim3 block, cudaStream_t stream,
+                      Args... args) {
+  launch_dependent_with_shared_memory(kernel, grid, block, /*shared_bytes=*/0, stream, args...);
 }
 
 }  // namespace hotloop

@@ -980,39 +980,48 @@ __global__ void __launch_bounds__(kLoadAhead ? kLoadAheadMaxThreads : kBackwardM
   }
 }
 
-// A thread's vectors first, first + 1, ... (kInFlight of them, those below kVectorsPerThread) of
-// x's and grad_out's rows in rms_norm_backward_l2_reread_kernel, read with kEviction.
-template <L2Eviction kEviction, int kThreads, int kVectorsPerThread, int kInFlight, typename Vec>
-__device__ __forceinline__ void load_x_and_grad_out(Vec (&xv)[kInFlight], Vec (&gov)[kInFlight],
-                                                    const Vec* x_row, const Vec* grad_out_row,
-                                                    int first) {
-#pragma unroll
-  for (int i = 0; i < kInFlight && first + i < kVectorsPerThread; ++i) {
-    const int idx = threadIdx.x + (first + i) * kThreads;
-    xv[i] = load_with_l2_eviction<kEviction>(x_row + idx);
-    gov[i] = load_with_l2_eviction<kEviction>(grad_out_row + idx);
+// The weight's vector idx, or an unset one without a weight, read again: nvcc may not take it
+// for an earlier read of the same vector (and keep what was computed from that one).
+template <Casting kCasting, typename Vec>
+__device__ __forceinline__ Vec weight_vector_read_again(const Vec* weight_vec, int idx) {
+  static_assert(sizeof(Vec) == kVectorBytes, "one 16-byte vector");
+  Vec wv;
+  if (has_weight<kCasting>(weight_vec)) {
+    uint32_t w0, w1, w2, w3;
+    asm volatile("ld.global.nc.v4.u32 {%0, %1, %2, %3}, [%4];"
+                 : "=r"(w0), "=r"(w1), "=r"(w2), "=r"(w3)
+                 : "l"(weight_vec + idx));
+    const uint32_t words[4] = {w0, w1, w2, w3};
+    memcpy(&wv, words, sizeof(wv));
   }
+  return wv;
 }
 
-// The backward of 16-bit rows of exactly kThreads x kVectorsPerThread vectors in the shape of
-// rms_norm_l2_reread_kernel: x and grad_out read twice, the first read asking L2 to keep them
-// and the second (after the row sums) marking their last use, so that a thread holds only its
-// grad_weight accumulator across the row's barrier. One block an SM, looping over rows (the
-// accumulator sums a block's rows into its partial row of grad_weight, as in the vector kernel).
-// On an H200 it beats the vector and staged kernels at two shapes only. bfloat16, % of copy,
-// backward op / forward+backward, those kernels -> this one (benchmarks/NOTES.md, run O60, two
-// rounds each within 0.2):
-//   H = 12288 on 768 x 2 (80 registers)    71.4 / 80.4 -> 75.6 / 83.6
-//       32768 on 512 x 8 (128 registers)   67.5 / 76.0 -> 69.6 / 78.9
-// Every other shape lost. Bounded to 64 registers so that an SM holds 1024 threads (two blocks
-// of 512, four of 256), where the accumulator leaves too few for the loads or spills: 4096 on
-// 256 x 2 88.8 -> 79.1, 8192 on 512 x 2 85.4 -> 74.8 and on 1024 x 1 62.4, 12288 on 512 x 3
-// 42.9, 16384 on 512 x 4 80.8 -> 70.9 and on 1024 x 2 64.1, 32768 on 1024 x 4 60.5. With more
-// registers: 12288 on two blocks of 384 x 4 (80) 70.9, 16384 on one of 512 x 4 (105) 69.8.
-// 32768's shape spills 264-320 bytes in Llama's and Gemma's casting and is taken in torch's only.
-template <typename scalar_t, Casting kCasting, int kThreads, int kVectorsPerThread>
-__global__ void __launch_bounds__(kThreads, 1)
-    rms_norm_backward_l2_reread_kernel(const scalar_t* grad_out, const scalar_t* __restrict__ x,
+// The backward of 16-bit rows of exactly kThreads x kVectorsPerThread vectors, kBlocksPerSm
+// blocks an SM looping over rows: x and grad_out read once into registers, and the grad_weight
+// accumulator (a float per column, the block's partial row) in shared memory, where the vector
+// kernel keeps it in registers. Each thread owns its columns' slots, element-major in 16-byte
+// chunks (thread t's chunk c at accumulator[c * kThreads + t]) so that a warp's accesses are
+// consecutive and no barrier guards them. Freed of the accumulator, a thread holds the row's
+// vectors in fewer registers, and the SM holds more of its bytes in flight, which an H200's
+// memory needs. bfloat16 on an H200, % of copy, backward op / forward+backward, main's kernels
+// (the vector kernel, and at 12288 and 32768 a kernel that read the row twice from L2) -> this
+// one in torch's casting (benchmarks/NOTES.md, runs O61-O62, alternating processes, two rounds
+// within 0.2):
+//   H = 12288 on two blocks of 384 x 4 (80 registers)    75.6 / 83.6 -> 89.8 / 93.7
+//       16384 on two of 256 x 8 (128)                      80.8 / 87.0 -> 88.0 / 91.8
+//       32768 on one of 1024 x 4 (64, 40 bytes spilled)    69.4 / 78.7 -> 70.9 / 79.0
+// Other shapes lost to these: 12288 on two blocks of 768 x 2 (40 registers) 84.2 / 90.0, of
+// 512 x 3 (64, spilling 12 bytes) 80.3 / 86.7, on one of 384 x 4 76.0 / 83.6 and of 512 x 3
+// 75.5 / 83.4; 16384 on one of 512 x 4 83.1 / 88.5, on two (64, spilling 40) 81.9 / 87.4 and on
+// one of 1024 x 2 78.0 / 85.0; 32768 on one of 512 x 8 (128) 69.4 / 78.3. At 8192 (two of 512 x
+// 2) it lost to the vector kernel, 85.4 / 90.8 -> 83.0 / 89.5. Loading the next row's vectors
+// before the sums, as the vector kernel's kLoadAhead does, lost 3-10 points at every shape
+// (12288 on one block of 768 x 2: 72.1 / 80.9).
+template <typename scalar_t, Casting kCasting, int kThreads, int kVectorsPerThread,
+          int kBlocksPerSm>
+__global__ void __launch_bounds__(kThreads, kBlocksPerSm)
+    rms_norm_backward_shared_dw_kernel(const scalar_t* grad_out, const scalar_t* __restrict__ x,
                                        const scalar_t* __restrict__ weight, scalar_t* grad_x,
                                        acc_type<scalar_t>* __restrict__ weight_partials,
                                        int64_t rows, acc_type<scalar_t> eps,
@@ -1020,58 +1029,93 @@ __global__ void __launch_bounds__(kThreads, 1)
   using acc_t = acc_type<scalar_t>;
   constexpr int kVec = vector_size<scalar_t>();
   using Vec = AlignedVector<scalar_t, kVec>;
-  using AccVec = AlignedVector<acc_t, kVec>;
+  constexpr int kChunk = kVectorBytes / static_cast<int>(sizeof(acc_t));
+  constexpr int kChunks = kVec / kChunk;
+  using Chunk = AlignedVector<acc_t, kChunk>;
   constexpr int kRowVectors = kThreads * kVectorsPerThread;
   constexpr acc_t kInvHidden = acc_t(1) / static_cast<acc_t>(kRowVectors * kVec);
-  // Vectors of x and of grad_out a thread has in flight at a time.
-  constexpr int kInFlight = 2;
+  extern __shared__ __align__(16) unsigned char shared_bytes[];
+  Chunk* accumulator = reinterpret_cast<Chunk*>(shared_bytes);
   const Vec* weight_vec = reinterpret_cast<const Vec*>(weight);
   wait_for_prior_grids();
   allow_dependent_grids();
 
-  acc_t dw[kVectorsPerThread][kVec];
-  zero_accumulator(dw);
+  const bool has_partials = weight_partials != nullptr;
+  if (has_partials) {
+#pragma unroll
+    for (int c = 0; c < kVectorsPerThread * kChunks; ++c) {
+      Chunk zero;
+#pragma unroll
+      for (int k = 0; k < kChunk; ++k) {
+        zero.val[k] = 0;
+      }
+      accumulator[c * kThreads + threadIdx.x] = zero;
+    }
+  }
   for (int64_t row = blockIdx.x; row < rows; row += gridDim.x) {
     const Vec* x_row = reinterpret_cast<const Vec*>(x) + row * kRowVectors;
     const Vec* grad_out_row = reinterpret_cast<const Vec*>(grad_out) + row * kRowVectors;
     Vec* grad_x_row = reinterpret_cast<Vec*>(grad_x) + row * kRowVectors;
+    Vec xv[kVectorsPerThread];
+    Vec gov[kVectorsPerThread];
+#pragma unroll
+    for (int i = 0; i < kVectorsPerThread; ++i) {
+      xv[i] = x_row[threadIdx.x + i * kThreads];
+      gov[i] = grad_out_row[threadIdx.x + i * kThreads];
+    }
     acc_t sums[2] = {0, 0};  // sum(x^2) and sum(g * x)
 #pragma unroll
-    for (int first = 0; first < kVectorsPerThread; first += kInFlight) {
-      Vec xv[kInFlight];
-      Vec gov[kInFlight];
-      load_x_and_grad_out<L2Eviction::kKeep, kThreads, kVectorsPerThread>(xv, gov, x_row,
-                                                                          grad_out_row, first);
-#pragma unroll
-      for (int i = 0; i < kInFlight && first + i < kVectorsPerThread; ++i) {
-        const Vec wv = weight_vector<kCasting>(weight_vec, threadIdx.x + (first + i) * kThreads);
-        add_backward_sums<kCasting>(xv[i], gov[i], elements_of(wv),
-                                    has_weight<kCasting>(weight_vec), sums, offset);
-      }
+    for (int i = 0; i < kVectorsPerThread; ++i) {
+      const Vec wv = weight_vector<kCasting>(weight_vec, threadIdx.x + i * kThreads);
+      add_backward_sums<kCasting>(xv[i], gov[i], elements_of(wv), has_weight<kCasting>(weight_vec),
+                                  sums, offset);
     }
     row_sum(sums);
     const acc_t rstd = row_rstd<kCasting>(sums[0], kInvHidden, eps);
     const acc_t x_coeff = grad_x_coefficient(rstd, sums[1], kInvHidden);
 #pragma unroll
-    for (int first = 0; first < kVectorsPerThread; first += kInFlight) {
-      Vec xv[kInFlight];
-      Vec gov[kInFlight];
-      load_x_and_grad_out<L2Eviction::kLastUse, kThreads, kVectorsPerThread>(xv, gov, x_row,
-                                                                             grad_out_row, first);
+    for (int i = 0; i < kVectorsPerThread; ++i) {
+      const int idx = threadIdx.x + i * kThreads;
+      // In Llama's and Gemma's casting nvcc otherwise keeps g = grad_out * weight (rounded)
+      // of every vector from the sums for this pass, and spills: 224-292 bytes at 384 x 4
+      // on two blocks (bfloat16) instead of none.
+      const Vec wv = kCasting == Casting::kTorch
+                         ? weight_vector<kCasting>(weight_vec, idx)
+                         : weight_vector_read_again<kCasting>(weight_vec, idx);
+      acc_t dw[kVec];
 #pragma unroll
-      for (int i = 0; i < kInFlight && first + i < kVectorsPerThread; ++i) {
-        const int idx = threadIdx.x + (first + i) * kThreads;
-        const Vec wv = weight_vector<kCasting>(weight_vec, idx);
-        grad_x_row[idx] = backward_vector<kCasting>(xv[i], gov[i], elements_of(wv),
-                                                    has_weight<kCasting>(weight_vec), rstd, x_coeff,
-                                                    dw[first + i], offset);
+      for (int k = 0; k < kVec; ++k) {
+        dw[k] = 0;
+      }
+      grad_x_row[idx] =
+          backward_vector<kCasting>(xv[i], gov[i], elements_of(wv),
+                                    has_weight<kCasting>(weight_vec), rstd, x_coeff, dw, offset);
+      if (has_partials) {
+#pragma unroll
+        for (int c = 0; c < kChunks; ++c) {
+          Chunk& slot = accumulator[(i * kChunks + c) * kThreads + threadIdx.x];
+          Chunk sum = slot;
+#pragma unroll
+          for (int k = 0; k < kChunk; ++k) {
+            sum.val[k] += dw[c * kChunk + k];
+          }
+          slot = sum;
+        }
       }
     }
   }
-  if (weight_partials != nullptr) {
-    store_partial_vectors(
-        reinterpret_cast<AccVec*>(weight_partials) + static_cast<int64_t>(blockIdx.x) * kRowVectors,
-        dw, kThreads, kRowVectors);
+  if (!has_partials) {
+    return;
+  }
+  Chunk* partial = reinterpret_cast<Chunk*>(weight_partials) +
+                   static_cast<int64_t>(blockIdx.x) * kRowVectors * kChunks;
+#pragma unroll
+  for (int i = 0; i < kVectorsPerThread; ++i) {
+#pragma unroll
+    for (int c = 0; c < kChunks; ++c) {
+      partial[(threadIdx.x + i * kThreads) * kChunks + c] =
+          accumulator[(i * kChunks + c) * kThreads + threadIdx.x];
+    }
   }
 }
 
@@ -1565,35 +1609,59 @@ void launch_rms_norm_backward(const scalar_t* grad_out, const scalar_t* x, const
   };
 
   if constexpr (sizeof(scalar_t) == 2) {
-    // rms_norm_backward_l2_reread_kernel for its shapes (above), where memory is fast for an SM
+    // rms_norm_backward_shared_dw_kernel at its widths (above), where memory is fast for an SM
     // (memory_is_slow_for_an_sm: an H200, not an H100, where it was not measured) and every
-    // block takes at least two rows (fewer take the vector kernel, which writes
-    // grad_weight itself for decode sizes).
-    const auto reread = [&](auto threads, auto vectors_per_thread) {
+    // block takes at least two rows (fewer take the vector kernel, which writes grad_weight
+    // itself for decode sizes).
+    const auto shared_dw = [&](auto threads, auto vectors_per_thread, auto blocks_per_sm) {
       constexpr int kThreads = decltype(threads)::value;
       constexpr int kVectorsPerThread = decltype(vectors_per_thread)::value;
-      constexpr int64_t kRowElements =
-          int64_t{kThreads} * kVectorsPerThread * vector_size<scalar_t>();
-      if (!aligned || hidden != kRowElements || rows < 2 * int64_t{num_sms()} ||
-          memory_is_slow_for_an_sm() ||
-          reread_blocks_in_l2(2 * kRowElements * static_cast<int64_t>(sizeof(scalar_t))) < 1) {
+      constexpr int kBlocksPerSm = decltype(blocks_per_sm)::value;
+      const int64_t blocks = int64_t{kBlocksPerSm} * num_sms();
+      if (rows < 2 * blocks) {
         return false;
       }
-      with_partials(num_sms(), /*zeroed=*/false, [&](acc_t* partials_ptr) {
-        launch_dependent(
-            rms_norm_backward_l2_reread_kernel<scalar_t, kCasting, kThreads, kVectorsPerThread>,
-            dim3(static_cast<unsigned>(num_sms())), dim3(kThreads), stream, grad_out, x, weight,
-            grad_x, partials_ptr, rows, eps_acc, offset_acc);
+      const auto kernel = rms_norm_backward_shared_dw_kernel<scalar_t, kCasting, kThreads,
+                                                             kVectorsPerThread, kBlocksPerSm>;
+      const int64_t bytes = hidden * static_cast<int64_t>(sizeof(acc_t));
+      allow_dynamic_shared_memory(kernel, bytes);
+      with_partials(blocks, /*zeroed=*/false, [&](acc_t* partials_ptr) {
+        launch_dependent_with_shared_memory(kernel, dim3(static_cast<unsigned>(blocks)),
+                                            dim3(kThreads), bytes, stream, grad_out, x, weight,
+                                            grad_x, partials_ptr, rows, eps_acc, offset_acc);
       });
       return true;
     };
-    using std::integral_constant;
-    bool launched = reread(integral_constant<int, 768>{}, integral_constant<int, 2>{});
-    if constexpr (kCasting == Casting::kTorch) {
-      launched = launched || reread(integral_constant<int, 512>{}, integral_constant<int, 8>{});
-    }
-    if (launched) {
-      return;
+    if (aligned && !memory_is_slow_for_an_sm()) {
+      constexpr int kVec = vector_size<scalar_t>();
+      using std::integral_constant;
+      bool launched = false;
+      switch (hidden) {
+        case 384 * 4 * kVec:
+          launched = shared_dw(integral_constant<int, 384>{}, integral_constant<int, 4>{},
+                               integral_constant<int, 2>{});
+          break;
+        case 256 * 8 * kVec:
+          if constexpr (kCasting == Casting::kTorch) {
+            launched = shared_dw(integral_constant<int, 256>{}, integral_constant<int, 8>{},
+                                 integral_constant<int, 2>{});
+          } else {
+            launched = shared_dw(integral_constant<int, 512>{}, integral_constant<int, 4>{},
+                                 integral_constant<int, 1>{});
+          }
+          break;
+        case 1024 * 4 * kVec:
+          if constexpr (kCasting == Casting::kTorch) {
+            launched = shared_dw(integral_constant<int, 1024>{}, integral_constant<int, 4>{},
+                                 integral_constant<int, 1>{});
+          }
+          break;
+        default:
+          break;
+      }
+      if (launched) {
+        return;
+      }
     }
   }
   const bool vector_launched = launch_vector_rows<kBackwardVectors>(plan, [&](auto) {

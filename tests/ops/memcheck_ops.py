@@ -101,9 +101,11 @@ def main() -> int:
             (2, 8192),
             (2, 8193),
             (2, 12288),
-            # On an H200 the 16-bit backward of these rows that reads them twice from L2, a block
-            # an SM taking eight rows or nine in turn.
+            # On an H200 the 16-bit backward of these rows with its grad_weight accumulator in
+            # shared memory, each block taking four rows or five in turn.
             (1059, 12288),
+            (531, 16384),
+            (531, 32768),
             (1, 16384),
             (2, 20000),
             (2, 20001),
