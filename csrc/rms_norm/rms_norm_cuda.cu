@@ -1004,20 +1004,25 @@ __device__ __forceinline__ Vec weight_vector_read_again(const Vec* weight_vec, i
 // chunks (thread t's chunk c at accumulator[c * kThreads + t]) so that a warp's accesses are
 // consecutive and no barrier guards them. Freed of the accumulator, a thread holds the row's
 // vectors in fewer registers, and the SM holds more of its bytes in flight, which an H200's
-// memory needs. bfloat16 on an H200, % of copy, backward op / forward+backward, main's kernels
-// (the vector kernel, and at 12288 and 32768 a kernel that read the row twice from L2) -> this
-// one in torch's casting (benchmarks/NOTES.md, runs O61-O62, alternating processes, two rounds
-// within 0.2):
-//   H = 12288 on two blocks of 384 x 4 (80 registers)    75.6 / 83.6 -> 89.8 / 93.7
-//       16384 on two of 256 x 8 (128)                      80.8 / 87.0 -> 88.0 / 91.8
-//       32768 on one of 1024 x 4 (64, 40 bytes spilled)    69.4 / 78.7 -> 70.9 / 79.0
-// Other shapes lost to these: 12288 on two blocks of 768 x 2 (40 registers) 84.2 / 90.0, of
-// 512 x 3 (64, spilling 12 bytes) 80.3 / 86.7, on one of 384 x 4 76.0 / 83.6 and of 512 x 3
-// 75.5 / 83.4; 16384 on one of 512 x 4 83.1 / 88.5, on two (64, spilling 40) 81.9 / 87.4 and on
-// one of 1024 x 2 78.0 / 85.0; 32768 on one of 512 x 8 (128) 69.4 / 78.3. At 8192 (two of 512 x
-// 2) it lost to the vector kernel, 85.4 / 90.8 -> 83.0 / 89.5. Loading the next row's vectors
-// before the sums, as the vector kernel's kLoadAhead does, lost 3-10 points at every shape
-// (12288 on one block of 768 x 2: 72.1 / 80.9).
+// memory needs. bfloat16 on an H200, % of copy, backward op / forward+backward, the kernels
+// before it -> this one, torch's casting (benchmarks/NOTES.md, runs O61-O63, alternating
+// processes, two rounds within 0.2; before it, 12288 and 32768 took a kernel that read the row
+// twice from L2: 75.6 / 83.6 and 69.4 / 78.7 in run O61):
+//   H = 12288 on two blocks of 384 x 4 (80 registers)    71.4 / 80.5 -> 90.5 / 94.1
+//       16384 on two of 256 x 8 (128)                      80.8 / 87.0 -> 88.5 / 92.4
+//       32768 on one of 1024 x 4 (64, 40 bytes spilled)    67.0 / 75.9 -> 72.1 / 79.9
+// and 12288 in Llama's casting 67.4 / 77.5 -> 83.8 / 90.2, in Gemma's 70.6 / 79.9 -> 90.2 / 94.0
+// (run O63). In those two castings 16384 on one block of 512 x 4 lost (Llama's 76.3 / 83.9 ->
+// 73.0 / 81.5, Gemma's 80.1 / 86.7 -> 77.9 / 84.8), and 32768 on one of 1024 x 4 spills 96-236
+// bytes (Llama's forward+backward fell to 24 % when it spilled 586), so they keep the vector
+// and staged kernels there. Other shapes lost to these in torch's casting: 12288 on two blocks
+// of 768 x 2 (40 registers) 84.2 / 90.0, of 512 x 3 (64, spilling 12 bytes) 80.3 / 86.7, on
+// one of 384 x 4 76.0 / 83.6 and of 512 x 3 75.5 / 83.4; 16384 on one of 512 x 4 83.1 / 88.5,
+// on two (64, spilling 40) 81.9 / 87.4 and on one of 1024 x 2 78.0 / 85.0; 32768 on one of 512
+// x 8 (128) 69.4 / 78.3. At 8192 (two of 512 x 2) it lost to the vector kernel, 85.4 / 90.8 ->
+// 83.0 / 89.5. Loading the next row's vectors before the sums, as the vector kernel's
+// kLoadAhead does, lost 3-10 points at every shape (12288 on one block of 768 x 2: 72.1 /
+// 80.9).
 template <typename scalar_t, Casting kCasting, int kThreads, int kVectorsPerThread,
           int kBlocksPerSm>
 __global__ void __launch_bounds__(kThreads, kBlocksPerSm)
@@ -1078,7 +1083,9 @@ __global__ void __launch_bounds__(kThreads, kBlocksPerSm)
       const int idx = threadIdx.x + i * kThreads;
       // In Llama's and Gemma's casting nvcc otherwise keeps g = grad_out * weight (rounded)
       // of every vector from the sums for this pass, and spills: 224-292 bytes at 384 x 4
-      // on two blocks (bfloat16) instead of none.
+      // on two blocks (bfloat16) instead of none, and forward+backward at 12288 ran at 43-47 %
+      // of copy instead of 90-94 (runs O62-O63). In torch's casting reading it again made
+      // 256 x 8 spill 70 bytes instead of none.
       const Vec wv = kCasting == Casting::kTorch
                          ? weight_vector<kCasting>(weight_vec, idx)
                          : weight_vector_read_again<kCasting>(weight_vec, idx);
@@ -1609,10 +1616,10 @@ void launch_rms_norm_backward(const scalar_t* grad_out, const scalar_t* x, const
   };
 
   if constexpr (sizeof(scalar_t) == 2) {
-    // rms_norm_backward_shared_dw_kernel at its widths (above), where memory is fast for an SM
-    // (memory_is_slow_for_an_sm: an H200, not an H100, where it was not measured) and every
-    // block takes at least two rows (fewer take the vector kernel, which writes grad_weight
-    // itself for decode sizes).
+    // rms_norm_backward_shared_dw_kernel at its widths (above; 16384 and 32768 in torch's
+    // casting only), where memory is fast for an SM (memory_is_slow_for_an_sm: an H200, not an
+    // H100, where it was not measured) and every block takes at least two rows (fewer take the
+    // vector kernel, which writes grad_weight itself for decode sizes).
     const auto shared_dw = [&](auto threads, auto vectors_per_thread, auto blocks_per_sm) {
       constexpr int kThreads = decltype(threads)::value;
       constexpr int kVectorsPerThread = decltype(vectors_per_thread)::value;
@@ -1645,9 +1652,6 @@ void launch_rms_norm_backward(const scalar_t* grad_out, const scalar_t* x, const
           if constexpr (kCasting == Casting::kTorch) {
             launched = shared_dw(integral_constant<int, 256>{}, integral_constant<int, 8>{},
                                  integral_constant<int, 2>{});
-          } else {
-            launched = shared_dw(integral_constant<int, 512>{}, integral_constant<int, 4>{},
-                                 integral_constant<int, 1>{});
           }
           break;
         case 1024 * 4 * kVec:

@@ -144,7 +144,7 @@ def casting_reference(
 @pytest.mark.parametrize("casting", list(OP_CASTING))
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
 # (2115, 12288), (531, 16384) and (531, 32768): on an H200 the backward with its grad_weight
-# accumulator in shared memory (32768 in torch's casting only)
+# accumulator in shared memory (16384 and 32768 in torch's casting only)
 @pytest.mark.parametrize(
     "shape", [(7, 1000), (300, 4096), (3, 20001), (2115, 12288), (531, 16384), (531, 32768)]
 )
