@@ -1126,6 +1126,21 @@ __global__ void __launch_bounds__(kThreads, kBlocksPerSm)
   }
 }
 
+// rms_norm_backward_shared_dw_kernel's shapes (measured above): a row of kThreads x
+// kVectorsPerThread vectors on kBlocksPerSm blocks an SM; kTorchCastingOnly where Llama's and
+// Gemma's casting keep the other kernels.
+template <int kThreadsValue, int kVectorsPerThreadValue, int kBlocksPerSmValue,
+          bool kTorchCastingOnlyValue>
+struct SharedDwShape {
+  static constexpr int kThreads = kThreadsValue;
+  static constexpr int kVectorsPerThread = kVectorsPerThreadValue;
+  static constexpr int kBlocksPerSm = kBlocksPerSmValue;
+  static constexpr bool kTorchCastingOnly = kTorchCastingOnlyValue;
+};
+constexpr std::tuple<SharedDwShape<384, 4, 2, false>, SharedDwShape<256, 8, 2, true>,
+                     SharedDwShape<1024, 4, 1, true>>
+    kSharedDwShapes;
+
 // Aligned rows longer than the vector kernels take: x and grad_out of the row staged in
 // shared memory (common/staged_rows.cuh), the grad_weight accumulator of this thread's
 // kVectorsPerThread vectors in registers, one partial row per block as in the vector
@@ -1620,52 +1635,32 @@ void launch_rms_norm_backward(const scalar_t* grad_out, const scalar_t* x, const
     // casting only), where memory is fast for an SM (memory_is_slow_for_an_sm: an H200, not an
     // H100, where it was not measured) and every block takes at least two rows (fewer take the
     // vector kernel, which writes grad_weight itself for decode sizes).
-    const auto shared_dw = [&](auto threads, auto vectors_per_thread, auto blocks_per_sm) {
-      constexpr int kThreads = decltype(threads)::value;
-      constexpr int kVectorsPerThread = decltype(vectors_per_thread)::value;
-      constexpr int kBlocksPerSm = decltype(blocks_per_sm)::value;
-      const int64_t blocks = int64_t{kBlocksPerSm} * num_sms();
-      if (rows < 2 * blocks) {
-        return false;
+    const auto shared_dw = [&](auto shape) {
+      using Shape = decltype(shape);
+      if constexpr (!Shape::kTorchCastingOnly || kCasting == Casting::kTorch) {
+        const int64_t blocks = int64_t{Shape::kBlocksPerSm} * num_sms();
+        if (hidden !=
+                int64_t{Shape::kThreads} * Shape::kVectorsPerThread * vector_size<scalar_t>() ||
+            rows < 2 * blocks) {
+          return false;
+        }
+        const auto kernel =
+            rms_norm_backward_shared_dw_kernel<scalar_t, kCasting, Shape::kThreads,
+                                               Shape::kVectorsPerThread, Shape::kBlocksPerSm>;
+        const int64_t bytes = hidden * static_cast<int64_t>(sizeof(acc_t));
+        allow_dynamic_shared_memory(kernel, bytes);
+        with_partials(blocks, /*zeroed=*/false, [&](acc_t* partials_ptr) {
+          launch_dependent_with_shared_memory(
+              kernel, dim3(static_cast<unsigned>(blocks)), dim3(Shape::kThreads), bytes, stream,
+              grad_out, x, weight, grad_x, partials_ptr, rows, eps_acc, offset_acc);
+        });
+        return true;
       }
-      const auto kernel = rms_norm_backward_shared_dw_kernel<scalar_t, kCasting, kThreads,
-                                                             kVectorsPerThread, kBlocksPerSm>;
-      const int64_t bytes = hidden * static_cast<int64_t>(sizeof(acc_t));
-      allow_dynamic_shared_memory(kernel, bytes);
-      with_partials(blocks, /*zeroed=*/false, [&](acc_t* partials_ptr) {
-        launch_dependent_with_shared_memory(kernel, dim3(static_cast<unsigned>(blocks)),
-                                            dim3(kThreads), bytes, stream, grad_out, x, weight,
-                                            grad_x, partials_ptr, rows, eps_acc, offset_acc);
-      });
-      return true;
+      return false;
     };
-    if (aligned && !memory_is_slow_for_an_sm()) {
-      constexpr int kVec = vector_size<scalar_t>();
-      using std::integral_constant;
-      bool launched = false;
-      switch (hidden) {
-        case 384 * 4 * kVec:
-          launched = shared_dw(integral_constant<int, 384>{}, integral_constant<int, 4>{},
-                               integral_constant<int, 2>{});
-          break;
-        case 256 * 8 * kVec:
-          if constexpr (kCasting == Casting::kTorch) {
-            launched = shared_dw(integral_constant<int, 256>{}, integral_constant<int, 8>{},
-                                 integral_constant<int, 2>{});
-          }
-          break;
-        case 1024 * 4 * kVec:
-          if constexpr (kCasting == Casting::kTorch) {
-            launched = shared_dw(integral_constant<int, 1024>{}, integral_constant<int, 4>{},
-                                 integral_constant<int, 1>{});
-          }
-          break;
-        default:
-          break;
-      }
-      if (launched) {
-        return;
-      }
+    if (aligned && !memory_is_slow_for_an_sm() &&
+        std::apply([&](auto... shapes) { return (shared_dw(shapes) || ...); }, kSharedDwShapes)) {
+      return;
     }
   }
   const bool vector_launched = launch_vector_rows<kBackwardVectors>(plan, [&](auto) {
