@@ -1005,24 +1005,24 @@ __device__ __forceinline__ Vec weight_vector_read_again(const Vec* weight_vec, i
 // consecutive and no barrier guards them. Freed of the accumulator, a thread holds the row's
 // vectors in fewer registers, and the SM holds more of its bytes in flight, which an H200's
 // memory needs. bfloat16 on an H200, % of copy, backward op / forward+backward, the kernels
-// before it -> this one, torch's casting (benchmarks/NOTES.md, runs O61-O63, alternating
+// before it -> this one, torch's casting (benchmarks/NOTES.md, runs O61-O64, alternating
 // processes, two rounds within 0.2; before it, 12288 and 32768 took a kernel that read the row
 // twice from L2: 75.6 / 83.6 and 69.4 / 78.7 in run O61):
 //   H = 12288 on two blocks of 384 x 4 (80 registers)    71.4 / 80.5 -> 90.5 / 94.1
 //       16384 on two of 256 x 8 (128)                      80.8 / 87.0 -> 88.5 / 92.4
 //       32768 on one of 1024 x 4 (64, 40 bytes spilled)    67.0 / 75.9 -> 72.1 / 79.9
 // and 12288 in Llama's casting 67.4 / 77.5 -> 83.8 / 90.2, in Gemma's 70.6 / 79.9 -> 90.2 / 94.0
-// (run O63). In those two castings 16384 on one block of 512 x 4 lost (Llama's 76.3 / 83.9 ->
-// 73.0 / 81.5, Gemma's 80.1 / 86.7 -> 77.9 / 84.8), and 32768 on one of 1024 x 4 spills 96-236
-// bytes (Llama's forward+backward fell to 24 % when it spilled 586), so they keep the vector
-// and staged kernels there. Other shapes lost to these in torch's casting: 12288 on two blocks
-// of 768 x 2 (40 registers) 84.2 / 90.0, of 512 x 3 (64, spilling 12 bytes) 80.3 / 86.7, on
-// one of 384 x 4 76.0 / 83.6 and of 512 x 3 75.5 / 83.4; 16384 on one of 512 x 4 83.1 / 88.5,
-// on two (64, spilling 40) 81.9 / 87.4 and on one of 1024 x 2 78.0 / 85.0; 32768 on one of 512
-// x 8 (128) 69.4 / 78.3. At 8192 (two of 512 x 2) it lost to the vector kernel, 85.4 / 90.8 ->
-// 83.0 / 89.5. Loading the next row's vectors before the sums, as the vector kernel's
-// kLoadAhead does, lost 3-10 points at every shape (12288 on one block of 768 x 2: 72.1 /
-// 80.9).
+// (run O63). In those two castings 16384 on one block of 512 x 4 lost (Llama's 76.3 / 83.9 -> 73.0
+// / 81.5, Gemma's 80.1 / 86.7 -> 77.9 / 84.8), and 32768 on one of 1024 x 4 spills 96-236 bytes
+// (Llama's forward+backward fell to 24 % when it spilled 586), so they keep the vector and staged
+// kernels there. float16 in torch's casting, forward+backward: 81.9 -> 94.6, 88.2 -> 92.3, 76.1 ->
+// 78.6 (run O64). Other shapes lost to these in torch's casting: 12288 on two blocks of 768 x 2 (40
+// registers) 84.2 / 90.0, of 512 x 3 (64, spilling 12 bytes) 80.3 / 86.7, on one of 384 x 4 76.0 /
+// 83.6 and of 512 x 3 75.5 / 83.4; 16384 on one of 512 x 4 83.1 / 88.5, on two (64, spilling 40)
+// 81.9 / 87.4 and on one of 1024 x 2 78.0 / 85.0; 32768 on one of 512 x 8 (128) 69.4 / 78.3. At
+// 8192 (two of 512 x 2) it lost to the vector kernel, 85.4 / 90.8 -> 83.0 / 89.5. Loading the next
+// row's vectors before the sums, as the vector kernel's kLoadAhead does, lost 3-10 points at every
+// shape (12288 on one block of 768 x 2: 72.1 / 80.9).
 template <typename scalar_t, Casting kCasting, int kThreads, int kVectorsPerThread,
           int kBlocksPerSm>
 __global__ void __launch_bounds__(kThreads, kBlocksPerSm)
