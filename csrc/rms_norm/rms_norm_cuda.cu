@@ -1639,15 +1639,17 @@ void launch_rms_norm_backward(const scalar_t* grad_out, const scalar_t* x, const
       using Shape = decltype(shape);
       if constexpr (!Shape::kTorchCastingOnly || kCasting == Casting::kTorch) {
         const int64_t blocks = int64_t{Shape::kBlocksPerSm} * num_sms();
+        const int64_t bytes = hidden * static_cast<int64_t>(sizeof(acc_t));
+        // A block's accumulator (48-128 KB) must fit the device's shared memory: so far GPUs
+        // whose memory is fast for an SM have Hopper's 227 KB; one with less takes the others.
         if (hidden !=
                 int64_t{Shape::kThreads} * Shape::kVectorsPerThread * vector_size<scalar_t>() ||
-            rows < 2 * blocks) {
+            rows < 2 * blocks || bytes > staged_bytes_limit()) {
           return false;
         }
         const auto kernel =
             rms_norm_backward_shared_dw_kernel<scalar_t, kCasting, Shape::kThreads,
                                                Shape::kVectorsPerThread, Shape::kBlocksPerSm>;
-        const int64_t bytes = hidden * static_cast<int64_t>(sizeof(acc_t));
         allow_dynamic_shared_memory(kernel, bytes);
         with_partials(blocks, /*zeroed=*/false, [&](acc_t* partials_ptr) {
           launch_dependent_with_shared_memory(
