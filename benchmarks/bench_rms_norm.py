@@ -1024,6 +1024,12 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         help="comma-separated hidden sizes: only these widths of the sweeps, and the headline "
         "shape only where its H is one of them (a short before/after run; see compare_runs.py)",
     )
+    p.add_argument(
+        "--castings",
+        action="store_true",
+        help="time hotloop's Llama and Gemma casting modes at every width of the sweep too, "
+        "not only at the headline shape",
+    )
     p.add_argument("--no-plot", action="store_true", help="write the JSON only")
     p.add_argument(
         "--no-small-batch", action="store_true", help="skip the decode-sized per-call timings"
@@ -1083,17 +1089,21 @@ def main(argv: Sequence[str] | None = None) -> int:
         bench_rms_norm_case(runner, impls, headline, DTYPES[dname], ["headline"])
         torch.cuda.empty_cache()
     # 1b. The casting modes at the headline shape, bfloat16, beside the default's rows.
-    if hotloop is not None and run_headline:
-        modes = casting_impls(hotloop)
-        if args.only:
-            modes = {k: v for k, v in modes.items() if any(s in k.lower() for s in keys)}
+    modes = casting_impls(hotloop) if hotloop is not None else {}
+    if args.only:
+        modes = {k: v for k, v in modes.items() if any(s in k.lower() for s in keys)}
+    if modes and run_headline:
         bench_rms_norm_case(runner, modes, headline, torch.bfloat16, ["headline", "casting"])
         torch.cuda.empty_cache()
-    # 2. The hidden-size sweep in bfloat16, tensors of about the headline's size.
+    # 2. The hidden-size sweep in bfloat16, tensors of about the headline's size (with
+    # --castings, the casting modes' rows beside each width's).
     for hidden in widths(QUICK_SWEEP_HIDDEN if args.quick else SWEEP_HIDDEN):
         if hidden == H:
             continue  # the headline shape is this point of the sweep
-        bench_rms_norm_case(runner, impls, sweep_shape(hidden, total), torch.bfloat16, ["sweep"])
+        shape = sweep_shape(hidden, total)
+        bench_rms_norm_case(runner, impls, shape, torch.bfloat16, ["sweep"])
+        if args.castings and modes:
+            bench_rms_norm_case(runner, modes, shape, torch.bfloat16, ["sweep", "casting"])
         torch.cuda.empty_cache()
     # 3. Decode-sized calls.
     if not args.no_small_batch:
@@ -1130,6 +1140,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "meta": {
             **metadata(hotloop, liger_note, args.quick),
             "hidden": sorted(args.hidden) if args.hidden else None,
+            "castings_at_every_width": args.castings,
             "tool": TOOL,
         },
         "notes": [n for n in (hotloop_note, liger_note) if n],

@@ -43,7 +43,7 @@ def sweep_points(results: list[dict[str, Any]], mode: str) -> dict[str, list[tup
             continue
         if r["status"] != "ok" or r.get("gbps") is None:
             continue
-        if "casting" in r.get("tags", []):  # the casting modes: the headline shape only
+        if "casting" in r.get("tags", []):  # the casting modes stay off the sweep's lines
             continue
         lines.setdefault(r["impl"], []).append((int(r["hidden"]), float(r["gbps"])))
     return {impl: sorted(pts) for impl, pts in lines.items()}

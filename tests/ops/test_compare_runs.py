@@ -133,6 +133,27 @@ def test_bench_hidden_takes_a_list_of_positive_sizes() -> None:
             bench.parse_args(["--hidden", bad])
 
 
+def test_bench_castings_is_off_unless_asked() -> None:
+    bench = load_benchmark("bench_rms_norm")
+    assert bench.parse_args([]).castings is False
+    assert bench.parse_args(["--castings", "--hidden", "16384"]).castings is True
+
+
+@pytest.mark.gpu
+@requires_cuda
+def test_castings_are_timed_at_the_chosen_widths(tmp_path: Path) -> None:
+    bench = load_benchmark("bench_rms_norm")
+    options = ["--hidden", "1024", "--rms-norm-only", "--no-small-batch", "--no-plot", "--quick"]
+    assert (
+        bench.main([*options, "--castings", "--only", "hotloop cuda", "--out", str(tmp_path)]) == 0
+    )
+    record = json.loads((tmp_path / "rms_norm.json").read_text())
+    assert record["meta"]["castings_at_every_width"] is True
+    rows = {(r["impl"], r["mode"]) for r in record["results"] if r["hidden"] == 1024}
+    for impl in ("hotloop CUDA", "hotloop CUDA llama", "hotloop CUDA gemma"):
+        assert {(impl, "fwd"), (impl, "fwd+bwd")} <= rows
+
+
 @pytest.mark.gpu
 @requires_cuda
 def test_runs_of_chosen_widths_compare(
