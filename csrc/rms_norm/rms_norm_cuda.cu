@@ -172,6 +172,19 @@ __device__ __forceinline__ acc_t grad_weight_term(acc_t go, acc_t x, acc_t rstd)
   }
 }
 
+// One element's share of the row sums, sum(x^2) and sum(g * x), with g = grad_out * weight as
+// kCasting forms it: `weight_at()` gives the weight's element, read only with has_weight.
+template <Casting kCasting, typename scalar_t, typename acc_t, typename WeightAt>
+__device__ __forceinline__ void add_element_sums(acc_t x, acc_t go, const WeightAt& weight_at,
+                                                 bool has_weight, acc_t (&sums)[2], acc_t offset) {
+  acc_t g = go;
+  if (has_weight) {
+    g = weighted_grad<kCasting, scalar_t>(g, static_cast<acc_t>(weight_at()), offset);
+  }
+  sums[0] += x * x;
+  sums[1] += g * x;
+}
+
 // The weight's vector idx, or an unset one without a weight.
 template <Casting kCasting, typename Vec>
 __device__ __forceinline__ Vec weight_vector(const Vec* weight_vec, int idx) {
@@ -728,13 +741,9 @@ __device__ __forceinline__ void add_backward_sums(const Vec& x, const Vec& grad_
   } else {
 #pragma unroll
     for (int k = 0; k < kVec; ++k) {
-      const acc_t xk = static_cast<acc_t>(x.val[k]);
-      acc_t gk = static_cast<acc_t>(grad_out.val[k]);
-      if (has_weight) {
-        gk = weighted_grad<kCasting, scalar_t>(gk, static_cast<acc_t>(weight_at(k)), offset);
-      }
-      sums[0] += xk * xk;
-      sums[1] += gk * xk;
+      add_element_sums<kCasting, scalar_t>(
+          static_cast<acc_t>(x.val[k]), static_cast<acc_t>(grad_out.val[k]),
+          [&] { return weight_at(k); }, has_weight, sums, offset);
     }
   }
 }
@@ -1311,13 +1320,9 @@ __global__ void __launch_bounds__(kVectorsPerThread == 1 ? kSpanOneVectorBoundTh
         const Vec wv = span_weight_vectors.get(i, idx);
 #pragma unroll
         for (int k = 0; k < kVec; ++k) {
-          const acc_t xk = static_cast<acc_t>(xv.val[k]);
-          acc_t gk = static_cast<acc_t>(gov.val[k]);
-          if (weight_vec != nullptr) {
-            gk = weighted_grad<kCasting, scalar_t>(gk, static_cast<acc_t>(wv.val[k]), offset);
-          }
-          sums[0] += xk * xk;
-          sums[1] += gk * xk;
+          add_element_sums<kCasting, scalar_t>(
+              static_cast<acc_t>(xv.val[k]), static_cast<acc_t>(gov.val[k]),
+              [&] { return wv.val[k]; }, weight_vec != nullptr, sums, offset);
         }
       }
     }
@@ -1407,6 +1412,8 @@ __global__ void __launch_bounds__(Rows::kLaunchBound)
     acc_t sums[2] = {0, 0};  // sum(x^2), sum(g * x)
     load_scalar_pairs(xv, x_own, gov, go_own, stride, row_columns);
 #pragma unroll
+    // Not add_element_sums: with its two tests as one argument nvcc compiled torch's casting to
+    // other instructions (2308 -> 2276 for float32 on 512 threads).
     for (int i = 0; i < kElemsPerThread; ++i) {
       const acc_t xi = static_cast<acc_t>(xv[i]);
       acc_t gi = static_cast<acc_t>(gov[i]);
@@ -1467,13 +1474,9 @@ __global__ void __launch_bounds__(kMaxThreadsPerBlock)
     const scalar_t* go_row = grad_out + row * hidden;
     acc_t sums[2] = {0, 0};  // sum(x^2), sum(g * x)
     for (int64_t j = threadIdx.x; j < row_hidden; j += blockDim.x) {
-      const acc_t xj = static_cast<acc_t>(x_row[j]);
-      acc_t gj = static_cast<acc_t>(go_row[j]);
-      if (has_weight<kCasting>(weight)) {
-        gj = weighted_grad<kCasting, scalar_t>(gj, static_cast<acc_t>(weight[j]), offset);
-      }
-      sums[0] += xj * xj;
-      sums[1] += gj * xj;
+      add_element_sums<kCasting, scalar_t>(
+          static_cast<acc_t>(x_row[j]), static_cast<acc_t>(go_row[j]), [&] { return weight[j]; },
+          has_weight<kCasting>(weight), sums, offset);
     }
     row_sum(sums);
     const acc_t rstd = row_rstd<kCasting>(sums[0], inv_hidden, eps);
