@@ -1641,13 +1641,18 @@ void launch_rms_norm_backward(const scalar_t* grad_out, const scalar_t* x, const
     const auto shared_dw = [&](auto shape) {
       using Shape = decltype(shape);
       if constexpr (!Shape::kTorchCastingOnly || kCasting == Casting::kTorch) {
+        // The width first: other widths (decode-sized calls among them) pay one comparison a
+        // shape, not the device queries below.
+        if (hidden !=
+                int64_t{Shape::kThreads} * Shape::kVectorsPerThread * vector_size<scalar_t>() ||
+            !aligned || memory_is_slow_for_an_sm()) {
+          return false;
+        }
         const int64_t blocks = int64_t{Shape::kBlocksPerSm} * num_sms();
         const int64_t bytes = hidden * static_cast<int64_t>(sizeof(acc_t));
         // A block's accumulator (48-128 KB) must fit the device's shared memory: so far GPUs
         // whose memory is fast for an SM have Hopper's 227 KB; one with less takes the others.
-        if (hidden !=
-                int64_t{Shape::kThreads} * Shape::kVectorsPerThread * vector_size<scalar_t>() ||
-            rows < 2 * blocks || bytes > staged_bytes_limit()) {
+        if (rows < 2 * blocks || bytes > staged_bytes_limit()) {
           return false;
         }
         const auto kernel =
@@ -1663,8 +1668,7 @@ void launch_rms_norm_backward(const scalar_t* grad_out, const scalar_t* x, const
       }
       return false;
     };
-    if (aligned && !memory_is_slow_for_an_sm() &&
-        std::apply([&](auto... shapes) { return (shared_dw(shapes) || ...); }, kSharedDwShapes)) {
+    if (std::apply([&](auto... shapes) { return (shared_dw(shapes) || ...); }, kSharedDwShapes)) {
       return;
     }
   }
