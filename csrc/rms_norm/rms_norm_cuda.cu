@@ -528,7 +528,7 @@ __global__ void __launch_bounds__(kStagedForwardThreads)
                                          part.num_vectors);
   }
   int parity = 0;
-  for (int64_t row = part.first_row; row < rows; row += part.row_step, parity ^= 1) {
+  for (int64_t row = blockIdx.x / kCluster; row < rows; row += gridDim.x / kCluster, parity ^= 1) {
     wait_for_staged_vectors();
     acc_t sum_sq[1] = {0};
     for (int idx = threadIdx.x; idx < part.num_vectors; idx += kStagedForwardThreads) {
@@ -1013,27 +1013,38 @@ __device__ __forceinline__ Vec weight_vector_read_again(const Vec* weight_vec, i
 // chunks (thread t's chunk c at accumulator[c * kThreads + t]) so that a warp's accesses are
 // consecutive and no barrier guards them. Freed of the accumulator, a thread holds the row's
 // vectors in fewer registers, and the SM holds more of its bytes in flight, which an H200's
-// memory needs. bfloat16 on an H200, % of copy, backward op / forward+backward, the kernels
-// before it -> this one, torch's casting (benchmarks/NOTES.md, runs O61-O64, alternating
-// processes, two rounds within 0.2; before it, 12288 and 32768 took a kernel that read the row
-// twice from L2: 75.6 / 83.6 and 69.4 / 78.7 in run O61):
-//   H = 12288 on two blocks of 384 x 4 (80 registers)    71.4 / 80.5 -> 90.5 / 94.1
-//       16384 on two of 256 x 8 (128)                      80.8 / 87.0 -> 88.5 / 92.4
-//       32768 on one of 1024 x 4 (64, 40 bytes spilled)    67.0 / 75.9 -> 72.1 / 79.9
-// and 12288 in Llama's casting 67.4 / 77.5 -> 83.8 / 90.2, in Gemma's 70.6 / 79.9 -> 90.2 / 94.0
-// (run O63). In those two castings 16384 on one block of 512 x 4 lost (Llama's 76.3 / 83.9 -> 73.0
-// / 81.5, Gemma's 80.1 / 86.7 -> 77.9 / 84.8), and 32768 on one of 1024 x 4 spills 96-236 bytes
-// (Llama's forward+backward fell to 24 % when it spilled 586), so they keep the vector and staged
-// kernels there. float16 in torch's casting, forward+backward: 81.9 -> 94.6, 88.2 -> 92.3, 76.1 ->
-// 78.6 (run O64). Other shapes lost to these in torch's casting: 12288 on two blocks of 768 x 2 (40
-// registers) 84.2 / 90.0, of 512 x 3 (64, spilling 12 bytes) 80.3 / 86.7, on one of 384 x 4 76.0 /
-// 83.6 and of 512 x 3 75.5 / 83.4; 16384 on one of 512 x 4 83.1 / 88.5, on two (64, spilling 40)
-// 81.9 / 87.4 and on one of 1024 x 2 78.0 / 85.0; 32768 on one of 512 x 8 (128) 69.4 / 78.3. At
-// 8192 (two of 512 x 2) it lost to the vector kernel, 85.4 / 90.8 -> 83.0 / 89.5. Loading the next
-// row's vectors before the sums, as the vector kernel's kLoadAhead does, lost 3-10 points at every
-// shape (12288 on one block of 768 x 2: 72.1 / 80.9).
+// memory needs. The widest rows are split over a cluster of kCluster blocks, each holding its
+// part of the row and its columns' accumulator, the row sums exchanged through distributed
+// shared memory (cluster_sum), one partial row a cluster. bfloat16 on an H200, % of copy,
+// backward op / forward+backward, the kernels before it -> this one, torch's casting
+// (benchmarks/NOTES.md, runs O61-O65, alternating processes, two rounds within 0.2; before it,
+// 12288 and 32768 took a kernel that read the row twice from L2: 75.6 / 83.6 and 69.4 / 78.7 in
+// run O61):
+//   H = 12288 on two blocks of 384 x 4 (80 registers)      71.4 / 80.5 -> 90.5 / 94.1
+//       16384 on two of 256 x 8 (128)                        80.8 / 87.0 -> 88.5 / 92.4
+//       32768 over clusters of two of 256 x 8 (two an SM)    66.7 / 75.9 -> 75.2 / 83.0
+//       65536 over clusters of four of 256 x 8               57.3 / 62.8 -> 69.8 / 71.0
+// (32768 and 65536: run O65, where 32768 on one block of 1024 x 4, unsplit (64 registers, 40
+// bytes spilled), read 69.9-70.6 / 78.4-79.0; it had read 67.0 / 75.9 -> 72.1 / 79.9 in O63).
+// Split otherwise, they lost: 32768 over two blocks of 512 x 4 (two an SM, 64 registers) 71.9 /
+// 80.2 and over four of 256 x 4 (four an SM) 67.5 / 77.2, 65536 over four of 512 x 4 68.0 /
+// 70.0; in Llama's and Gemma's casting, 32768 over two of 256 x 8 spills 108-112 bytes (Llama's
+// forward+backward 75.3 -> 68.5, Gemma's 76.0 -> 67.9) and 16384 over two of 256 x 4, four
+// an SM, lost too (83.6 -> 63.6, 86.5 -> 47.6). And 12288 in Llama's casting 67.4 / 77.5 -> 83.8
+// / 90.2, in Gemma's 70.6 / 79.9 -> 90.2 / 94.0 (run O63). In those two castings 16384 on one block
+// of 512 x 4 lost (Llama's 76.3 / 83.9 -> 73.0 / 81.5, Gemma's 80.1 / 86.7 -> 77.9 / 84.8), and
+// 32768 on one of 1024 x 4 spills 96-236 bytes (Llama's forward+backward fell to 24 % when it
+// spilled 586), so they keep the vector and staged kernels there. float16 in torch's casting,
+// forward+backward: 81.9 -> 94.6, 88.2 -> 92.3, 76.1 -> 78.6 (run O64). Other shapes lost to these
+// in torch's casting: 12288 on two blocks of 768 x 2 (40 registers) 84.2 / 90.0, of 512 x 3 (64,
+// spilling 12 bytes) 80.3 / 86.7, on one of 384 x 4 76.0 / 83.6 and of 512 x 3 75.5 / 83.4; 16384
+// on one of 512 x 4 83.1 / 88.5, on two (64, spilling 40) 81.9 / 87.4 and on one of 1024 x 2 78.0
+// / 85.0; 32768 on one of 512 x 8 (128) 69.4 / 78.3. At 8192 (two of 512 x 2) it lost to the vector
+// kernel, 85.4 / 90.8 -> 83.0 / 89.5. Loading the next row's vectors before the sums, as the vector
+// kernel's kLoadAhead does, lost 3-10 points at every shape (12288 on one block of 768 x 2: 72.1
+// / 80.9).
 template <typename scalar_t, Casting kCasting, int kThreads, int kVectorsPerThread,
-          int kBlocksPerSm>
+          int kBlocksPerSm, int kCluster>
 __global__ void __launch_bounds__(kThreads, kBlocksPerSm)
     rms_norm_backward_shared_dw_kernel(const scalar_t* grad_out, const scalar_t* __restrict__ x,
                                        const scalar_t* __restrict__ weight, scalar_t* grad_x,
@@ -1046,11 +1057,18 @@ __global__ void __launch_bounds__(kThreads, kBlocksPerSm)
   constexpr int kChunk = kVectorBytes / static_cast<int>(sizeof(acc_t));
   constexpr int kChunks = kVec / kChunk;
   using Chunk = AlignedVector<acc_t, kChunk>;
-  constexpr int kRowVectors = kThreads * kVectorsPerThread;
+  constexpr int kPartVectors = kThreads * kVectorsPerThread;
+  constexpr int kRowVectors = kPartVectors * kCluster;
   constexpr acc_t kInvHidden = acc_t(1) / static_cast<acc_t>(kRowVectors * kVec);
   extern __shared__ __align__(16) unsigned char shared_bytes[];
   Chunk* accumulator = reinterpret_cast<Chunk*>(shared_bytes);
+  // Block b takes part b % kCluster of its cluster's rows (as row_part orders them), in the
+  // forms below: with part's fields the unsplit kernels' SASS changed.
+  const int first_vector = static_cast<int>(blockIdx.x % kCluster) * kPartVectors;
   const Vec* weight_vec = reinterpret_cast<const Vec*>(weight);
+  if (kCluster > 1 && weight_vec != nullptr) {
+    weight_vec += first_vector;
+  }
   wait_for_prior_grids();
   allow_dependent_grids();
 
@@ -1066,10 +1084,12 @@ __global__ void __launch_bounds__(kThreads, kBlocksPerSm)
       accumulator[c * kThreads + threadIdx.x] = zero;
     }
   }
-  for (int64_t row = blockIdx.x; row < rows; row += gridDim.x) {
-    const Vec* x_row = reinterpret_cast<const Vec*>(x) + row * kRowVectors;
-    const Vec* grad_out_row = reinterpret_cast<const Vec*>(grad_out) + row * kRowVectors;
-    Vec* grad_x_row = reinterpret_cast<Vec*>(grad_x) + row * kRowVectors;
+  int parity = 0;
+  for (int64_t row = blockIdx.x / kCluster; row < rows; row += gridDim.x / kCluster, parity ^= 1) {
+    const int64_t first = row * kRowVectors + first_vector;
+    const Vec* x_row = reinterpret_cast<const Vec*>(x) + first;
+    const Vec* grad_out_row = reinterpret_cast<const Vec*>(grad_out) + first;
+    Vec* grad_x_row = reinterpret_cast<Vec*>(grad_x) + first;
     Vec xv[kVectorsPerThread];
     Vec gov[kVectorsPerThread];
 #pragma unroll
@@ -1085,6 +1105,12 @@ __global__ void __launch_bounds__(kThreads, kBlocksPerSm)
                                   sums, offset);
     }
     row_sum(sums);
+    if constexpr (kCluster > 1) {
+      // Declared here, where only a split row needs it: a block's static shared memory would
+      // otherwise move the accumulator's, and change the unsplit kernels' code.
+      __shared__ acc_t exchange[2][2];
+      cluster_sum<kCluster>(sums, exchange, parity);
+    }
     const acc_t rstd = row_rstd<kCasting>(sums[0], kInvHidden, eps);
     const acc_t x_coeff = grad_x_coefficient(rstd, sums[1], kInvHidden);
 #pragma unroll
@@ -1120,11 +1146,14 @@ __global__ void __launch_bounds__(kThreads, kBlocksPerSm)
       }
     }
   }
+  leave_cluster<kCluster>();
   if (!has_partials) {
     return;
   }
+  // One partial row per cluster, each block writing its columns.
   Chunk* partial = reinterpret_cast<Chunk*>(weight_partials) +
-                   static_cast<int64_t>(blockIdx.x) * kRowVectors * kChunks;
+                   static_cast<int64_t>(blockIdx.x / kCluster) * kRowVectors * kChunks +
+                   first_vector * kChunks;
 #pragma unroll
   for (int i = 0; i < kVectorsPerThread; ++i) {
 #pragma unroll
@@ -1135,19 +1164,20 @@ __global__ void __launch_bounds__(kThreads, kBlocksPerSm)
   }
 }
 
-// rms_norm_backward_shared_dw_kernel's shapes (measured above): a row of kThreads x
-// kVectorsPerThread vectors on kBlocksPerSm blocks an SM; kTorchCastingOnly where Llama's and
-// Gemma's casting keep the other kernels.
+// rms_norm_backward_shared_dw_kernel's shapes (measured above): a row over kCluster blocks of
+// kThreads x kVectorsPerThread vectors, kBlocksPerSm blocks an SM; kTorchCastingOnly where
+// Llama's and Gemma's casting keep the other kernels.
 template <int kThreadsValue, int kVectorsPerThreadValue, int kBlocksPerSmValue,
-          bool kTorchCastingOnlyValue>
+          bool kTorchCastingOnlyValue, int kClusterValue = 1>
 struct SharedDwShape {
   static constexpr int kThreads = kThreadsValue;
   static constexpr int kVectorsPerThread = kVectorsPerThreadValue;
   static constexpr int kBlocksPerSm = kBlocksPerSmValue;
   static constexpr bool kTorchCastingOnly = kTorchCastingOnlyValue;
+  static constexpr int kCluster = kClusterValue;
 };
 constexpr std::tuple<SharedDwShape<384, 4, 2, false>, SharedDwShape<256, 8, 2, true>,
-                     SharedDwShape<1024, 4, 1, true>>
+                     SharedDwShape<256, 8, 2, true, 2>, SharedDwShape<256, 8, 2, true, 4>>
     kSharedDwShapes;
 
 // Aligned rows longer than the vector kernels take: x and grad_out of the row staged in
@@ -1199,7 +1229,7 @@ __global__ void __launch_bounds__(kStagedThreads, kMinBlocksPerSm)
         staged_go, part_vectors<Vec>(grad_out, part.first_row, hidden, part), part.num_vectors);
   }
   int parity = 0;
-  for (int64_t row = part.first_row; row < rows; row += part.row_step, parity ^= 1) {
+  for (int64_t row = blockIdx.x / kCluster; row < rows; row += gridDim.x / kCluster, parity ^= 1) {
     wait_for_staged_vectors();
     acc_t sums[2] = {0, 0};  // sum(x^2), sum(g * x)
 #pragma unroll
@@ -1634,36 +1664,49 @@ void launch_rms_norm_backward(const scalar_t* grad_out, const scalar_t* x, const
   };
 
   if constexpr (sizeof(scalar_t) == 2) {
-    // rms_norm_backward_shared_dw_kernel at its widths (above; 16384 and 32768 in torch's
-    // casting only), where memory is fast for an SM (memory_is_slow_for_an_sm: an H200, not an
-    // H100, where it was not measured) and every block takes at least two rows (fewer take the
-    // vector kernel, which writes grad_weight itself for decode sizes).
+    // rms_norm_backward_shared_dw_kernel at its widths (above; 16384-65536 in torch's casting
+    // only), where memory is fast for an SM (memory_is_slow_for_an_sm: an H200, not an H100,
+    // where it was not measured) and every block (cluster) takes at least two rows (fewer take
+    // the vector kernel, which writes grad_weight itself for decode sizes).
     const auto shared_dw = [&](auto shape) {
       using Shape = decltype(shape);
       if constexpr (!Shape::kTorchCastingOnly || kCasting == Casting::kTorch) {
         // The width first: other widths (decode-sized calls among them) pay one comparison a
         // shape, not the device queries below.
-        if (hidden !=
-                int64_t{Shape::kThreads} * Shape::kVectorsPerThread * vector_size<scalar_t>() ||
-            !aligned || memory_is_slow_for_an_sm()) {
+        constexpr int64_t kPartElements =
+            int64_t{Shape::kThreads} * Shape::kVectorsPerThread * vector_size<scalar_t>();
+        if (hidden != kPartElements * Shape::kCluster || !aligned || memory_is_slow_for_an_sm() ||
+            (Shape::kCluster > 1 && compute_capability_major() < 9)) {
           return false;
         }
-        const int64_t blocks = int64_t{Shape::kBlocksPerSm} * num_sms();
-        const int64_t bytes = hidden * static_cast<int64_t>(sizeof(acc_t));
-        // A block's accumulator (48-128 KB) must fit the device's shared memory: so far GPUs
+        const int64_t bytes = kPartElements * static_cast<int64_t>(sizeof(acc_t));
+        // A block's accumulator (48-64 KB) must fit the device's shared memory: so far GPUs
         // whose memory is fast for an SM have Hopper's 227 KB; one with less takes the others.
-        if (rows < 2 * blocks || bytes > staged_bytes_limit()) {
+        const int64_t clusters = int64_t{Shape::kBlocksPerSm} * num_sms() / Shape::kCluster;
+        if (bytes > staged_bytes_limit() || rows < 2 * clusters) {
           return false;
         }
         const auto kernel =
             rms_norm_backward_shared_dw_kernel<scalar_t, kCasting, Shape::kThreads,
-                                               Shape::kVectorsPerThread, Shape::kBlocksPerSm>;
-        allow_dynamic_shared_memory(kernel, bytes);
-        with_partials(blocks, /*zeroed=*/false, [&](acc_t* partials_ptr) {
-          launch_dependent_with_shared_memory(
-              kernel, dim3(static_cast<unsigned>(blocks)), dim3(Shape::kThreads), bytes, stream,
-              grad_out, x, weight, grad_x, partials_ptr, rows, eps_acc, offset_acc);
-        });
+                                               Shape::kVectorsPerThread, Shape::kBlocksPerSm,
+                                               Shape::kCluster>;
+        if constexpr (Shape::kCluster == 1) {
+          allow_dynamic_shared_memory(kernel, bytes);
+          with_partials(clusters, /*zeroed=*/false, [&](acc_t* partials_ptr) {
+            launch_dependent_with_shared_memory(
+                kernel, dim3(static_cast<unsigned>(clusters)), dim3(Shape::kThreads), bytes, stream,
+                grad_out, x, weight, grad_x, partials_ptr, rows, eps_acc, offset_acc);
+          });
+        } else {
+          // As many clusters as fit at once (cudaOccupancyMaxActiveClusters), each taking
+          // at least two rows as the check above asked of the clusters an SM count gives.
+          const StagedLaunch staged =
+              plan_staged_launch(kernel, Shape::kCluster, Shape::kThreads, bytes, rows);
+          with_partials(staged.clusters, /*zeroed=*/false, [&](acc_t* partials_ptr) {
+            launch_staged(staged, stream, kernel, grad_out, x, weight, grad_x, partials_ptr, rows,
+                          eps_acc, offset_acc);
+          });
+        }
         return true;
       }
       return false;

@@ -102,10 +102,12 @@ def main() -> int:
             (2, 8193),
             (2, 12288),
             # On an H200 the 16-bit backward of these rows with its grad_weight accumulator in
-            # shared memory, each block taking four rows or five in turn.
+            # shared memory, each block (each cluster of two or four blocks: 32768, 65536)
+            # taking four rows or five in turn.
             (1059, 12288),
             (531, 16384),
             (531, 32768),
+            (267, 65536),
             (1, 16384),
             (2, 20000),
             (2, 20001),

@@ -235,14 +235,15 @@ def test_backward_many_aligned_rows_a_block(device: str, dtype: torch.dtype, hid
 
 
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
-@pytest.mark.parametrize("hidden", [12288, 16384, 32768])
+@pytest.mark.parametrize("hidden", [12288, 16384, 32768, 65536])
 def test_backward_grad_weight_summed_in_shared_memory(
     device: str, dtype: torch.dtype, hidden: int
 ) -> None:
     # On an H200 16-bit rows of these widths with at least two rows for each block keep the
-    # grad_weight accumulator in shared memory (rms_norm_backward_shared_dw_kernel), one or two
-    # blocks an SM looping over rows; 2115 rows leave some blocks a row more than others. In
-    # place too: grad_x over grad_out.
+    # grad_weight accumulator in shared memory (rms_norm_backward_shared_dw_kernel), blocks
+    # looping over rows, the widest rows split over a cluster of blocks that exchange their row
+    # sums; 2115 rows leave some blocks (clusters) a row more than others. In place too: grad_x
+    # over grad_out.
     if device == "cpu":
         pytest.skip("a GPU kernel's shape; the CPU kernels take rows in chunks")
     x, grad_out, weight = random_backward_inputs(device, dtype, 2115, hidden, seed=hidden)
