@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 import torch
 from op_testing import DEVICES
+from sharding import parse_test_shard, split_shard
 
 import hotloop
 
@@ -32,6 +33,14 @@ def pytest_sessionstart(session: pytest.Session) -> None:
                 f"HOTLOOP_TEST_INSTALLED=1 but hotloop was imported from the source tree "
                 f"({location}); run the tests from a folder that doesn't put src/ on sys.path"
             )
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    shard = os.environ.get("HOTLOOP_TEST_SHARD")  # sharding.py says what it is for
+    if shard:
+        kept, others = split_shard(items, *parse_test_shard(shard))
+        config.hook.pytest_deselected(items=others)
+        items[:] = kept
 
 
 @pytest.fixture(params=DEVICES)
