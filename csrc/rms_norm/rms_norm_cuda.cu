@@ -528,7 +528,7 @@ __global__ void __launch_bounds__(kStagedForwardThreads)
                                          part.num_vectors);
   }
   int parity = 0;
-  for (int64_t row = blockIdx.x / kCluster; row < rows; row += gridDim.x / kCluster, parity ^= 1) {
+  for (int64_t row = part.first_row; row < rows; row += part.row_step, parity ^= 1) {
     wait_for_staged_vectors();
     acc_t sum_sq[1] = {0};
     for (int idx = threadIdx.x; idx < part.num_vectors; idx += kStagedForwardThreads) {
@@ -1229,7 +1229,7 @@ __global__ void __launch_bounds__(kStagedThreads, kMinBlocksPerSm)
         staged_go, part_vectors<Vec>(grad_out, part.first_row, hidden, part), part.num_vectors);
   }
   int parity = 0;
-  for (int64_t row = blockIdx.x / kCluster; row < rows; row += gridDim.x / kCluster, parity ^= 1) {
+  for (int64_t row = part.first_row; row < rows; row += part.row_step, parity ^= 1) {
     wait_for_staged_vectors();
     acc_t sums[2] = {0, 0};  // sum(x^2), sum(g * x)
 #pragma unroll
