@@ -6,6 +6,12 @@
 #   bash benchmarks/device_run.sh tests WHEEL OUT_DIR   # python -m hotloop, tests/ops on CUDA,
 #                                                      # compute-sanitizer memcheck
 #   bash benchmarks/device_run.sh bench WHEEL OUT_DIR [benchmark options]
+#   bash benchmarks/device_run.sh compare WHEEL OUT_DIR BASE_WHEEL [benchmark options]
+#
+# compare: a change's before (BASE_WHEEL) and after (WHEEL) on this GPU, the benchmark run
+# for each wheel in turn, each in its own process, HOTLOOP_COMPARE_ROUNDS rounds (default 2),
+# then compare_runs.py over them (OUT_DIR/compare/compare_runs.md). Options such as --hidden
+# 32768,65536 --rms-norm-only --no-small-batch keep a round short.
 #
 # tests/ops runs in HOTLOOP_TEST_SHARDS processes at once (default 4; tests/ops/sharding.py),
 # beside memcheck, each logging to OUT_DIR/gpu-tests-I.log: on an H200 the suite's tests take
@@ -15,19 +21,34 @@
 # For a machine without network access: wheels the benchmark needs besides torch (e.g.
 # Liger-Kernel) are taken from .whl/ when that folder exists. Run from the repository root.
 set -uo pipefail
+usage="usage: $0 tests|bench WHEEL OUT_DIR [benchmark options], or
+       $0 compare WHEEL OUT_DIR BASE_WHEEL [benchmark options] (the wheels must exist)"
 phase=${1:-} wheel=${2:-} out=${3:-}
 if [ -z "$out" ] || [ ! -f "$wheel" ]; then
-  echo "usage: $0 tests|bench WHEEL OUT_DIR [benchmark options] (WHEEL must exist)" >&2
+  echo "$usage" >&2
   exit 2
 fi
 shift 3
+if [ "$phase" = compare ]; then
+  base_wheel=${1:-}
+  if [ ! -f "$base_wheel" ]; then
+    echo "$usage" >&2
+    exit 2
+  fi
+  shift
+  rounds=${HOTLOOP_COMPARE_ROUNDS:-2}
+  if ! [[ $rounds =~ ^[1-9][0-9]*$ ]]; then
+    echo "HOTLOOP_COMPARE_ROUNDS=$rounds: expected a number of rounds, 1 or more" >&2
+    exit 2
+  fi
+fi
 shards=${HOTLOOP_TEST_SHARDS:-4}
 if ! [[ $shards =~ ^[1-9][0-9]*$ ]]; then
   echo "HOTLOOP_TEST_SHARDS=$shards: expected a number of processes, 1 or more" >&2
   exit 2
 fi
 repo=$(pwd)
-site=$(mktemp -d /tmp/hotloop-site.XXXXXX)
+site=$(mktemp -d "${TMPDIR:-/tmp}/hotloop-site.XXXXXX")
 extra=()
 [ -d .whl ] && extra=(.whl/*.whl)
 mkdir -p "$out"
@@ -58,6 +79,21 @@ case $phase in
   bench)
     python3 benchmarks/bench_rms_norm.py --out "$out" "$@" 2>&1 | tee "$out/bench.log" || status=1
     ;;
-  *) echo "usage: $0 tests|bench WHEEL OUT_DIR [benchmark options]" >&2; exit 2 ;;
+  compare)
+    base_site=$(mktemp -d "${TMPDIR:-/tmp}/hotloop-site.XXXXXX")
+    python3 -m pip install -q --no-index --no-deps --no-compile --target "$base_site" \
+      "$base_wheel" "${extra[@]}" || exit 1
+    for ((round = 1; round <= rounds; round++)); do
+      for label in base new; do
+        label_site=$site
+        [ $label = base ] && label_site=$base_site
+        PYTHONPATH=$label_site python3 benchmarks/bench_rms_norm.py --no-plot \
+          --out "$out/$label-$round" "$@" > "$out/$label-$round.log" 2>&1 || status=1
+      done
+    done
+    python3 benchmarks/compare_runs.py --label base "$out"/base-*/rms_norm.json \
+      --label new "$out"/new-*/rms_norm.json --out "$out/compare" || status=1
+    ;;
+  *) echo "$usage" >&2; exit 2 ;;
 esac
 exit $status

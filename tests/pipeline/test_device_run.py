@@ -1,0 +1,108 @@
+"""benchmarks/device_run.sh: what it runs on a lent GPU machine, checked here with a stub
+python3 that records each call (the GPU host has torch and a GPU; this one need not)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+STUB = """#!/usr/bin/env bash
+echo "$(basename "$0") SHARD=${HOTLOOP_TEST_SHARD:-} PYTHONPATH=${PYTHONPATH:-} $*" >> "$STUB_LOG"
+"""
+STUBBED = ("python3", "nvidia-smi", "compute-sanitizer")
+
+
+def device_run(
+    tmp_path: Path, *args: str, **env: str
+) -> tuple[subprocess.CompletedProcess[str], list[str]]:
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir(exist_ok=True)
+    for name in STUBBED:
+        stub = bin_dir / name
+        stub.write_text(STUB)
+        stub.chmod(0o755)
+    log = tmp_path / "calls.log"
+    run = subprocess.run(
+        ["bash", "benchmarks/device_run.sh", *args],
+        cwd=REPO,
+        env={
+            **os.environ,
+            "PATH": f"{bin_dir}:{os.environ['PATH']}",
+            "STUB_LOG": str(log),
+            "TMPDIR": str(tmp_path),  # the sites the script makes
+            **env,
+        },
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    calls = log.read_text().splitlines() if log.exists() else []
+    return run, calls
+
+
+def wheel(tmp_path: Path, name: str) -> str:
+    path = tmp_path / f"hotloop-0.1.0+{name}-cp39-abi3-linux_x86_64.whl"
+    path.write_bytes(b"")
+    return str(path)
+
+
+def test_compare_runs_each_wheel_in_turn_then_compares(tmp_path: Path) -> None:
+    new, base, out = wheel(tmp_path, "new"), wheel(tmp_path, "base"), tmp_path / "out"
+    run, calls = device_run(
+        tmp_path, "compare", new, str(out), base, "--hidden", "32768", HOTLOOP_COMPARE_ROUNDS="2"
+    )
+    assert run.returncode == 0, run.stderr
+    installs = [c for c in calls if " -m pip install " in c]
+    assert len(installs) == 2
+    assert f" {new}" in installs[0]
+    assert f" {base}" in installs[1]
+    site_of = {w: c.split("--target ")[1].split()[0] for c, w in zip(installs, (new, base))}
+    benches = [c for c in calls if "bench_rms_norm.py" in c]
+    expected = [("base", 1), ("new", 1), ("base", 2), ("new", 2)]
+    assert len(benches) == len(expected)
+    for call, (label, round_) in zip(benches, expected):
+        assert f" PYTHONPATH={site_of[base if label == 'base' else new]} " in call
+        assert f"--out {out}/{label}-{round_} --hidden 32768" in call
+    assert "compare_runs.py --label base" in calls[-1]
+    assert f"--out {out}/compare" in calls[-1]
+
+
+def test_tests_runs_the_shards_beside_memcheck(tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    run, calls = device_run(
+        tmp_path, "tests", wheel(tmp_path, "new"), str(out), HOTLOOP_TEST_SHARDS="3"
+    )
+    assert run.returncode == 0, run.stderr
+    shards = sorted(c.split()[1] for c in calls if " -m pytest " in c)
+    assert shards == ["SHARD=0/3", "SHARD=1/3", "SHARD=2/3"]
+    assert any(c.startswith("compute-sanitizer ") and "memcheck_ops.py" in c for c in calls)
+    assert sorted(p.name for p in out.glob("gpu-tests-*.log")) == [
+        f"gpu-tests-{i}.log" for i in range(3)
+    ]
+
+
+@pytest.mark.parametrize(
+    ("args", "env", "message"),
+    [
+        (("compare",), {}, "usage:"),
+        (("compare", "missing-base.whl"), {}, "usage:"),
+        (("compare", "BASE"), {"HOTLOOP_COMPARE_ROUNDS": "0"}, "HOTLOOP_COMPARE_ROUNDS=0"),
+        (("tests",), {"HOTLOOP_TEST_SHARDS": "four"}, "HOTLOOP_TEST_SHARDS=four"),
+        (("tests",), {"HOTLOOP_TEST_SHARDS": "0"}, "HOTLOOP_TEST_SHARDS=0"),
+    ],
+)
+def test_bad_arguments_are_named_before_anything_runs(
+    tmp_path: Path, args: tuple[str, ...], env: dict[str, str], message: str
+) -> None:
+    new, base, out = wheel(tmp_path, "new"), wheel(tmp_path, "base"), tmp_path / "out"
+    phase, *rest = args
+    argv = [phase, new, str(out), *(base if a == "BASE" else a for a in rest)]
+    run, calls = device_run(tmp_path, *argv, **env)
+    assert run.returncode == 2
+    assert message in run.stderr
+    assert calls == []
+    assert not out.exists()
