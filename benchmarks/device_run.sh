@@ -29,31 +29,42 @@ if [ -z "$out" ] || [ ! -f "$wheel" ]; then
   exit 2
 fi
 shift 3
-if [ "$phase" = compare ]; then
-  base_wheel=${1:-}
-  if [ ! -f "$base_wheel" ]; then
-    echo "$usage" >&2
+# A count from the environment, checked before anything is installed: count NAME VALUE WHAT.
+count() {
+  if ! [[ $2 =~ ^[1-9][0-9]*$ ]]; then
+    echo "$1=$2: expected a number of $3, 1 or more" >&2
     exit 2
   fi
-  shift
-  rounds=${HOTLOOP_COMPARE_ROUNDS:-2}
-  if ! [[ $rounds =~ ^[1-9][0-9]*$ ]]; then
-    echo "HOTLOOP_COMPARE_ROUNDS=$rounds: expected a number of rounds, 1 or more" >&2
-    exit 2
-  fi
-fi
-shards=${HOTLOOP_TEST_SHARDS:-4}
-if ! [[ $shards =~ ^[1-9][0-9]*$ ]]; then
-  echo "HOTLOOP_TEST_SHARDS=$shards: expected a number of processes, 1 or more" >&2
-  exit 2
-fi
+}
+case $phase in
+  tests)
+    shards=${HOTLOOP_TEST_SHARDS:-4}
+    count HOTLOOP_TEST_SHARDS "$shards" processes
+    ;;
+  compare)
+    base_wheel=${1:-}
+    if [ ! -f "$base_wheel" ]; then
+      echo "$usage" >&2
+      exit 2
+    fi
+    shift
+    rounds=${HOTLOOP_COMPARE_ROUNDS:-2}
+    count HOTLOOP_COMPARE_ROUNDS "$rounds" rounds
+    ;;
+esac
 repo=$(pwd)
-site=$(mktemp -d "${TMPDIR:-/tmp}/hotloop-site.XXXXXX")
 extra=()
 [ -d .whl ] && extra=(.whl/*.whl)
+# A new folder holding WHEEL and the benchmark's extra wheels; prints its path.
+install_site() {
+  local site
+  site=$(mktemp -d "${TMPDIR:-/tmp}/hotloop-site.XXXXXX")
+  python3 -m pip install -q --no-index --no-deps --no-compile --target "$site" "$1" "${extra[@]}" \
+    >&2 || exit 1
+  echo "$site"
+}
 mkdir -p "$out"
-python3 -m pip install -q --no-index --no-deps --no-compile --target "$site" "$wheel" "${extra[@]}" \
-  || exit 1
+site=$(install_site "$wheel") || exit 1
 export PYTHONPATH=$site PYTHONUNBUFFERED=1
 status=0
 case $phase in
@@ -80,9 +91,7 @@ case $phase in
     python3 benchmarks/bench_rms_norm.py --out "$out" "$@" 2>&1 | tee "$out/bench.log" || status=1
     ;;
   compare)
-    base_site=$(mktemp -d "${TMPDIR:-/tmp}/hotloop-site.XXXXXX")
-    python3 -m pip install -q --no-index --no-deps --no-compile --target "$base_site" \
-      "$base_wheel" "${extra[@]}" || exit 1
+    base_site=$(install_site "$base_wheel") || exit 1
     for ((round = 1; round <= rounds; round++)); do
       for label in base new; do
         label_site=$site
