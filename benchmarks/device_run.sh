@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Test or benchmark a built hotloop wheel on this machine's GPU, installed the way a user
 # installs it (into its own folder, no source tree on sys.path), with the torch already
-# installed here:
+# installed here, its outputs in OUT_DIR (new or empty: it writes fixed file names there):
 #
 #   bash benchmarks/device_run.sh tests WHEEL OUT_DIR   # python -m hotloop, tests/ops on CUDA,
 #                                                      # compute-sanitizer memcheck
@@ -22,7 +22,7 @@
 # Liger-Kernel) are taken from .whl/ when that folder exists. Run from the repository root.
 set -uo pipefail
 usage="usage: $0 tests|bench WHEEL OUT_DIR [benchmark options], or
-       $0 compare WHEEL OUT_DIR BASE_WHEEL [benchmark options] (the wheels must exist)"
+       $0 compare WHEEL OUT_DIR BASE_WHEEL [benchmark options] (the wheels must exist, OUT_DIR new or empty)"
 phase=${1:-} wheel=${2:-} out=${3:-}
 if [ -z "$out" ] || [ ! -f "$wheel" ]; then
   echo "$usage" >&2
@@ -52,6 +52,13 @@ case $phase in
     count HOTLOOP_COMPARE_ROUNDS "$rounds" rounds
     ;;
 esac
+# Every phase writes fixed names (env.txt, memcheck.log, bench.log, base-1.log, ...) into
+# OUT_DIR: it must be new or empty, so that no file of the user's is overwritten.
+if [ -e "$out" ] && { [ ! -d "$out" ] || [ -n "$(ls -A "$out")" ]; }; then
+  echo "$out is not empty (or not a folder): pass a new OUT_DIR; this script writes fixed" \
+    "file names there and would overwrite what is in it" >&2
+  exit 2
+fi
 repo=$(pwd)
 extra=()
 [ -d .whl ] && extra=(.whl/*.whl)

@@ -106,3 +106,19 @@ def test_bad_arguments_are_named_before_anything_runs(
     assert message in run.stderr
     assert calls == []
     assert not out.exists()
+
+
+@pytest.mark.parametrize("phase", ["tests", "bench", "compare"])
+def test_a_folder_holding_files_is_refused_and_left_alone(tmp_path: Path, phase: str) -> None:
+    # The phases write fixed names (env.txt, memcheck.log, bench.log, base-1.log, ...) into
+    # OUT_DIR: a folder of the user's that holds files is not theirs to fill.
+    new, base, out = wheel(tmp_path, "new"), wheel(tmp_path, "base"), tmp_path / "out"
+    out.mkdir()
+    (out / "memcheck.log").write_text("the user's own\n")
+    argv = [phase, new, str(out), *([base] if phase == "compare" else [])]
+    run, calls = device_run(tmp_path, *argv)
+    assert run.returncode == 2
+    assert f"{out} is not empty" in run.stderr
+    assert calls == []
+    assert [p.name for p in out.iterdir()] == ["memcheck.log"]
+    assert (out / "memcheck.log").read_text() == "the user's own\n"
