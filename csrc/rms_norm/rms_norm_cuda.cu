@@ -1030,19 +1030,23 @@ __device__ __forceinline__ Vec weight_vector_read_again(const Vec* weight_vec, i
 // 80.2 and over four of 256 x 4 (four an SM) 67.5 / 77.2, 65536 over four of 512 x 4 68.0 /
 // 70.0; in Llama's and Gemma's casting, 32768 over two of 256 x 8 spills 108-112 bytes (Llama's
 // forward+backward 75.3 -> 68.5, Gemma's 76.0 -> 67.9) and 16384 over two of 256 x 4, four
-// an SM, lost too (83.6 -> 63.6, 86.5 -> 47.6). And 12288 in Llama's casting 67.4 / 77.5 -> 83.8
-// / 90.2, in Gemma's 70.6 / 79.9 -> 90.2 / 94.0 (run O63). In those two castings 16384 on one block
-// of 512 x 4 lost (Llama's 76.3 / 83.9 -> 73.0 / 81.5, Gemma's 80.1 / 86.7 -> 77.9 / 84.8), and
-// 32768 on one of 1024 x 4 spills 96-236 bytes (Llama's forward+backward fell to 24 % when it
-// spilled 586), so they keep the vector and staged kernels there. float16 in torch's casting,
-// forward+backward: 81.9 -> 94.6, 88.2 -> 92.3, 76.1 -> 78.6 (run O64). Other shapes lost to these
-// in torch's casting: 12288 on two blocks of 768 x 2 (40 registers) 84.2 / 90.0, of 512 x 3 (64,
-// spilling 12 bytes) 80.3 / 86.7, on one of 384 x 4 76.0 / 83.6 and of 512 x 3 75.5 / 83.4; 16384
-// on one of 512 x 4 83.1 / 88.5, on two (64, spilling 40) 81.9 / 87.4 and on one of 1024 x 2 78.0
-// / 85.0; 32768 on one of 512 x 8 (128) 69.4 / 78.3. At 8192 (two of 512 x 2) it lost to the vector
-// kernel, 85.4 / 90.8 -> 83.0 / 89.5. Loading the next row's vectors before the sums, as the vector
-// kernel's kLoadAhead does, lost 3-10 points at every shape (12288 on one block of 768 x 2: 72.1
-// / 80.9).
+// an SM, lost too (83.6 -> 63.6, 86.5 -> 47.6). On three of 256 x 4 an SM (80 registers, no
+// spill) they gain (run O68, two rounds): Llama's 16384 over two 84.0 -> 85.5, 32768 over four
+// 75.4 -> 79.9, 65536 over eight 63.4 -> 68.4, Gemma's 32768 76.0 -> 81.7 and 65536 64.2 ->
+// 69.2, but Gemma's 16384 over two lost (86.7 -> 82.2); one block of 512 x 4 an SM over two or
+// four lost (run O67: 73.3 at 32768, 61.7 at 65536). And 12288 in Llama's casting 67.4
+// / 77.5 -> 83.8 / 90.2, in Gemma's 70.6 / 79.9 -> 90.2 / 94.0 (run O63). In those two castings
+// 16384 on one block of 512 x 4 lost (Llama's 76.3 / 83.9 -> 73.0 / 81.5, Gemma's 80.1 / 86.7
+// -> 77.9 / 84.8), and 32768 on one of 1024 x 4 spills 96-236 bytes (Llama's forward+backward fell
+// to 24 % when it spilled 586), so they keep the vector and staged kernels there. float16 in
+// torch's casting, forward+backward: 81.9 -> 94.6, 88.2 -> 92.3, 76.1 -> 78.6 (run O64). Other
+// shapes lost to these in torch's casting: 12288 on two blocks of 768 x 2 (40 registers) 84.2
+// / 90.0, of 512 x 3 (64, spilling 12 bytes) 80.3 / 86.7, on one of 384 x 4 76.0 / 83.6 and of 512
+// x 3 75.5 / 83.4; 16384 on one of 512 x 4 83.1 / 88.5, on two (64, spilling 40) 81.9 / 87.4 and on
+// one of 1024 x 2 78.0 / 85.0; 32768 on one of 512 x 8 (128) 69.4 / 78.3. At 8192 (two of 512 x 2)
+// it lost to the vector kernel, 85.4 / 90.8 -> 83.0 / 89.5. Loading the next row's vectors before
+// the sums, as the vector kernel's kLoadAhead does, lost 3-10 points at every shape (12288 on one
+// block of 768 x 2: 72.1 / 80.9).
 template <typename scalar_t, Casting kCasting, int kThreads, int kVectorsPerThread,
           int kBlocksPerSm, int kCluster>
 __global__ void __launch_bounds__(kThreads, kBlocksPerSm)
@@ -1164,20 +1168,33 @@ __global__ void __launch_bounds__(kThreads, kBlocksPerSm)
   }
 }
 
+// The casting modes a shape of rms_norm_backward_shared_dw_kernel serves, as a set of bits.
+constexpr unsigned casting_bit(Casting casting) { return 1u << static_cast<int>(casting); }
+constexpr unsigned kTorchCasting = casting_bit(Casting::kTorch);
+constexpr unsigned kLlamaCasting = casting_bit(Casting::kLlama);
+constexpr unsigned kLlamaAndGemmaCastings = kLlamaCasting | casting_bit(Casting::kGemma);
+constexpr unsigned kEveryCasting = kTorchCasting | kLlamaAndGemmaCastings;
+
 // rms_norm_backward_shared_dw_kernel's shapes (measured above): a row over kCluster blocks of
-// kThreads x kVectorsPerThread vectors, kBlocksPerSm blocks an SM; kTorchCastingOnly where
-// Llama's and Gemma's casting keep the other kernels.
+// kThreads x kVectorsPerThread vectors, kBlocksPerSm blocks an SM, for the castings in
+// kCastings. Llama's and Gemma's casting keep g from the sums for the grad_x pass and spill at 8
+// vectors a thread (or 4 on 64 registers), so their rows of 16384-65536 take 4 vectors on three
+// blocks of 256 an SM (80 registers), over clusters of two, four and eight; at 16384 Gemma's
+// keeps the vector kernel (run O68: 86.7 -> 82.2 over two, where Llama's gains 84.0 -> 85.5).
 template <int kThreadsValue, int kVectorsPerThreadValue, int kBlocksPerSmValue,
-          bool kTorchCastingOnlyValue, int kClusterValue = 1>
+          unsigned kCastingsValue, int kClusterValue = 1>
 struct SharedDwShape {
   static constexpr int kThreads = kThreadsValue;
   static constexpr int kVectorsPerThread = kVectorsPerThreadValue;
   static constexpr int kBlocksPerSm = kBlocksPerSmValue;
-  static constexpr bool kTorchCastingOnly = kTorchCastingOnlyValue;
+  static constexpr unsigned kCastings = kCastingsValue;
   static constexpr int kCluster = kClusterValue;
 };
-constexpr std::tuple<SharedDwShape<384, 4, 2, false>, SharedDwShape<256, 8, 2, true>,
-                     SharedDwShape<256, 8, 2, true, 2>, SharedDwShape<256, 8, 2, true, 4>>
+constexpr std::tuple<
+    SharedDwShape<384, 4, 2, kEveryCasting>, SharedDwShape<256, 8, 2, kTorchCasting>,
+    SharedDwShape<256, 8, 2, kTorchCasting, 2>, SharedDwShape<256, 8, 2, kTorchCasting, 4>,
+    SharedDwShape<256, 4, 3, kLlamaCasting, 2>, SharedDwShape<256, 4, 3, kLlamaAndGemmaCastings, 4>,
+    SharedDwShape<256, 4, 3, kLlamaAndGemmaCastings, 8>>
     kSharedDwShapes;
 
 // Aligned rows longer than the vector kernels take: x and grad_out of the row staged in
@@ -1664,13 +1681,13 @@ void launch_rms_norm_backward(const scalar_t* grad_out, const scalar_t* x, const
   };
 
   if constexpr (sizeof(scalar_t) == 2) {
-    // rms_norm_backward_shared_dw_kernel at its widths (above; 16384-65536 in torch's casting
-    // only), where memory is fast for an SM (memory_is_slow_for_an_sm: an H200, not an H100,
-    // where it was not measured) and every block (cluster) takes at least two rows (fewer take
-    // the vector kernel, which writes grad_weight itself for decode sizes).
+    // rms_norm_backward_shared_dw_kernel at its widths and castings (above), where memory is fast
+    // for an SM (memory_is_slow_for_an_sm: an H200, not an H100, where it was not measured) and
+    // every block (cluster) takes at least two rows (fewer take the vector kernel, which writes
+    // grad_weight itself for decode sizes).
     const auto shared_dw = [&](auto shape) {
       using Shape = decltype(shape);
-      if constexpr (!Shape::kTorchCastingOnly || kCasting == Casting::kTorch) {
+      if constexpr ((Shape::kCastings & casting_bit(kCasting)) != 0) {
         // The width first: other widths (decode-sized calls among them) pay one comparison a
         // shape, not the device queries below.
         constexpr int64_t kPartElements =
