@@ -156,16 +156,16 @@ constexpr int kRereadBlocksPerSm = 2;
 
 // How many blocks an SM (a row each) a re-read kernel may keep resident so that the rows of
 // row_bytes they store (or read) in their first pass stay in the L2 for their second: while
-// those rows fit in two fifths of the L2.
-// Past that they are evicted before they are read back: on an H100 (50 MB), fused_add_rms_norm
-// in bfloat16, % of copy, re-read against staged in shared memory (benchmarks/NOTES.md, run
-// O33): 32768 with 17 MB in flight 96.7 / 94.2, 49152 with 26 MB 92.2 / 93.0, 65536 with 35 MB
-// 85.5 / 93.4.
-inline int64_t reread_blocks_in_l2(int64_t row_bytes) {
+// those rows fit in l2_percent of the L2.
+// Two fifths where the second read comes after a pass over other tensors: past that the rows are
+// evicted before they are read back; on an H100 (50 MB), fused_add_rms_norm in bfloat16, % of
+// copy, re-read against staged in shared memory (benchmarks/NOTES.md, run O33): 32768 with 17 MB
+// in flight 96.7 / 94.2, 49152 with 26 MB 92.2 / 93.0, 65536 with 35 MB 85.5 / 93.4.
+inline int64_t reread_blocks_in_l2(int64_t row_bytes, int64_t l2_percent = 40) {
   const int device = current_device();
   // (Rows of no bytes fit any number: counted as rows of one.)
-  return 2 * int64_t{device_attribute_once<cudaDevAttrL2CacheSize>(device)} /
-         (5 * int64_t{device_attribute_once<cudaDevAttrMultiProcessorCount>(device)} *
+  return l2_percent * int64_t{device_attribute_once<cudaDevAttrL2CacheSize>(device)} /
+         (100 * int64_t{device_attribute_once<cudaDevAttrMultiProcessorCount>(device)} *
           std::max<int64_t>(row_bytes, 1));
 }
 
