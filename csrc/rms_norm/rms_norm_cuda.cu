@@ -255,6 +255,25 @@ __global__ void __launch_bounds__(kVectorsPerThread >= 8 ? kForwardMaxThreadsAt8
   }
 }
 
+// Reads this thread's vectors of a row (vector i at threadIdx.x + i * kThreads) into xv,
+// kInFlight at a time, and hands each batch to use(i) once all its loads are issued.
+template <L2Eviction kEviction, int kThreads, int kInFlight, typename Vec, int kVectorsPerThread,
+          typename Use>
+__device__ __forceinline__ void read_in_batches(const Vec* row, Vec (&xv)[kVectorsPerThread],
+                                                Use&& use) {
+#pragma unroll
+  for (int first = 0; first < kVectorsPerThread; first += kInFlight) {
+#pragma unroll
+    for (int i = first; i < first + kInFlight; ++i) {
+      xv[i] = load_with_l2_eviction<kEviction>(row + threadIdx.x + i * kThreads);
+    }
+#pragma unroll
+    for (int i = first; i < first + kInFlight; ++i) {
+      use(i);
+    }
+  }
+}
+
 // The forward of 16-bit rows of exactly kThreads x kVectorsPerThread vectors, shaped as
 // torch.compile's kernel: one row a block and no loop over rows, x read twice. The first read
 // asks L2 to keep x (L2Eviction::kKeep) and sums its squares; the second reads it back from L2
@@ -295,35 +314,17 @@ __global__ void __launch_bounds__(kThreads, 2 * kMaxThreadsPerBlock / kThreads)
   const Vec* weight_vec = reinterpret_cast<const Vec*>(weight);
   Vec xv[kVectorsPerThread];
   // The first read four vectors at a time at most: eight spill at 32 registers.
-  constexpr int kFirstInFlight = kVectorsPerThread <= 4 ? kVectorsPerThread : 4;
   acc_t sum_sq[1] = {0};
-#pragma unroll
-  for (int first = 0; first < kVectorsPerThread; first += kFirstInFlight) {
-#pragma unroll
-    for (int i = first; i < first + kFirstInFlight; ++i) {
-      xv[i] = load_with_l2_eviction<L2Eviction::kKeep>(x_row + threadIdx.x + i * kThreads);
-    }
-#pragma unroll
-    for (int i = first; i < first + kFirstInFlight; ++i) {
-      add_squares(sum_sq[0], xv[i]);
-    }
-  }
+  read_in_batches<L2Eviction::kKeep, kThreads, (kVectorsPerThread <= 4 ? kVectorsPerThread : 4)>(
+      x_row, xv, [&](int i) { add_squares(sum_sq[0], xv[i]); });
   row_sum(sum_sq);
   const acc_t rstd = row_rstd<kCasting>(sum_sq[0], kInvHidden, eps);
   // Two vectors in flight a thread for the second read; more spilled at 32 registers.
-  constexpr int kInFlight = kVectorsPerThread <= 2 ? kVectorsPerThread : 1;
-#pragma unroll
-  for (int first = 0; first < kVectorsPerThread; first += kInFlight) {
-#pragma unroll
-    for (int i = first; i < first + kInFlight; ++i) {
-      xv[i] = load_with_l2_eviction<L2Eviction::kLastUse>(x_row + threadIdx.x + i * kThreads);
-    }
-#pragma unroll
-    for (int i = first; i < first + kInFlight; ++i) {
-      const int idx = threadIdx.x + i * kThreads;
-      y_row[idx] = normalized<kCasting>(xv[i], rstd, weight_vec, idx, offset);
-    }
-  }
+  read_in_batches<L2Eviction::kLastUse, kThreads, (kVectorsPerThread <= 2 ? kVectorsPerThread : 1)>(
+      x_row, xv, [&](int i) {
+        const int idx = threadIdx.x + i * kThreads;
+        y_row[idx] = normalized<kCasting>(xv[i], rstd, weight_vec, idx, offset);
+      });
 }
 
 // Launches rms_norm_l2_reread_kernel where it applies (above) and returns whether it did.
