@@ -211,6 +211,19 @@ class BlockRows {
 
 __device__ __forceinline__ BlockRows block_rows(int64_t rows) { return BlockRows(rows); }
 
+// use(i, idx) for this thread's vectors of a vector kernel's row, each vector i at idx =
+// threadIdx.x + i * blockDim.x < num_vectors (none where !row_valid), unrolled.
+template <int kVectors, typename Use>
+__device__ __forceinline__ void for_row_vectors(bool row_valid, int num_vectors, Use&& use) {
+#pragma unroll
+  for (int i = 0; i < kVectors; ++i) {
+    const int idx = threadIdx.x + i * blockDim.x;
+    if (row_valid && idx < num_vectors) {
+      use(i, idx);
+    }
+  }
+}
+
 // a[i] = a_row[idx] and b[i] = b_row[idx] for this thread's vectors of a vector kernel's row,
 // idx = threadIdx.x + i * blockDim.x < num_vectors (none where !row_valid): both tensors'
 // loads before any store of the caller's.
@@ -218,14 +231,10 @@ template <int kVectors, typename Vec>
 __device__ __forceinline__ void load_vector_pairs(Vec (&a)[kVectors], const Vec* a_row,
                                                   Vec (&b)[kVectors], const Vec* b_row,
                                                   bool row_valid, int num_vectors) {
-#pragma unroll
-  for (int i = 0; i < kVectors; ++i) {
-    const int idx = threadIdx.x + i * blockDim.x;
-    if (row_valid && idx < num_vectors) {
-      a[i] = a_row[idx];
-      b[i] = b_row[idx];
-    }
-  }
+  for_row_vectors<kVectors>(row_valid, num_vectors, [&](int i, int idx) {
+    a[i] = a_row[idx];
+    b[i] = b_row[idx];
+  });
 }
 
 // kernel(args...) on the plan's blocks, row_blocks of them, and the launch's error check.

@@ -232,26 +232,18 @@ __global__ void __launch_bounds__(kVectorsPerThread >= 8 ? kForwardMaxThreadsAt8
     const Vec* x_row = reinterpret_cast<const Vec*>(x + row * hidden);
     Vec xv[kVectorsPerThread];
     acc_t sum_sq[1] = {0};
-#pragma unroll
-    for (int i = 0; i < kVectorsPerThread; ++i) {
-      const int idx = threadIdx.x + i * blockDim.x;
-      if (row_valid && idx < num_vectors) {
-        xv[i] = x_row[idx];
-        add_squares(sum_sq[0], xv[i]);
-      }
-    }
+    for_row_vectors<kVectorsPerThread>(row_valid, num_vectors, [&](int i, int idx) {
+      xv[i] = x_row[idx];
+      add_squares(sum_sq[0], xv[i]);
+    });
     row_sum(sum_sq);
     const acc_t rstd = row_rstd<kCasting>(sum_sq[0], inv_hidden, eps);
 
     Vec* y_row = reinterpret_cast<Vec*>(y + row * hidden);
-#pragma unroll
-    for (int i = 0; i < kVectorsPerThread; ++i) {
-      const int idx = threadIdx.x + i * blockDim.x;
-      if (row_valid && idx < num_vectors) {
-        const Vec out = normalized<kCasting>(xv[i], rstd, weight_vec, idx, offset);
-        y_row[idx] = out;
-      }
-    }
+    for_row_vectors<kVectorsPerThread>(row_valid, num_vectors, [&](int i, int idx) {
+      const Vec out = normalized<kCasting>(xv[i], rstd, weight_vec, idx, offset);
+      y_row[idx] = out;
+    });
   }
 }
 

@@ -197,51 +197,34 @@ __global__ void __launch_bounds__(kVectorsPerThread >= kFp8WideVectors ? kFp8Max
       const Vec* x_row = reinterpret_cast<const Vec*>(p.x + offset);
       Vec* res_row = reinterpret_cast<Vec*>(p.residual + offset);
       load_vector_pairs(v, x_row, rv, res_row, row_valid, num_vectors);
+      for_row_vectors<kVectorsPerThread>(row_valid, num_vectors, [&](int i, int idx) {
 #pragma unroll
-      for (int i = 0; i < kVectorsPerThread; ++i) {
-        const int idx = threadIdx.x + i * blockDim.x;
-        if (row_valid && idx < num_vectors) {
-#pragma unroll
-          for (int k = 0; k < kVec; ++k) {
-            v[i].val[k] = rounded_sum(v[i].val[k], rv[i].val[k]);
-          }
-          res_row[idx] = v[i];
+        for (int k = 0; k < kVec; ++k) {
+          v[i].val[k] = rounded_sum(v[i].val[k], rv[i].val[k]);
         }
-      }
+        res_row[idx] = v[i];
+      });
     } else {
       const Vec* x_row = reinterpret_cast<const Vec*>(p.x + offset);
-#pragma unroll
-      for (int i = 0; i < kVectorsPerThread; ++i) {
-        const int idx = threadIdx.x + i * blockDim.x;
-        if (row_valid && idx < num_vectors) {
-          v[i] = x_row[idx];
-        }
-      }
+      for_row_vectors<kVectorsPerThread>(row_valid, num_vectors,
+                                         [&](int i, int idx) { v[i] = x_row[idx]; });
     }
     typename Quantiser::Stats stats = {};
-#pragma unroll
-    for (int i = 0; i < kVectorsPerThread; ++i) {
-      const int idx = threadIdx.x + i * blockDim.x;
-      if (row_valid && idx < num_vectors) {
-        add_squares(stats[0], v[i]);
-        if constexpr (kDynamic) {
-          // The output reads the weight again (from L1) rather than hold it in registers:
-          // holding it, or loading all of a row's weight vectors at once, cost occupancy
-          // and lost (benchmarks/NOTES.md, runs 51-52).
-          quantiser.add_magnitudes(stats, v[i], weight_vec[idx]);
-        }
+    for_row_vectors<kVectorsPerThread>(row_valid, num_vectors, [&](int i, int idx) {
+      add_squares(stats[0], v[i]);
+      if constexpr (kDynamic) {
+        // The output reads the weight again (from L1) rather than hold it in registers:
+        // holding it, or loading all of a row's weight vectors at once, cost occupancy
+        // and lost (benchmarks/NOTES.md, runs 51-52).
+        quantiser.add_magnitudes(stats, v[i], weight_vec[idx]);
       }
-    }
+    });
     const Fp8Row<acc_t> r = quantiser.finish(stats, row);
 
     auto* out_row = reinterpret_cast<Fp8Vector<scalar_t>*>(p.out + offset);
-#pragma unroll
-    for (int i = 0; i < kVectorsPerThread; ++i) {
-      const int idx = threadIdx.x + i * blockDim.x;
-      if (row_valid && idx < num_vectors) {
-        out_row[idx] = quantised(quantiser, v[i], weight_vec[idx], r);
-      }
-    }
+    for_row_vectors<kVectorsPerThread>(row_valid, num_vectors, [&](int i, int idx) {
+      out_row[idx] = quantised(quantiser, v[i], weight_vec[idx], r);
+    });
   }
 #endif
 }
