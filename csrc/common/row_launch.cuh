@@ -224,6 +224,12 @@ __device__ __forceinline__ void for_row_vectors(bool row_valid, int num_vectors,
   }
 }
 
+// The same for a row that every thread of the block has.
+template <int kVectors, typename Use>
+__device__ __forceinline__ void for_row_vectors(int num_vectors, Use&& use) {
+  for_row_vectors<kVectors>(true, num_vectors, use);
+}
+
 // a[i] = a_row[idx] and b[i] = b_row[idx] for this thread's vectors of a vector kernel's row,
 // idx = threadIdx.x + i * blockDim.x < num_vectors (none where !row_valid): both tensors'
 // loads before any store of the caller's.

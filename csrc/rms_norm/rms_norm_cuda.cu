@@ -475,13 +475,8 @@ __global__ void __launch_bounds__(kForwardLimits.max_threads, kShiftedMinBlocksP
       }
     }
     acc_t sum_sq[1] = {0};
-#pragma unroll
-    for (int i = 0; i < kVectorsPerThread; ++i) {
-      const int idx = threadIdx.x + i * blockDim.x;
-      if (idx < row_vectors) {
-        add_squares(sum_sq[0], xv[i]);
-      }
-    }
+    for_row_vectors<kVectorsPerThread>(row_vectors,
+                                       [&](int i, int) { add_squares(sum_sq[0], xv[i]); });
     row_sum(sum_sq);
     const acc_t rstd = row_rstd<kCasting>(sum_sq[0], inv_hidden, eps);
 
@@ -958,33 +953,25 @@ __global__ void __launch_bounds__(kLoadAhead ? kLoadAheadMaxThreads : kBackwardM
   if (blockDim.y > 1) {
     for (int y = 0; y < static_cast<int>(blockDim.y); ++y) {
       if (threadIdx.y == y) {
+        for_row_vectors<kVectorsPerThread>(num_vectors, [&](int i, int idx) {
 #pragma unroll
-        for (int i = 0; i < kVectorsPerThread; ++i) {
-          const int idx = threadIdx.x + i * blockDim.x;
-          if (idx < num_vectors) {
-#pragma unroll
-            for (int k = 0; k < kVec; ++k) {
-              acc_t& slot = block_dw[idx * kVec + k];
-              slot = (y == 0 ? acc_t(0) : slot) + dw[i][k];
-            }
+          for (int k = 0; k < kVec; ++k) {
+            acc_t& slot = block_dw[idx * kVec + k];
+            slot = (y == 0 ? acc_t(0) : slot) + dw[i][k];
           }
-        }
+        });
       }
       __syncthreads();
     }
     if (threadIdx.y != 0) {
       return;
     }
+    for_row_vectors<kVectorsPerThread>(num_vectors, [&](int i, int idx) {
 #pragma unroll
-    for (int i = 0; i < kVectorsPerThread; ++i) {
-      const int idx = threadIdx.x + i * blockDim.x;
-      if (idx < num_vectors) {
-#pragma unroll
-        for (int k = 0; k < kVec; ++k) {
-          dw[i][k] = block_dw[idx * kVec + k];
-        }
+      for (int k = 0; k < kVec; ++k) {
+        dw[i][k] = block_dw[idx * kVec + k];
       }
-    }
+    });
   }
   if (grad_weight != nullptr) {
     store_partial_vectors(reinterpret_cast<Vec*>(grad_weight), dw, blockDim.x, num_vectors);
