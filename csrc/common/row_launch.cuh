@@ -30,7 +30,7 @@ struct RowLaunch {
   // blockDim.x: a power of two <= 32, or a multiple of 32.
   int threads_per_row = kWarpSize;
   // blockDim.y: > 1 only when threads_per_row <= 32, or in the vector backward where rows fill
-  // their threads (rms_norm_cuda.cu, rows_a_block).
+  // their threads (rms_norm_backward_cuda.cu, rows_a_block).
   int rows_per_block = 1;
 
   dim3 block() const { return dim3(threads_per_row, rows_per_block); }

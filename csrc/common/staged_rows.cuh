@@ -16,7 +16,7 @@
 // shared memory. A 128 KB row (bfloat16, H = 65536) then takes two 64 KB parts, three
 // blocks an SM instead of one, and the backward's x and grad_out of such a row (256 KB)
 // fit at all. The backward splits such rows over four blocks where it can, two an SM
-// (rms_norm_cuda.cu, kBackwardSplitCluster).
+// (rms_norm_backward_cuda.cu, kBackwardSplitCluster).
 //
 // Before this, such rows took the generic kernels with scalar loads: 34% of copy
 // bandwidth for the forward at H = 65536, 32% for forward+backward at H = 32768 and 44 / 41 %
