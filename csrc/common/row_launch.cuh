@@ -230,6 +230,18 @@ __device__ __forceinline__ void for_row_vectors(int num_vectors, Use&& use) {
   for_row_vectors<kVectors>(true, num_vectors, use);
 }
 
+// The same with kThreads threads a row, a number known when compiling.
+template <int kVectors, int kThreads, typename Use>
+__device__ __forceinline__ void for_row_vectors(int num_vectors, Use&& use) {
+#pragma unroll
+  for (int i = 0; i < kVectors; ++i) {
+    const int idx = threadIdx.x + i * kThreads;
+    if (idx < num_vectors) {
+      use(i, idx);
+    }
+  }
+}
+
 // a[i] = a_row[idx] and b[i] = b_row[idx] for this thread's vectors of a vector kernel's row,
 // idx = threadIdx.x + i * blockDim.x < num_vectors (none where !row_valid): both tensors'
 // loads before any store of the caller's.

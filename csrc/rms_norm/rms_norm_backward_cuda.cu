@@ -684,16 +684,12 @@ __global__ void __launch_bounds__(kStagedThreads, kMinBlocksPerSm)
   for (int64_t row = part.first_row; row < rows; row += part.row_step, parity ^= 1) {
     wait_for_staged_vectors();
     acc_t sums[2] = {0, 0};  // sum(x^2), sum(g * x)
-#pragma unroll
-    for (int i = 0; i < kVectorsPerThread; ++i) {
-      const int idx = threadIdx.x + i * kStagedThreads;
-      if (idx < part.num_vectors) {
-        const Vec xv = staged_x[idx];
-        const Vec gov = staged_go[idx];
-        add_backward_sums<kCasting>(xv, gov, elements_of(weight_vec, idx),
-                                    has_weight<kCasting>(weight_vec), sums, offset);
-      }
-    }
+    for_row_vectors<kVectorsPerThread, kStagedThreads>(part.num_vectors, [&](int, int idx) {
+      const Vec xv = staged_x[idx];
+      const Vec gov = staged_go[idx];
+      add_backward_sums<kCasting>(xv, gov, elements_of(weight_vec, idx),
+                                  has_weight<kCasting>(weight_vec), sums, offset);
+    });
     row_sum(sums);
     cluster_sum<kCluster>(sums, exchange, parity);
     const acc_t rstd = row_rstd<kCasting>(sums[0], inv_hidden, eps);
@@ -702,22 +698,18 @@ __global__ void __launch_bounds__(kStagedThreads, kMinBlocksPerSm)
     const int64_t next = next_staged_row(part, row, rows);
     const Vec* x_next = part_vectors<Vec>(x, next, hidden, part);
     const Vec* go_next = part_vectors<Vec>(grad_out, next, hidden, part);
-#pragma unroll
-    for (int i = 0; i < kVectorsPerThread; ++i) {
-      const int idx = threadIdx.x + i * kStagedThreads;
-      if (idx < part.num_vectors) {
-        const Vec xv = staged_x[idx];
-        const Vec gov = staged_go[idx];
-        gx_part[idx] = backward_vector<kCasting>(xv, gov, elements_of(weight_vec, idx),
-                                                 has_weight<kCasting>(weight_vec), rstd, x_coeff,
-                                                 dw[i], offset);
-        // After the store, which needs both reads: the copies may not overtake them.
-        if (next >= 0) {
-          stage_vector(staged_x + idx, x_next + idx);
-          stage_vector(staged_go + idx, go_next + idx);
-        }
+    for_row_vectors<kVectorsPerThread, kStagedThreads>(part.num_vectors, [&](int i, int idx) {
+      const Vec xv = staged_x[idx];
+      const Vec gov = staged_go[idx];
+      gx_part[idx] =
+          backward_vector<kCasting>(xv, gov, elements_of(weight_vec, idx),
+                                    has_weight<kCasting>(weight_vec), rstd, x_coeff, dw[i], offset);
+      // After the store, which needs both reads: the copies may not overtake them.
+      if (next >= 0) {
+        stage_vector(staged_x + idx, x_next + idx);
+        stage_vector(staged_go + idx, go_next + idx);
       }
-    }
+    });
   }
   leave_cluster<kCluster>();
   if (weight_partials == nullptr) {
