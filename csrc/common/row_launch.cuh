@@ -211,32 +211,16 @@ class BlockRows {
 
 __device__ __forceinline__ BlockRows block_rows(int64_t rows) { return BlockRows(rows); }
 
-// use(i, idx) for this thread's vectors of a vector kernel's row, each vector i at idx =
-// threadIdx.x + i * blockDim.x < num_vectors (none where !row_valid), unrolled.
+// use(i, idx) for this thread's vectors of a row that `threads` threads share, vector i at
+// idx = threadIdx.x + i * threads < num_vectors (none where !row_valid), unrolled. (row_valid
+// apart from num_vectors: folded into one count, the vector kernels compiled to other code.)
 template <int kVectors, typename Use>
-__device__ __forceinline__ void for_row_vectors(bool row_valid, int num_vectors, Use&& use) {
+__device__ __forceinline__ void for_row_vectors(int threads, bool row_valid, int num_vectors,
+                                                Use&& use) {
 #pragma unroll
   for (int i = 0; i < kVectors; ++i) {
-    const int idx = threadIdx.x + i * blockDim.x;
+    const int idx = threadIdx.x + i * threads;
     if (row_valid && idx < num_vectors) {
-      use(i, idx);
-    }
-  }
-}
-
-// The same for a row that every thread of the block has.
-template <int kVectors, typename Use>
-__device__ __forceinline__ void for_row_vectors(int num_vectors, Use&& use) {
-  for_row_vectors<kVectors>(true, num_vectors, use);
-}
-
-// The same with kThreads threads a row, a number known when compiling.
-template <int kVectors, int kThreads, typename Use>
-__device__ __forceinline__ void for_row_vectors(int num_vectors, Use&& use) {
-#pragma unroll
-  for (int i = 0; i < kVectors; ++i) {
-    const int idx = threadIdx.x + i * kThreads;
-    if (idx < num_vectors) {
       use(i, idx);
     }
   }
@@ -249,7 +233,7 @@ template <int kVectors, typename Vec>
 __device__ __forceinline__ void load_vector_pairs(Vec (&a)[kVectors], const Vec* a_row,
                                                   Vec (&b)[kVectors], const Vec* b_row,
                                                   bool row_valid, int num_vectors) {
-  for_row_vectors<kVectors>(row_valid, num_vectors, [&](int i, int idx) {
+  for_row_vectors<kVectors>(blockDim.x, row_valid, num_vectors, [&](int i, int idx) {
     a[i] = a_row[idx];
     b[i] = b_row[idx];
   });

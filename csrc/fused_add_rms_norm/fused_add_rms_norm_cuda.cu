@@ -100,13 +100,13 @@ __global__ void __launch_bounds__(kVectorsPerThread >= kFusedWideVectors ? kFuse
     Vec rv[kVectorsPerThread];
     load_vector_pairs(sum, x_row, rv, res_row, row_valid, num_vectors);
     acc_t sum_sq[1] = {0};
-    for_row_vectors<kVectorsPerThread>(row_valid, num_vectors, [&](int i, int idx) {
+    for_row_vectors<kVectorsPerThread>(blockDim.x, row_valid, num_vectors, [&](int i, int idx) {
       add_rounded_squares(sum[i], rv[i], sum_sq[0]);
       res_row[idx] = sum[i];
     });
     row_sum(sum_sq);
     const acc_t rstd = row_rstd<kCasting>(sum_sq[0], inv_hidden, eps);
-    for_row_vectors<kVectorsPerThread>(row_valid, num_vectors, [&](int i, int idx) {
+    for_row_vectors<kVectorsPerThread>(blockDim.x, row_valid, num_vectors, [&](int i, int idx) {
       const Vec wv = weight_vec[idx];
       x_row[idx] = weighted_vector<kCasting>(sum[i], rstd, wv, offset);
     });

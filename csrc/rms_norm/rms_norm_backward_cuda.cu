@@ -395,7 +395,7 @@ __global__ void __launch_bounds__(kLoadAhead ? kLoadAheadMaxThreads : kBackwardM
   if (blockDim.y > 1) {
     for (int y = 0; y < static_cast<int>(blockDim.y); ++y) {
       if (threadIdx.y == y) {
-        for_row_vectors<kVectorsPerThread>(num_vectors, [&](int i, int idx) {
+        for_row_vectors<kVectorsPerThread>(blockDim.x, true, num_vectors, [&](int i, int idx) {
 #pragma unroll
           for (int k = 0; k < kVec; ++k) {
             acc_t& slot = block_dw[idx * kVec + k];
@@ -408,7 +408,7 @@ __global__ void __launch_bounds__(kLoadAhead ? kLoadAheadMaxThreads : kBackwardM
     if (threadIdx.y != 0) {
       return;
     }
-    for_row_vectors<kVectorsPerThread>(num_vectors, [&](int i, int idx) {
+    for_row_vectors<kVectorsPerThread>(blockDim.x, true, num_vectors, [&](int i, int idx) {
 #pragma unroll
       for (int k = 0; k < kVec; ++k) {
         dw[i][k] = block_dw[idx * kVec + k];
@@ -684,7 +684,7 @@ __global__ void __launch_bounds__(kStagedThreads, kMinBlocksPerSm)
   for (int64_t row = part.first_row; row < rows; row += part.row_step, parity ^= 1) {
     wait_for_staged_vectors();
     acc_t sums[2] = {0, 0};  // sum(x^2), sum(g * x)
-    for_row_vectors<kVectorsPerThread, kStagedThreads>(part.num_vectors, [&](int, int idx) {
+    for_row_vectors<kVectorsPerThread>(kStagedThreads, true, part.num_vectors, [&](int, int idx) {
       const Vec xv = staged_x[idx];
       const Vec gov = staged_go[idx];
       add_backward_sums<kCasting>(xv, gov, elements_of(weight_vec, idx),
@@ -698,7 +698,7 @@ __global__ void __launch_bounds__(kStagedThreads, kMinBlocksPerSm)
     const int64_t next = next_staged_row(part, row, rows);
     const Vec* x_next = part_vectors<Vec>(x, next, hidden, part);
     const Vec* go_next = part_vectors<Vec>(grad_out, next, hidden, part);
-    for_row_vectors<kVectorsPerThread, kStagedThreads>(part.num_vectors, [&](int i, int idx) {
+    for_row_vectors<kVectorsPerThread>(kStagedThreads, true, part.num_vectors, [&](int i, int idx) {
       const Vec xv = staged_x[idx];
       const Vec gov = staged_go[idx];
       gx_part[idx] =

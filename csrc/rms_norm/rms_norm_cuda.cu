@@ -106,7 +106,7 @@ __global__ void __launch_bounds__(kVectorsPerThread >= 8 ? kForwardMaxThreadsAt8
     const Vec* x_row = reinterpret_cast<const Vec*>(x + row * hidden);
     Vec xv[kVectorsPerThread];
     acc_t sum_sq[1] = {0};
-    for_row_vectors<kVectorsPerThread>(row_valid, num_vectors, [&](int i, int idx) {
+    for_row_vectors<kVectorsPerThread>(blockDim.x, row_valid, num_vectors, [&](int i, int idx) {
       xv[i] = x_row[idx];
       add_squares(sum_sq[0], xv[i]);
     });
@@ -114,7 +114,7 @@ __global__ void __launch_bounds__(kVectorsPerThread >= 8 ? kForwardMaxThreadsAt8
     const acc_t rstd = row_rstd<kCasting>(sum_sq[0], inv_hidden, eps);
 
     Vec* y_row = reinterpret_cast<Vec*>(y + row * hidden);
-    for_row_vectors<kVectorsPerThread>(row_valid, num_vectors, [&](int i, int idx) {
+    for_row_vectors<kVectorsPerThread>(blockDim.x, row_valid, num_vectors, [&](int i, int idx) {
       const Vec out = normalized<kCasting>(xv[i], rstd, weight_vec, idx, offset);
       y_row[idx] = out;
     });
@@ -349,7 +349,7 @@ __global__ void __launch_bounds__(kForwardLimits.max_threads, kShiftedMinBlocksP
       }
     }
     acc_t sum_sq[1] = {0};
-    for_row_vectors<kVectorsPerThread>(row_vectors,
+    for_row_vectors<kVectorsPerThread>(blockDim.x, true, row_vectors,
                                        [&](int i, int) { add_squares(sum_sq[0], xv[i]); });
     row_sum(sum_sq);
     const acc_t rstd = row_rstd<kCasting>(sum_sq[0], inv_hidden, eps);

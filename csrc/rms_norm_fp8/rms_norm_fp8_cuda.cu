@@ -197,7 +197,7 @@ __global__ void __launch_bounds__(kVectorsPerThread >= kFp8WideVectors ? kFp8Max
       const Vec* x_row = reinterpret_cast<const Vec*>(p.x + offset);
       Vec* res_row = reinterpret_cast<Vec*>(p.residual + offset);
       load_vector_pairs(v, x_row, rv, res_row, row_valid, num_vectors);
-      for_row_vectors<kVectorsPerThread>(row_valid, num_vectors, [&](int i, int idx) {
+      for_row_vectors<kVectorsPerThread>(blockDim.x, row_valid, num_vectors, [&](int i, int idx) {
 #pragma unroll
         for (int k = 0; k < kVec; ++k) {
           v[i].val[k] = rounded_sum(v[i].val[k], rv[i].val[k]);
@@ -206,11 +206,11 @@ __global__ void __launch_bounds__(kVectorsPerThread >= kFp8WideVectors ? kFp8Max
       });
     } else {
       const Vec* x_row = reinterpret_cast<const Vec*>(p.x + offset);
-      for_row_vectors<kVectorsPerThread>(row_valid, num_vectors,
+      for_row_vectors<kVectorsPerThread>(blockDim.x, row_valid, num_vectors,
                                          [&](int i, int idx) { v[i] = x_row[idx]; });
     }
     typename Quantiser::Stats stats = {};
-    for_row_vectors<kVectorsPerThread>(row_valid, num_vectors, [&](int i, int idx) {
+    for_row_vectors<kVectorsPerThread>(blockDim.x, row_valid, num_vectors, [&](int i, int idx) {
       add_squares(stats[0], v[i]);
       if constexpr (kDynamic) {
         // The output reads the weight again (from L1) rather than hold it in registers:
@@ -222,7 +222,7 @@ __global__ void __launch_bounds__(kVectorsPerThread >= kFp8WideVectors ? kFp8Max
     const Fp8Row<acc_t> r = quantiser.finish(stats, row);
 
     auto* out_row = reinterpret_cast<Fp8Vector<scalar_t>*>(p.out + offset);
-    for_row_vectors<kVectorsPerThread>(row_valid, num_vectors, [&](int i, int idx) {
+    for_row_vectors<kVectorsPerThread>(blockDim.x, row_valid, num_vectors, [&](int i, int idx) {
       out_row[idx] = quantised(quantiser, v[i], weight_vec[idx], r);
     });
   }
