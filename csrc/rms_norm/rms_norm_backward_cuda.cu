@@ -350,6 +350,9 @@ __global__ void __launch_bounds__(kLoadAhead ? kLoadAheadMaxThreads : kBackwardM
     Vec xv[kVectorsPerThread];
     Vec gov[kVectorsPerThread];
     acc_t sums[2] = {0, 0};  // sum(x^2) and sum(g * x)
+    // The two loops over the row's vectors below are written out, not for_row_vectors: through
+    // it nvcc allocated the load-ahead kernels' registers differently (sm_90), and those run
+    // only on the H100, where that has not been timed (benchmarks/NOTES.md, run O71).
     if constexpr (kLoadAhead) {
 #pragma unroll
       for (int i = 0; i < kVectorsPerThread; ++i) {
@@ -738,6 +741,10 @@ __global__ void __launch_bounds__(kStagedThreads, kMinBlocksPerSm)
 // more an SM where that fits (H = 1001: 10 blocks of 128 threads, from 9), and bfloat16 forward+
 // backward on an H100 at H = 1001 85.3 -> 87.4 % of copy bandwidth, 1501 +0.4, 2047 +0.2, 2303
 // even (run O11, one process). Two vectors lost 0-20 points at 48 or 40 registers (spills, O5).
+// Its loops over a thread's vectors are written out: through for_row_vectors the one-vector
+// kernels compiled to other code, and bfloat16 forward+backward at H = 2047 on an H200 went
+// from 63.4 to 63.3 % of copy bandwidth in torch's casting and 62.4 to 62.2 in Gemma's (run
+// O71, three rounds each, the ranges apart).
 template <typename scalar_t, Casting kCasting, int kVectorsPerThread, bool kWeightInRegisters>
 __global__ void __launch_bounds__(kVectorsPerThread == 1 ? kSpanOneVectorBoundThreads
                                                          : kMaxThreadsPerBlock,
