@@ -7,11 +7,17 @@
 #                                                      # compute-sanitizer memcheck
 #   bash benchmarks/device_run.sh bench WHEEL OUT_DIR [benchmark options]
 #   bash benchmarks/device_run.sh compare WHEEL OUT_DIR BASE_WHEEL [benchmark options]
+#   bash benchmarks/device_run.sh ncu WHEEL OUT_DIR H[,H...] [profile_rows.py options]
 #
 # compare: a change's before (BASE_WHEEL) and after (WHEEL) on this GPU, the benchmark run
 # for each wheel in turn, each in its own process, HOTLOOP_COMPARE_ROUNDS rounds (default 2),
 # then compare_runs.py over them (OUT_DIR/compare/compare_runs.md). Options such as --hidden
 # 32768,65536 --rms-norm-only --no-small-batch keep a round short.
+#
+# ncu: Nsight Compute's full set of sections (--set full, --clock-control none) on one call of
+# rms_norm at each width H (profile_rows.py: the benchmark's sweep shape, the warm-up outside
+# the profiled range), one process a width, each report in OUT_DIR/ncu-H.txt; options such as
+# --mode fwd+bwd --casting llama go to profile_rows.py.
 #
 # tests/ops runs in HOTLOOP_TEST_SHARDS processes at once (default 4; tests/ops/sharding.py),
 # beside memcheck, each logging to OUT_DIR/gpu-tests-I.log: on an H200 the suite's tests take
@@ -22,7 +28,9 @@
 # Liger-Kernel) are taken from .whl/ when that folder exists. Run from the repository root.
 set -uo pipefail
 usage="usage: $0 tests|bench WHEEL OUT_DIR [benchmark options], or
-       $0 compare WHEEL OUT_DIR BASE_WHEEL [benchmark options] (the wheels must exist, OUT_DIR new or empty)"
+       $0 compare WHEEL OUT_DIR BASE_WHEEL [benchmark options], or
+       $0 ncu WHEEL OUT_DIR H[,H...] [profile_rows.py options]
+       (the wheels must exist, OUT_DIR new or empty)"
 phase=${1:-} wheel=${2:-} out=${3:-}
 if [ -z "$out" ] || [ ! -f "$wheel" ]; then
   echo "$usage" >&2
@@ -51,9 +59,18 @@ case $phase in
     rounds=${HOTLOOP_COMPARE_ROUNDS:-2}
     count HOTLOOP_COMPARE_ROUNDS "$rounds" rounds
     ;;
+  ncu)
+    widths=${1:-}
+    if ! [[ $widths =~ ^[1-9][0-9]*(,[1-9][0-9]*)*$ ]]; then
+      echo "ncu: expected the widths to profile, such as 2047,2048, got '$widths'" >&2
+      echo "$usage" >&2
+      exit 2
+    fi
+    shift
+    ;;
 esac
-# Every phase writes fixed names (env.txt, memcheck.log, bench.log, base-1.log, ...) into
-# OUT_DIR: it must be new or empty, so that no file of the user's is overwritten.
+# Every phase writes fixed names (env.txt, memcheck.log, bench.log, base-1.log, ncu-H.txt, ...)
+# into OUT_DIR: it must be new or empty, so that no file of the user's is overwritten.
 if [ -e "$out" ] && { [ ! -d "$out" ] || [ -n "$(ls -A "$out")" ]; }; then
   echo "$out is not empty (or not a folder): pass a new OUT_DIR; this script writes fixed" \
     "file names there and would overwrite what is in it" >&2
@@ -109,6 +126,16 @@ case $phase in
     done
     python3 benchmarks/compare_runs.py --label base "$out"/base-*/rms_norm.json \
       --label new "$out"/new-*/rms_norm.json --out "$out/compare" || status=1
+    ;;
+  ncu)
+    { nvidia-smi; python3 -m hotloop; } > "$out/env.txt" 2>&1 || status=1
+    IFS=, read -ra hidden_list <<< "$widths"
+    for hidden in "${hidden_list[@]}"; do
+      ncu --profile-from-start off --clock-control none --set full \
+        python3 benchmarks/profile_rows.py --hidden "$hidden" "$@" > "$out/ncu-$hidden.txt" 2>&1 ||
+        status=1
+      echo "ncu, H = $hidden: $(grep -c '' "$out/ncu-$hidden.txt") lines in $out/ncu-$hidden.txt"
+    done
     ;;
   *) echo "$usage" >&2; exit 2 ;;
 esac

@@ -13,7 +13,7 @@ REPO = Path(__file__).resolve().parents[2]
 STUB = """#!/usr/bin/env bash
 echo "$(basename "$0") SHARD=${HOTLOOP_TEST_SHARD:-} PYTHONPATH=${PYTHONPATH:-} $*" >> "$STUB_LOG"
 """
-STUBBED = ("python3", "nvidia-smi", "compute-sanitizer")
+STUBBED = ("python3", "nvidia-smi", "compute-sanitizer", "ncu")
 
 
 def device_run(
@@ -85,6 +85,23 @@ def test_tests_runs_the_shards_beside_memcheck(tmp_path: Path) -> None:
     ]
 
 
+def test_ncu_profiles_each_width_in_a_process_of_its_own(tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    run, calls = device_run(
+        tmp_path, "ncu", wheel(tmp_path, "new"), str(out), "2047,2048", "--mode", "fwd+bwd"
+    )
+    assert run.returncode == 0, run.stderr
+    (install,) = [c for c in calls if " -m pip install " in c]
+    site = install.split("--target ")[1].split()[0]
+    profiles = [c for c in calls if c.startswith("ncu ")]
+    assert len(profiles) == 2
+    for call, hidden in zip(profiles, ("2047", "2048")):
+        assert f" PYTHONPATH={site} " in call
+        assert "--profile-from-start off" in call
+        assert call.endswith(f"python3 benchmarks/profile_rows.py --hidden {hidden} --mode fwd+bwd")
+    assert sorted(p.name for p in out.iterdir()) == ["env.txt", "ncu-2047.txt", "ncu-2048.txt"]
+
+
 @pytest.mark.parametrize(
     ("args", "env", "message"),
     [
@@ -93,6 +110,8 @@ def test_tests_runs_the_shards_beside_memcheck(tmp_path: Path) -> None:
         (("compare", "BASE"), {"HOTLOOP_COMPARE_ROUNDS": "0"}, "HOTLOOP_COMPARE_ROUNDS=0"),
         (("tests",), {"HOTLOOP_TEST_SHARDS": "four"}, "HOTLOOP_TEST_SHARDS=four"),
         (("tests",), {"HOTLOOP_TEST_SHARDS": "0"}, "HOTLOOP_TEST_SHARDS=0"),
+        (("ncu",), {}, "expected the widths to profile"),
+        (("ncu", "2047,wide"), {}, "got '2047,wide'"),
     ],
 )
 def test_bad_arguments_are_named_before_anything_runs(
@@ -108,15 +127,15 @@ def test_bad_arguments_are_named_before_anything_runs(
     assert not out.exists()
 
 
-@pytest.mark.parametrize("phase", ["tests", "bench", "compare"])
+@pytest.mark.parametrize("phase", ["tests", "bench", "compare", "ncu"])
 def test_a_folder_holding_files_is_refused_and_left_alone(tmp_path: Path, phase: str) -> None:
     # The phases write fixed names (env.txt, memcheck.log, bench.log, base-1.log, ...) into
     # OUT_DIR: a folder of the user's that holds files is not theirs to fill.
     new, base, out = wheel(tmp_path, "new"), wheel(tmp_path, "base"), tmp_path / "out"
     out.mkdir()
     (out / "memcheck.log").write_text("the user's own\n")
-    argv = [phase, new, str(out), *([base] if phase == "compare" else [])]
-    run, calls = device_run(tmp_path, *argv)
+    extra = {"compare": [base], "ncu": ["2047"]}.get(phase, [])
+    run, calls = device_run(tmp_path, phase, new, str(out), *extra)
     assert run.returncode == 2
     assert f"{out} is not empty" in run.stderr
     assert calls == []
