@@ -21,6 +21,8 @@ from collections.abc import Sequence
 import torch
 from bench_rms_norm import DTYPES, EPS, HEADLINE, sweep_shape
 
+import hotloop
+
 WARMUP_CALLS = 3
 
 
@@ -29,7 +31,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--hidden", type=int, required=True, help="the row's width H")
     p.add_argument("--mode", choices=("fwd", "fwd+bwd"), default="fwd")
     p.add_argument("--dtype", choices=sorted(DTYPES), default="bfloat16")
-    p.add_argument("--casting", choices=("torch", "llama", "gemma"), default="torch")
+    p.add_argument("--casting", choices=hotloop.ops.CASTINGS, default="torch")
     p.add_argument("--backend", choices=("native", "triton"), default="native")
     p.add_argument(
         "--rows", type=int, default=None, help="rows instead of the sweep shape's (a short run)"
@@ -57,8 +59,6 @@ def main(argv: Sequence[str] | None = None) -> int:
             file=sys.stderr,
         )
         return 2
-    import hotloop
-
     shape = sweep_shape(args.hidden, math.prod(HEADLINE))
     if args.rows is not None:
         shape = (args.rows, args.hidden)
