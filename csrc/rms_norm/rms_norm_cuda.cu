@@ -286,7 +286,10 @@ __global__ void __launch_bounds__(Rows::kLaunchBound)
 // them an SM holds: 10 of 160 threads at H = 2047 instead of 8, 5 of 288 at 4095 instead of
 // 4, which puts more of the rows' bytes in flight. bfloat16 forward on an H100, % of copy
 // bandwidth (benchmarks/NOTES.md, runs O2-O3): 2047 86.5 -> 90.2, 4095 85.4 -> 91.3, 1001
-// 93.0 -> 95.6, 3001 89.9 -> 95.7. A bound of 32 registers spilled and lost 4-10 points.
+// 93.0 -> 95.6, 3001 89.9 -> 95.7. A bound of 32 registers spilled and lost 4-10 points. On an
+// H200 the spans staged in shared memory instead, for more bytes in flight, lost: groups of
+// rows a warp a row, or each thread's vectors staged two to four rows ahead, 2047 74.4 ->
+// 60.8-66.0 % and 4095 75.2 -> 54.2-68.0 (runs O70, O72).
 constexpr int kShiftedMinBlocksPerSm = 3;
 
 // The forward of span rows: each thread keeps its 16-byte vectors of the span in
