@@ -3,19 +3,24 @@
 from __future__ import annotations
 
 import pytest
-from op_testing import load_benchmark
+from op_testing import DEVICES, load_benchmark
 
 
+@pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("mode", ["fwd", "fwd+bwd"])
 @pytest.mark.parametrize("casting", ["torch", "gemma"])
 def test_profile_rows_makes_its_calls(
-    mode: str, casting: str, capsys: pytest.CaptureFixture[str]
+    device: str, mode: str, casting: str, capsys: pytest.CaptureFixture[str]
 ) -> None:
+    # On a GPU the profiled call runs between cudaProfilerStart and cudaProfilerStop, which
+    # do nothing without a profiler attached.
     module = load_benchmark("profile_rows")
-    argv = ["--hidden", "2047", "--rows", "5", "--device", "cpu", "--mode", mode]
+    argv = ["--hidden", "2047", "--rows", "5", "--device", device, "--mode", mode]
     assert module.main([*argv, "--casting", casting]) == 0
     out = capsys.readouterr().out
-    assert f"rms_norm {mode} (5, 2047) bfloat16, casting {casting}, backend native on cpu" in out
+    assert (
+        f"rms_norm {mode} (5, 2047) bfloat16, casting {casting}, backend native on {device}" in out
+    )
 
 
 def test_profile_rows_needs_a_gpu_to_profile(
