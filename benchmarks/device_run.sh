@@ -87,13 +87,17 @@ install_site() {
     >&2 || exit 1
   echo "$site"
 }
+# The GPU, its driver and the installed hotloop, to stdout and OUT_DIR/env.txt.
+record_env() {
+  { nvidia-smi; python3 -m hotloop; } 2>&1 | tee "$out/env.txt"
+}
 mkdir -p "$out"
 site=$(install_site "$wheel") || exit 1
 export PYTHONPATH=$site PYTHONUNBUFFERED=1
 status=0
 case $phase in
   tests)
-    { nvidia-smi; python3 -m hotloop; } 2>&1 | tee "$out/env.txt" || status=1
+    record_env || status=1
     pids=()
     for ((i = 0; i < shards; i++)); do
       (cd /tmp && HOTLOOP_TEST_SHARD="$i/$shards" HOTLOOP_TEST_INSTALLED=1 python3 -m pytest \
@@ -128,13 +132,18 @@ case $phase in
       --label new "$out"/new-*/rms_norm.json --out "$out/compare" || status=1
     ;;
   ncu)
-    { nvidia-smi; python3 -m hotloop; } > "$out/env.txt" 2>&1 || status=1
+    record_env || status=1
     IFS=, read -ra hidden_list <<< "$widths"
     for hidden in "${hidden_list[@]}"; do
-      ncu --profile-from-start off --clock-control none --set full \
-        python3 benchmarks/profile_rows.py --hidden "$hidden" "$@" > "$out/ncu-$hidden.txt" 2>&1 ||
+      report=$out/ncu-$hidden.txt
+      if ncu --profile-from-start off --clock-control none --set full \
+        python3 benchmarks/profile_rows.py --hidden "$hidden" "$@" > "$report" 2>&1; then
+        echo "ncu, H = $hidden: $(grep -c '' "$report") lines in $report"
+      else
         status=1
-      echo "ncu, H = $hidden: $(grep -c '' "$out/ncu-$hidden.txt") lines in $out/ncu-$hidden.txt"
+        echo "ncu, H = $hidden failed; the end of $report:" >&2
+        tail -n 5 "$report" >&2
+      fi
     done
     ;;
   *) echo "$usage" >&2; exit 2 ;;

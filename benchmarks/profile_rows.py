@@ -32,14 +32,15 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--mode", choices=("fwd", "fwd+bwd"), default="fwd")
     p.add_argument("--dtype", choices=sorted(DTYPES), default="bfloat16")
     p.add_argument("--casting", choices=hotloop.ops.CASTINGS, default="torch")
-    p.add_argument("--backend", choices=("native", "triton"), default="native")
+    p.add_argument("--backend", choices=hotloop.ops.BACKENDS, default="native")
     p.add_argument(
         "--rows", type=int, default=None, help="rows instead of the sweep shape's (a short run)"
     )
     p.add_argument(
         "--device",
+        choices=("cuda", "cpu"),
         default="cuda",
-        help="cuda; cpu only for a smoke run of this script, which then profiles nothing",
+        help="cpu only for a smoke run of this script, which then profiles nothing",
     )
     args = p.parse_args(argv)
     for name in ("hidden", "rows"):
@@ -59,9 +60,11 @@ def main(argv: Sequence[str] | None = None) -> int:
             file=sys.stderr,
         )
         return 2
-    shape = sweep_shape(args.hidden, math.prod(HEADLINE))
-    if args.rows is not None:
-        shape = (args.rows, args.hidden)
+    shape = (
+        sweep_shape(args.hidden, math.prod(HEADLINE))
+        if args.rows is None
+        else (args.rows, args.hidden)
+    )
     dtype = DTYPES[args.dtype]
     device = torch.device(args.device)
     x = torch.randn(shape, device=device, dtype=dtype, requires_grad=args.mode == "fwd+bwd")

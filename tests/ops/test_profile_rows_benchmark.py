@@ -36,3 +36,11 @@ def test_profile_rows_names_a_bad_width(capsys: pytest.CaptureFixture[str]) -> N
     with pytest.raises(SystemExit):
         load_benchmark("profile_rows").parse_args(["--hidden", "0"])
     assert "--hidden 0: expected 1 or more" in capsys.readouterr().err
+
+
+def test_profile_rows_names_a_device_it_does_not_profile(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    with pytest.raises(SystemExit):
+        load_benchmark("profile_rows").parse_args(["--hidden", "2047", "--device", "cuda:1"])
+    assert "invalid choice: 'cuda:1'" in capsys.readouterr().err

@@ -17,13 +17,15 @@ STUBBED = ("python3", "nvidia-smi", "compute-sanitizer", "ncu")
 
 
 def device_run(
-    tmp_path: Path, *args: str, **env: str
+    tmp_path: Path, *args: str, failing: tuple[str, ...] = (), **env: str
 ) -> tuple[subprocess.CompletedProcess[str], list[str]]:
+    """device_run.sh with the STUBBED programs recording their calls; those in `failing` also
+    print a last line and exit 1."""
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir(exist_ok=True)
     for name in STUBBED:
         stub = bin_dir / name
-        stub.write_text(STUB)
+        stub.write_text(STUB + (f'echo "{name} failed"\nexit 1\n' if name in failing else ""))
         stub.chmod(0o755)
     log = tmp_path / "calls.log"
     run = subprocess.run(
@@ -100,6 +102,18 @@ def test_ncu_profiles_each_width_in_a_process_of_its_own(tmp_path: Path) -> None
         assert "--profile-from-start off" in call
         assert call.endswith(f"python3 benchmarks/profile_rows.py --hidden {hidden} --mode fwd+bwd")
     assert sorted(p.name for p in out.iterdir()) == ["env.txt", "ncu-2047.txt", "ncu-2048.txt"]
+
+
+def test_ncu_names_a_width_whose_profile_failed(tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    run, calls = device_run(
+        tmp_path, "ncu", wheel(tmp_path, "new"), str(out), "2047,2048", failing=("ncu",)
+    )
+    assert run.returncode == 1
+    assert "ncu, H = 2047 failed" in run.stderr
+    assert "ncu, H = 2048 failed" in run.stderr
+    assert "ncu failed" in run.stderr  # the report's end, where the failure is
+    assert len([c for c in calls if c.startswith("ncu ")]) == 2
 
 
 @pytest.mark.parametrize(
