@@ -101,14 +101,27 @@ struct SumAndMaxOp {
 // another at its barriers). Every thread of the block must call this (the caller masks rows
 // past the end instead of skipping them), since the shuffles name the full warp and there is
 // a barrier.
-template <typename Op, bool kManyRows = false, typename T, int N>
+//
+// kWholeWarps: the caller's blockDim.x is a multiple of 32, and the exchanges within a warp
+// are unrolled (a loop over the row's lanes costs seven instructions a step).
+template <typename Op, bool kManyRows = false, bool kWholeWarps = false, typename T, int N>
 __device__ __forceinline__ void row_reduce(T (&v)[N]) {
   const Op combine;
-  const int lanes = blockDim.x < kWarpSize ? blockDim.x : kWarpSize;
-  for (int offset = lanes / 2; offset > 0; offset /= 2) {
+  const auto exchange = [&](int offset) {
 #pragma unroll
     for (int n = 0; n < N; ++n) {
       v[n] = combine(n, v[n], __shfl_xor_sync(0xffffffffu, v[n], offset));
+    }
+  };
+  if constexpr (kWholeWarps) {
+#pragma unroll
+    for (int offset = kWarpSize / 2; offset > 0; offset /= 2) {
+      exchange(offset);
+    }
+  } else {
+    const int lanes = blockDim.x < kWarpSize ? blockDim.x : kWarpSize;
+    for (int offset = lanes / 2; offset > 0; offset /= 2) {
+      exchange(offset);
     }
   }
   if (blockDim.x <= kWarpSize) {
@@ -133,18 +146,15 @@ __device__ __forceinline__ void row_reduce(T (&v)[N]) {
   }
 #pragma unroll
   for (int offset = kWarpSize / 2; offset > 0; offset /= 2) {
-#pragma unroll
-    for (int n = 0; n < N; ++n) {
-      v[n] = combine(n, v[n], __shfl_xor_sync(0xffffffffu, v[n], offset));
-    }
+    exchange(offset);
   }
   // The next call may overwrite `partial` only after everyone has read it.
   __syncthreads();
 }
 
-template <bool kManyRows = false, typename T, int N>
+template <bool kManyRows = false, bool kWholeWarps = false, typename T, int N>
 __device__ __forceinline__ void row_sum(T (&v)[N]) {
-  row_reduce<SumOp, kManyRows>(v);
+  row_reduce<SumOp, kManyRows, kWholeWarps>(v);
 }
 
 // v[0] summed and v[1], a magnitude, maximised over the row.

@@ -795,8 +795,9 @@ __global__ void __launch_bounds__(kVectorsPerThread == 1 ? kSpanOneVectorBoundTh
         Vec xv = staged_x[idx];
         Vec gov = staged_go[idx];
         if (span.is_edge(idx)) {
-          zero_outside_row(xv, span, idx, hidden_int);
-          zero_outside_row(gov, span, idx, hidden_int);
+          const unsigned own = own_elements<kVec>(idx * kVec - span.lead, hidden_int);
+          keep_own_elements(xv, own);
+          keep_own_elements(gov, own);
         }
         const Vec wv = span_weight_vectors.get(i, idx);
 #pragma unroll
@@ -807,7 +808,11 @@ __global__ void __launch_bounds__(kVectorsPerThread == 1 ? kSpanOneVectorBoundTh
         }
       }
     }
-    row_sum(sums);
+    // Span rows have at least kSpanMinHidden elements, so whole warps. Unrolled with one
+    // vector a thread; with two, the unrolled exchanges spilled registers. With the edges'
+    // masks (own_elements), bfloat16 at H = 2047 on an H200 ran 206.5 M instructions instead of
+    // 230.7 M, and forward+backward went from 63.5 to 67.5 % of copy bandwidth (run O73).
+    row_sum</*kManyRows=*/false, /*kWholeWarps=*/kVectorsPerThread == 1>(sums);
     const acc_t rstd = row_rstd<kCasting>(sums[0], inv_hidden, eps);
     const acc_t x_coeff = grad_x_coefficient(rstd, sums[1], inv_hidden);
     const int64_t next = row + gridDim.x;
@@ -831,7 +836,7 @@ __global__ void __launch_bounds__(kVectorsPerThread == 1 ? kSpanOneVectorBoundTh
               grad_x_value<kCasting, scalar_t>(gok, wk, xk, rstd, x_coeff, offset));
           dw[i][k] += grad_weight_term<kCasting, scalar_t>(gok, xk, rstd);
         }
-        store_span_vector(grad_x + row * hidden, span, idx, hidden_int, out);
+        store_span_vector(grad_x + row * hidden, span.lead, idx, hidden_int, out);
         // After the reads above: the copies may not overtake them.
         if (next < rows) {
           stage(next, next_span, idx);

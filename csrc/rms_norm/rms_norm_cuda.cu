@@ -299,7 +299,9 @@ constexpr int kShiftedMinBlocksPerSm = 3;
 // checks). benchmarks/NOTES.md (runs 20-25) has the variants that ran slower than the
 // scalar kernel. Written out rather than through common/span_rows.cuh's helpers: with them nvcc
 // unpacked each loaded 16-bit vector before it issued the next load (69 % instead of 85 %
-// of copy bandwidth at H = 4095 on an H100, run 36).
+// of copy bandwidth at H = 4095 on an H100, run 36). The same happened at the 40-register bound
+// with the edges masked as the backward masks them and the reduction unrolled: 11 % fewer
+// instructions, but bfloat16 at 2047 and 4095 on an H200 went from 74-75 to 63-64 % (run O73).
 template <typename scalar_t, Casting kCasting, int kVectorsPerThread>
 __global__ void __launch_bounds__(kForwardLimits.max_threads, kShiftedMinBlocksPerSm)
     rms_norm_shifted_kernel(const scalar_t* __restrict__ x,
