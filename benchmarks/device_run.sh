@@ -16,8 +16,10 @@
 #
 # ncu: Nsight Compute's full set of sections (--set full, --clock-control none) on one call of
 # rms_norm at each width H (profile_rows.py: the benchmark's sweep shape, the warm-up outside
-# the profiled range), one process a width, each report in OUT_DIR/ncu-H.txt; options such as
-# --mode fwd+bwd --casting llama go to profile_rows.py.
+# the profiled range), one process a width; options such as --mode fwd+bwd --casting llama go to
+# profile_rows.py. For each width, in OUT_DIR: ncu-H.ncu-rep (the report, for Nsight Compute's
+# window), ncu-H.txt (its sections), ncu-H-sass.csv (the source page: each SASS instruction's
+# executions and stall samples), ncu-H-sass.md (ncu_sass_summary.py over it) and ncu-H.log.
 #
 # tests/ops runs in HOTLOOP_TEST_SHARDS processes at once (default 4; tests/ops/sharding.py),
 # beside memcheck, each logging to OUT_DIR/gpu-tests-I.log: on an H200 the suite's tests take
@@ -135,14 +137,20 @@ case $phase in
     record_env || status=1
     IFS=, read -ra hidden_list <<< "$widths"
     for hidden in "${hidden_list[@]}"; do
-      report=$out/ncu-$hidden.txt
-      if ncu --profile-from-start off --clock-control none --set full \
-        python3 benchmarks/profile_rows.py --hidden "$hidden" "$@" > "$report" 2>&1; then
-        echo "ncu, H = $hidden: $(grep -c '' "$report") lines in $report"
+      report=$out/ncu-$hidden
+      # Each step's output goes to the width's log, whose end a failure shows.
+      if ncu --profile-from-start off --clock-control none --set full -o "$report" \
+        python3 benchmarks/profile_rows.py --hidden "$hidden" "$@" > "$report.log" 2>&1 &&
+        ncu --import "$report.ncu-rep" > "$report.txt" 2>> "$report.log" &&
+        ncu --import "$report.ncu-rep" --page source --print-source sass --csv \
+          > "$report-sass.csv" 2>> "$report.log" &&
+        python3 benchmarks/ncu_sass_summary.py "$report-sass.csv" > "$report-sass.md" \
+          2>> "$report.log"; then
+        echo "ncu, H = $hidden: $report.txt, $report-sass.md"
       else
         status=1
-        echo "ncu, H = $hidden failed; the end of $report:" >&2
-        tail -n 5 "$report" >&2
+        echo "ncu, H = $hidden failed; the end of $report.log:" >&2
+        tail -n 5 "$report.log" >&2
       fi
     done
     ;;

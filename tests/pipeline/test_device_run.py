@@ -95,13 +95,23 @@ def test_ncu_profiles_each_width_in_a_process_of_its_own(tmp_path: Path) -> None
     assert run.returncode == 0, run.stderr
     (install,) = [c for c in calls if " -m pip install " in c]
     site = install.split("--target ")[1].split()[0]
-    profiles = [c for c in calls if c.startswith("ncu ")]
+    profiles = [c for c in calls if c.startswith("ncu ") and "--import" not in c]
     assert len(profiles) == 2
     for call, hidden in zip(profiles, ("2047", "2048")):
         assert f" PYTHONPATH={site} " in call
         assert "--profile-from-start off" in call
+        assert f"-o {out}/ncu-{hidden} " in call
         assert call.endswith(f"python3 benchmarks/profile_rows.py --hidden {hidden} --mode fwd+bwd")
-    assert sorted(p.name for p in out.iterdir()) == ["env.txt", "ncu-2047.txt", "ncu-2048.txt"]
+        # The report's sections, then its source page, summarised
+        imports = [c for c in calls if f"--import {out}/ncu-{hidden}.ncu-rep" in c]
+        assert len(imports) == 2
+        assert "--page source --print-source sass --csv" in imports[1]
+        assert any(f"ncu_sass_summary.py {out}/ncu-{hidden}-sass.csv" in c for c in calls)
+    assert sorted(p.name for p in out.iterdir()) == ["env.txt"] + [
+        f"ncu-{h}{suffix}"
+        for h in ("2047", "2048")
+        for suffix in ("-sass.csv", "-sass.md", ".log", ".txt")
+    ]
 
 
 def test_ncu_names_a_width_whose_profile_failed(tmp_path: Path) -> None:
@@ -112,8 +122,10 @@ def test_ncu_names_a_width_whose_profile_failed(tmp_path: Path) -> None:
     assert run.returncode == 1
     assert "ncu, H = 2047 failed" in run.stderr
     assert "ncu, H = 2048 failed" in run.stderr
-    assert "ncu failed" in run.stderr  # the report's end, where the failure is
+    assert "ncu failed" in run.stderr  # the log's end, where the failure is
+    # The profile failed: no import of a report that is not there, no summary
     assert len([c for c in calls if c.startswith("ncu ")]) == 2
+    assert not [c for c in calls if "--import" in c or "ncu_sass_summary.py" in c]
 
 
 @pytest.mark.parametrize(
