@@ -89,9 +89,15 @@ install_site() {
     >&2 || exit 1
   echo "$site"
 }
-# The GPU, its driver and the installed hotloop, to stdout and OUT_DIR/env.txt.
+# The GPU, its driver and the installed hotloop, to stdout and OUT_DIR/env.txt. The query names
+# the GPU by UUID, which nvidia-smi's table leaves out and benchmarks/NOTES.md records a run by.
 record_env() {
-  { nvidia-smi; python3 -m hotloop; } 2>&1 | tee "$out/env.txt"
+  {
+    nvidia-smi --query-gpu=name,uuid,driver_version,memory.total,clocks.max.sm,clocks.max.mem \
+      --format=csv
+    nvidia-smi
+    python3 -m hotloop
+  } 2>&1 | tee "$out/env.txt"
 }
 mkdir -p "$out"
 site=$(install_site "$wheel") || exit 1

@@ -82,6 +82,8 @@ def test_tests_runs_the_shards_beside_memcheck(tmp_path: Path) -> None:
     shards = sorted(c.split()[1] for c in calls if " -m pytest " in c)
     assert shards == ["SHARD=0/3", "SHARD=1/3", "SHARD=2/3"]
     assert any(c.startswith("compute-sanitizer ") and "memcheck_ops.py" in c for c in calls)
+    # env.txt names the GPU by UUID (the table nvidia-smi prints by default does not)
+    assert any(c.startswith("nvidia-smi ") and "--query-gpu=name,uuid," in c for c in calls)
     assert sorted(p.name for p in out.glob("gpu-tests-*.log")) == [
         f"gpu-tests-{i}.log" for i in range(3)
     ]
