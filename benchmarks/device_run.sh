@@ -93,8 +93,7 @@ install_site() {
 # the GPU by UUID, which nvidia-smi's table leaves out and benchmarks/NOTES.md records a run by.
 record_env() {
   {
-    nvidia-smi --query-gpu=name,uuid,driver_version,memory.total,clocks.max.sm,clocks.max.mem \
-      --format=csv
+    nvidia-smi --query-gpu=name,uuid,driver_version --format=csv
     nvidia-smi
     python3 -m hotloop
   } 2>&1 | tee "$out/env.txt"
