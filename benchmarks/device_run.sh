@@ -7,12 +7,18 @@
 #                                                      # compute-sanitizer memcheck
 #   bash benchmarks/device_run.sh bench WHEEL OUT_DIR [benchmark options]
 #   bash benchmarks/device_run.sh compare WHEEL OUT_DIR BASE_WHEEL [benchmark options]
+#   bash benchmarks/device_run.sh same WHEEL OUT_DIR BASE_WHEEL
 #   bash benchmarks/device_run.sh ncu WHEEL OUT_DIR H[,H...] [profile_rows.py options]
 #
 # compare: a change's before (BASE_WHEEL) and after (WHEEL) on this GPU, the benchmark run
 # for each wheel in turn, each in its own process, HOTLOOP_COMPARE_ROUNDS rounds (default 2),
 # then compare_runs.py over them (OUT_DIR/compare/compare_runs.md). Options such as --hidden
 # 32768,65536 --rms-norm-only --no-small-batch keep a round short.
+#
+# same: whether WHEEL's outputs are BASE_WHEEL's to the bit (output_digests.py): each wheel
+# dumps the digests of its outputs over a grid of seeded inputs in its own process
+# (OUT_DIR/digests-base.json, digests-new.json), then OUT_DIR/same.md names each case that
+# differs; the phase fails if any does.
 #
 # ncu: Nsight Compute's full set of sections (--set full, --clock-control none) on one call of
 # rms_norm at each width H (profile_rows.py: the benchmark's sweep shape, the warm-up outside
@@ -31,6 +37,7 @@
 set -uo pipefail
 usage="usage: $0 tests|bench WHEEL OUT_DIR [benchmark options], or
        $0 compare WHEEL OUT_DIR BASE_WHEEL [benchmark options], or
+       $0 same WHEEL OUT_DIR BASE_WHEEL, or
        $0 ncu WHEEL OUT_DIR H[,H...] [profile_rows.py options]
        (the wheels must exist, OUT_DIR new or empty)"
 phase=${1:-} wheel=${2:-} out=${3:-}
@@ -51,15 +58,20 @@ case $phase in
     shards=${HOTLOOP_TEST_SHARDS:-4}
     count HOTLOOP_TEST_SHARDS "$shards" processes
     ;;
-  compare)
+  compare | same)
     base_wheel=${1:-}
     if [ ! -f "$base_wheel" ]; then
       echo "$usage" >&2
       exit 2
     fi
     shift
+    if [ "$phase" = same ] && [ $# -gt 0 ]; then
+      echo "same: takes no options after BASE_WHEEL, got '$*'" >&2
+      echo "$usage" >&2
+      exit 2
+    fi
     rounds=${HOTLOOP_COMPARE_ROUNDS:-2}
-    count HOTLOOP_COMPARE_ROUNDS "$rounds" rounds
+    [ "$phase" = compare ] && count HOTLOOP_COMPARE_ROUNDS "$rounds" rounds
     ;;
   ncu)
     widths=${1:-}
@@ -137,6 +149,18 @@ case $phase in
     done
     python3 benchmarks/compare_runs.py --label base "$out"/base-*/rms_norm.json \
       --label new "$out"/new-*/rms_norm.json --out "$out/compare" || status=1
+    ;;
+  same)
+    record_env || status=1
+    base_site=$(install_site "$base_wheel") || exit 1
+    for label in base new; do
+      label_site=$site
+      [ $label = base ] && label_site=$base_site
+      PYTHONPATH=$label_site python3 benchmarks/output_digests.py dump "$out/digests-$label.json" \
+        > "$out/digests-$label.log" 2>&1 || status=1
+    done
+    python3 benchmarks/output_digests.py compare "$out/digests-base.json" \
+      "$out/digests-new.json" --out "$out/same.md" || status=1
     ;;
   ncu)
     record_env || status=1

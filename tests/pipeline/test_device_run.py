@@ -73,6 +73,24 @@ def test_compare_runs_each_wheel_in_turn_then_compares(tmp_path: Path) -> None:
     assert f"--out {out}/compare" in calls[-1]
 
 
+def test_same_dumps_each_wheel_in_its_own_site_then_compares(tmp_path: Path) -> None:
+    new, base, out = wheel(tmp_path, "new"), wheel(tmp_path, "base"), tmp_path / "out"
+    run, calls = device_run(tmp_path, "same", new, str(out), base)
+    assert run.returncode == 0, run.stderr
+    installs = [c for c in calls if " -m pip install " in c]
+    site_of = {w: c.split("--target ")[1].split()[0] for c, w in zip(installs, (new, base))}
+    dumps = [c for c in calls if "output_digests.py dump" in c]
+    assert len(dumps) == 2
+    assert f" PYTHONPATH={site_of[base]} " in dumps[0]
+    assert dumps[0].endswith(f"dump {out}/digests-base.json")
+    assert f" PYTHONPATH={site_of[new]} " in dumps[1]
+    assert dumps[1].endswith(f"dump {out}/digests-new.json")
+    assert calls[-1].endswith(
+        f"output_digests.py compare {out}/digests-base.json {out}/digests-new.json "
+        f"--out {out}/same.md"
+    )
+
+
 def test_tests_runs_the_shards_beside_memcheck(tmp_path: Path) -> None:
     out = tmp_path / "out"
     run, calls = device_run(
@@ -138,6 +156,8 @@ def test_ncu_names_a_width_whose_profile_failed(tmp_path: Path) -> None:
         (("compare", "BASE"), {"HOTLOOP_COMPARE_ROUNDS": "0"}, "HOTLOOP_COMPARE_ROUNDS=0"),
         (("tests",), {"HOTLOOP_TEST_SHARDS": "four"}, "HOTLOOP_TEST_SHARDS=four"),
         (("tests",), {"HOTLOOP_TEST_SHARDS": "0"}, "HOTLOOP_TEST_SHARDS=0"),
+        (("same",), {}, "usage:"),
+        (("same", "BASE", "--quick"), {}, "takes no options after BASE_WHEEL"),
         (("ncu",), {}, "expected the widths to profile"),
         (("ncu", "2047,wide"), {}, "got '2047,wide'"),
     ],
@@ -155,14 +175,14 @@ def test_bad_arguments_are_named_before_anything_runs(
     assert not out.exists()
 
 
-@pytest.mark.parametrize("phase", ["tests", "bench", "compare", "ncu"])
+@pytest.mark.parametrize("phase", ["tests", "bench", "compare", "same", "ncu"])
 def test_a_folder_holding_files_is_refused_and_left_alone(tmp_path: Path, phase: str) -> None:
     # The phases write fixed names (env.txt, memcheck.log, bench.log, base-1.log, ...) into
     # OUT_DIR: a folder of the user's that holds files is not theirs to fill.
     new, base, out = wheel(tmp_path, "new"), wheel(tmp_path, "base"), tmp_path / "out"
     out.mkdir()
     (out / "memcheck.log").write_text("the user's own\n")
-    extra = {"compare": [base], "ncu": ["2047"]}.get(phase, [])
+    extra = {"compare": [base], "same": [base], "ncu": ["2047"]}.get(phase, [])
     run, calls = device_run(tmp_path, phase, new, str(out), *extra)
     assert run.returncode == 2
     assert f"{out} is not empty" in run.stderr
