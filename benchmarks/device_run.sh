@@ -70,8 +70,10 @@ case $phase in
       echo "$usage" >&2
       exit 2
     fi
-    rounds=${HOTLOOP_COMPARE_ROUNDS:-2}
-    [ "$phase" = compare ] && count HOTLOOP_COMPARE_ROUNDS "$rounds" rounds
+    if [ "$phase" = compare ]; then
+      rounds=${HOTLOOP_COMPARE_ROUNDS:-2}
+      count HOTLOOP_COMPARE_ROUNDS "$rounds" rounds
+    fi
     ;;
   ncu)
     widths=${1:-}
@@ -112,6 +114,13 @@ record_env() {
 }
 mkdir -p "$out"
 site=$(install_site "$wheel") || exit 1
+# compare and same: BASE_WHEEL's own folder, and the folder of a run's label (base or new).
+if [ "$phase" = compare ] || [ "$phase" = same ]; then
+  base_site=$(install_site "$base_wheel") || exit 1
+fi
+site_of() {
+  if [ "$1" = base ]; then echo "$base_site"; else echo "$site"; fi
+}
 export PYTHONPATH=$site PYTHONUNBUFFERED=1
 status=0
 case $phase in
@@ -138,12 +147,9 @@ case $phase in
     python3 benchmarks/bench_rms_norm.py --out "$out" "$@" 2>&1 | tee "$out/bench.log" || status=1
     ;;
   compare)
-    base_site=$(install_site "$base_wheel") || exit 1
     for ((round = 1; round <= rounds; round++)); do
       for label in base new; do
-        label_site=$site
-        [ $label = base ] && label_site=$base_site
-        PYTHONPATH=$label_site python3 benchmarks/bench_rms_norm.py --no-plot \
+        PYTHONPATH=$(site_of $label) python3 benchmarks/bench_rms_norm.py --no-plot \
           --out "$out/$label-$round" "$@" > "$out/$label-$round.log" 2>&1 || status=1
       done
     done
@@ -152,12 +158,9 @@ case $phase in
     ;;
   same)
     record_env || status=1
-    base_site=$(install_site "$base_wheel") || exit 1
     for label in base new; do
-      label_site=$site
-      [ $label = base ] && label_site=$base_site
-      PYTHONPATH=$label_site python3 benchmarks/output_digests.py dump "$out/digests-$label.json" \
-        > "$out/digests-$label.log" 2>&1 || status=1
+      PYTHONPATH=$(site_of $label) python3 benchmarks/output_digests.py dump \
+        "$out/digests-$label.json" > "$out/digests-$label.log" 2>&1 || status=1
     done
     python3 benchmarks/output_digests.py compare "$out/digests-base.json" \
       "$out/digests-new.json" --out "$out/same.md" || status=1

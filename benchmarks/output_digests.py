@@ -27,13 +27,12 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from bench_rms_norm import DTYPES, EPS
 
 import hotloop
+from hotloop.ops import CASTINGS
 
 FORMAT = 1
-EPS = 1e-6
-CASTINGS = ("torch", "llama", "gemma")
-DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
 FULL_WIDTHS = (33, 257, 1000, 1001, 1024, 2047, 2048, 3001, 4095, 4096, 8192, 8193, 12288)
 FULL_WIDE = (12289, 16384, 32768, 65536)
 QUICK_WIDTHS = (33, 1000, 2047, 4096)
@@ -166,6 +165,13 @@ def load(path: Path) -> dict[str, Any]:
 
 
 def compare(base_path: Path, new_path: Path, report: Path | None) -> int:
+    if report is not None and report.exists():
+        print(
+            f"output_digests: {report} exists; pass a new path for the report (this tool does "
+            "not overwrite files)",
+            file=sys.stderr,
+        )
+        return 2
     try:
         base, new = load(base_path), load(new_path)
     except ValueError as e:

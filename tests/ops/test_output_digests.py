@@ -79,3 +79,42 @@ def test_a_dump_never_overwrites_a_file(
     assert digests.main(["dump", str(existing), "--device", "cpu", "--quick"]) == 2
     assert existing.read_text() == "the user's own\n"
     assert "exists" in capsys.readouterr().err
+
+
+def test_a_report_never_overwrites_a_file(
+    digests: Any, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    dump(digests, tmp_path / "base.json", "cpu")
+    report = tmp_path / "same.md"
+    report.write_text("the user's own\n")
+    argv = ["compare", str(tmp_path / "base.json"), str(tmp_path / "base.json")]
+    assert digests.main([*argv, "--out", str(report)]) == 2
+    assert report.read_text() == "the user's own\n"
+    assert "exists" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [("not json", "Expecting value"), ('{"format": 1}', "not a dump of this tool")],
+)
+def test_a_file_that_is_not_a_dump_is_named(
+    digests: Any, tmp_path: Path, capsys: pytest.CaptureFixture[str], text: str, message: str
+) -> None:
+    dump(digests, tmp_path / "base.json", "cpu")
+    other = tmp_path / "other.json"
+    other.write_text(text)
+    assert digests.main(["compare", str(tmp_path / "base.json"), str(other)]) == 2
+    err = capsys.readouterr().err
+    assert str(other) in err
+    assert message in err
+
+
+def test_a_cuda_dump_without_a_gpu_says_what_to_pass(
+    digests: Any, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    torch = pytest.importorskip("torch")
+    if torch.cuda.is_available():
+        pytest.skip("a CUDA device is present: the dump would run")
+    assert digests.main(["dump", str(tmp_path / "d.json")]) == 2
+    assert "pass --device cpu" in capsys.readouterr().err
+    assert not (tmp_path / "d.json").exists()
