@@ -9,6 +9,7 @@
 #include <atomic>
 #include <cstdint>
 #include <cstring>
+#include <type_traits>
 
 namespace hotloop {
 
@@ -26,6 +27,45 @@ struct alignas(sizeof(T) * kSize) AlignedVector {
 template <typename T>
 constexpr int vector_size() {
   return kVectorBytes / static_cast<int>(sizeof(T));
+}
+
+// A 16-byte vector as its four 32-bit words, and back.
+template <typename Vec>
+__device__ __forceinline__ uint4 as_words(const Vec& v) {
+  static_assert(sizeof(Vec) == sizeof(uint4), "one 16-byte vector");
+  uint4 words;
+  memcpy(&words, &v, sizeof words);
+  return words;
+}
+template <typename Vec>
+__device__ __forceinline__ Vec as_vector(const uint4& words) {
+  static_assert(sizeof(Vec) == sizeof(uint4), "one 16-byte vector");
+  Vec v;
+  memcpy(&v, &words, sizeof v);
+  return v;
+}
+
+// Element k of a 16-byte vector held as its four words (as_words), in acc_t. bfloat16 by
+// shifting or masking its word: through the 16-bit element, nvcc extracted an upper half with
+// a PRMT before shifting it.
+template <typename T, typename acc_t, int kSize>
+__device__ __forceinline__ acc_t word_element(const uint4& words, int k) {
+  if constexpr (std::is_same_v<T, BFloat16>) {
+    const unsigned w = (&words.x)[k / 2];
+    return __uint_as_float(k % 2 == 0 ? w << 16 : w & 0xffff0000u);
+  } else {
+    return static_cast<acc_t>(as_vector<AlignedVector<T, kSize>>(words).val[k]);
+  }
+}
+
+// add_squares of a vector held as its four words.
+template <typename T, typename acc_t, int kSize>
+__device__ __forceinline__ void add_word_squares(acc_t& sum, const uint4& words) {
+#pragma unroll
+  for (int k = 0; k < kSize; ++k) {
+    const acc_t value = word_element<T, acc_t, kSize>(words, k);
+    sum += value * value;
+  }
 }
 
 // sum += each element of v squared, in acc_t, in order.

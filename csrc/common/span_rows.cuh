@@ -111,6 +111,25 @@ __device__ __forceinline__ void keep_own_elements(AlignedVector<scalar_t, kVec>&
   }
 }
 
+// keep_own_elements on a vector held as its four 32-bit words: each word ANDed with the mask of
+// its own elements, without unpacking them.
+template <int kVec>
+__device__ __forceinline__ void keep_own_words(uint4& v, unsigned own) {
+  constexpr int kPerWord = kVec / 4;
+  constexpr int kBits = 32 / kPerWord;
+  constexpr unsigned kElement = kBits == 32 ? ~0u : (1u << kBits) - 1u;
+  unsigned* words = &v.x;
+#pragma unroll
+  for (int w = 0; w < 4; ++w) {
+    unsigned keep = 0;
+#pragma unroll
+    for (int e = 0; e < kPerWord; ++e) {
+      keep |= (own >> (w * kPerWord + e) & 1u) != 0 ? kElement << (e * kBits) : 0u;
+    }
+    words[w] &= keep;
+  }
+}
+
 // Copy `lead` of the shifted weight (shifted_weight_copies) as vectors, or nullptr.
 template <typename Vec, typename scalar_t>
 __device__ __forceinline__ const Vec* span_weight(const scalar_t* weight_copies, int lead,

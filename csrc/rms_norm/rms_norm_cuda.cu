@@ -297,11 +297,12 @@ constexpr int kShiftedMinBlocksPerSm = 3;
 // `shifted_weight` holds kVec copies of it, copy `lead` starting `lead` zeros in, read as
 // vectors at the span's vector index. y sits at x's offset from the boundary (launch
 // checks). benchmarks/NOTES.md (runs 20-25) has the variants that ran slower than the
-// scalar kernel. Written out rather than through common/span_rows.cuh's helpers: with them nvcc
-// unpacked each loaded 16-bit vector before it issued the next load (69 % instead of 85 %
-// of copy bandwidth at H = 4095 on an H100, run 36). The same happened at the 40-register bound
-// with the edges masked as the backward masks them and the reduction unrolled: 11 % fewer
-// instructions, but bfloat16 at 2047 and 4095 on an H200 went from 74-75 to 63-64 % (run O73).
+// scalar kernel. The vectors are held as four 32-bit words (uint4) until they are used: held
+// as vectors of 16-bit elements, nvcc unpacked each one before it issued the next load, at 69 %
+// instead of 85 % of copy bandwidth at H = 4095 on an H100 (run 36), and with the edges masked
+// and the reduction unrolled at 63-64 % instead of 74-75 at 2047 and 4095 on an H200 (run O73).
+// As words, the loads issue back to back with the masks and the unrolled reduction: bfloat16
+// on an H200, 2047 74.4 -> 79.3 %, 4095 75.3 -> 78.6, 8193 68.9 -> 69.0 (run O74).
 template <typename scalar_t, Casting kCasting, int kVectorsPerThread>
 __global__ void __launch_bounds__(kForwardLimits.max_threads, kShiftedMinBlocksPerSm)
     rms_norm_shifted_kernel(const scalar_t* __restrict__ x,
@@ -320,17 +321,19 @@ __global__ void __launch_bounds__(kForwardLimits.max_threads, kShiftedMinBlocksP
     const int lead = static_cast<int>(reinterpret_cast<std::uintptr_t>(x_row) % kVectorBytes) /
                      static_cast<int>(sizeof(scalar_t));
     const int row_vectors = row < rows ? (lead + hidden_int + kVec - 1) / kVec : 0;
-    const Vec* x_span = reinterpret_cast<const Vec*>(x_row - lead);
+    const uint4* x_span = reinterpret_cast<const uint4*>(x_row - lead);
     // Every vector in flight at once: the loop holds no branch that waits on a load. The
-    // span's edge vectors hold the neighbouring rows' elements too, zeroed after the loads
-    // (never subtracted later: a neighbour's inf would turn this row into NaN). Only where
-    // a row's span reaches past either end of the tensor do its edge vectors come element by
-    // element instead.
+    // vectors stay packed in four words until they are used, so that their 16-bit elements do
+    // not take a register each while the loads are in flight (run O74). The span's edge
+    // vectors hold the neighbouring rows' elements too, zeroed after the loads (never
+    // subtracted later: a neighbour's inf would turn this row into NaN). Only where a row's
+    // span reaches past either end of the tensor do its edge vectors come element by element
+    // instead.
     const int64_t span_start = row * hidden - lead;  // element index of the span's first
     const bool span_past_tensor =
         span_start < 0 || span_start + int64_t{row_vectors} * kVec > rows * hidden;
     const auto is_edge = [&](int idx) { return idx == 0 || idx == row_vectors - 1; };
-    Vec xv[kVectorsPerThread];
+    uint4 xv[kVectorsPerThread];
 #pragma unroll
     for (int i = 0; i < kVectorsPerThread; ++i) {
       const int idx = threadIdx.x + i * blockDim.x;
@@ -342,25 +345,28 @@ __global__ void __launch_bounds__(kForwardLimits.max_threads, kShiftedMinBlocksP
     for (int i = 0; i < kVectorsPerThread; ++i) {
       const int idx = threadIdx.x + i * blockDim.x;
       if (idx < row_vectors && is_edge(idx)) {
+        const int first = idx * kVec - lead;
+        const unsigned own = own_elements<kVec>(first, hidden_int);
+        if (span_past_tensor) {
+          Vec v;
 #pragma unroll
-        for (int k = 0; k < kVec; ++k) {
-          const int col = idx * kVec - lead + k;
-          if (col < 0 || col >= hidden_int) {
-            xv[i].val[k] = scalar_t(acc_t(0));
-          } else if (span_past_tensor) {
-            xv[i].val[k] = x_row[col];
+          for (int k = 0; k < kVec; ++k) {
+            v.val[k] = own >> k & 1u ? x_row[first + k] : scalar_t(acc_t(0));
           }
+          xv[i] = as_words(v);
+        } else {
+          keep_own_words<kVec>(xv[i], own);
         }
       }
     }
     acc_t sum_sq[1] = {0};
-    for_row_vectors<kVectorsPerThread>(blockDim.x, true, row_vectors,
-                                       [&](int i, int) { add_squares(sum_sq[0], xv[i]); });
-    row_sum(sum_sq);
+    for_row_vectors<kVectorsPerThread>(blockDim.x, true, row_vectors, [&](int i, int) {
+      add_word_squares<scalar_t, acc_t, kVec>(sum_sq[0], xv[i]);
+    });
+    row_sum<false, /*kWholeWarps=*/true>(sum_sq);
     const acc_t rstd = row_rstd<kCasting>(sum_sq[0], inv_hidden, eps);
 
     scalar_t* y_row = y + row * hidden;
-    Vec* y_span = reinterpret_cast<Vec*>(y_row - lead);
     const Vec* weight_vec =
         shifted_weight != nullptr
             ? reinterpret_cast<const Vec*>(shifted_weight) + int64_t{lead} * span_vectors
@@ -368,20 +374,10 @@ __global__ void __launch_bounds__(kForwardLimits.max_threads, kShiftedMinBlocksP
 #pragma unroll
     for (int i = 0; i < kVectorsPerThread; ++i) {
       const int idx = threadIdx.x + i * blockDim.x;
-      const int first = idx * kVec - lead;
       if (idx < row_vectors) {
-        const Vec out = normalized<kCasting>(xv[i], rstd, weight_vec, idx, offset);
-        if (first >= 0 && first + kVec <= hidden_int) {
-          y_span[idx] = out;
-        } else {
-#pragma unroll
-          for (int k = 0; k < kVec; ++k) {
-            const int col = first + k;
-            if (col >= 0 && col < hidden_int) {
-              y_row[col] = out.val[k];
-            }
-          }
-        }
+        store_span_vector(
+            y_row, lead, idx, hidden_int,
+            normalized<kCasting>(as_vector<Vec>(xv[i]), rstd, weight_vec, idx, offset));
       }
     }
   }
