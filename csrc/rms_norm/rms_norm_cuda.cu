@@ -8,7 +8,8 @@
 // registers as 16-byte vectors (kVectorsPerThread of them), so x is read from
 // global memory once. Rows off the 16-byte boundary (odd hidden sizes) do the same with
 // the aligned span around each row (common/span_rows.cuh; rms_norm_shifted_kernel, spans of up to
-// 1024 vectors: 16-bit rows up to 8185 elements; wider ones take the scalar kernel); the backward
+// 1024 vectors, or 2048 of 16-bit types where memory is fast for an SM: 16-bit rows up to 8185 or
+// 16377 elements; wider ones take the scalar kernel); the backward
 // stages those spans in shared memory (rms_norm_backward_span_staged_kernel). Other rows (unaligned
 // views) of up to 16384 elements (float16/bfloat16/float32) stay in registers as scalars,
 // read with coalesced scalar loads (the *_scalar_kernels). Longer ones, and float64, take a
@@ -292,6 +293,13 @@ __global__ void __launch_bounds__(Rows::kLaunchBound)
 // 60.8-66.0 % and 4095 75.2 -> 54.2-68.0 (runs O70, O72).
 constexpr int kShiftedMinBlocksPerSm = 3;
 
+// Four vectors a thread: two blocks an SM at the least (53-56 registers for 16-bit types), since at
+// three their 40 registers spilled 8-20 bytes (nvcc 13.0, sm_90).
+template <int kVectorsPerThread>
+constexpr int shifted_min_blocks_per_sm() {
+  return kVectorsPerThread == 4 ? 2 : kShiftedMinBlocksPerSm;
+}
+
 // The forward of span rows: each thread keeps its 16-byte vectors of the span in
 // registers, as the vector kernel does. The weight's vectors line up with no row's:
 // `shifted_weight` holds kVec copies of it, copy `lead` starting `lead` zeros in, read as
@@ -304,7 +312,8 @@ constexpr int kShiftedMinBlocksPerSm = 3;
 // As words, the loads issue back to back with the masks and the unrolled reduction: bfloat16
 // on an H200, 2047 74.4 -> 79.3 %, 4095 75.3 -> 78.6, 8193 68.9 -> 69.0 (run O74).
 template <typename scalar_t, Casting kCasting, int kVectorsPerThread>
-__global__ void __launch_bounds__(kForwardLimits.max_threads, kShiftedMinBlocksPerSm)
+__global__ void __launch_bounds__(kForwardLimits.max_threads,
+                                  shifted_min_blocks_per_sm<kVectorsPerThread>())
     rms_norm_shifted_kernel(const scalar_t* __restrict__ x,
                             const scalar_t* __restrict__ shifted_weight, scalar_t* __restrict__ y,
                             int64_t rows, int64_t hidden, int64_t span_vectors,
@@ -481,24 +490,35 @@ bool launch_shifted_rms_norm(const scalar_t* x, const scalar_t* weight, scalar_t
       return false;
     }
     const int64_t span_vectors = widest_span_vectors<scalar_t>(hidden);
-    // The aligned forward's plan: two vectors a thread on up to 512 threads, so 16-bit spans of
-    // up to 1024 vectors (H <= 8185). On more vectors a thread the scalar kernel is faster:
-    // four gave 44 % occupancy at H = 4095 (69 % of copy bandwidth on an H100), and 85 against
-    // 74 % at 8193. One vector a thread lost 4-12 % at 1001 and 2047 on both GPUs (runs
-    // 73-74). Two on more than 512 threads, at 40 registers, lost to the scalar kernel: H =
-    // 8193 on 544 threads 80.7 against 85.2 %, 12289 on 800 65.8 against 83.3 % (run O9).
+    // The aligned forward's plan: two vectors a thread on up to 512 threads (16-bit spans of up
+    // to 1024 vectors, H <= 8185), then four (up to 2048 vectors, H <= 16377). One vector a
+    // thread lost 4-12 % at 1001 and 2047 on both GPUs (runs 73-74). Two on more than 512
+    // threads, at 40 registers, lost to the scalar kernel on an H100: H = 8193 on 544 threads
+    // 80.7 against 85.2 %, 12289 on 800 65.8 against 83.3 % (run O9).
     const RowLaunch plan =
         plan_row_launch(span_vectors * kVec, kVec, /*vector_ok=*/true, kForwardLimits);
-    if (plan.vectors_per_thread == 0 || plan.vectors_per_thread > 2) {
+    // Four vectors a thread, 16-bit types only, and not on GPUs whose memory is slow for an SM.
+    // On an H100, with the vectors still unpacked (before run O74), four gave 44 % occupancy at
+    // H = 4095 (69 % of copy bandwidth) and 74 % at 8193 against the scalar kernel's 85. On an
+    // H200, held as words, they took bfloat16 at 8193 from the scalar kernel's 68.9 % to 86.6
+    // forward and 68.3 to 74.3 forward+backward (run O76).
+    const bool four_vectors =
+        plan.vectors_per_thread == 4 && sizeof(scalar_t) == 2 && !memory_is_slow_for_an_sm();
+    if (plan.vectors_per_thread != 2 && !four_vectors) {
       return false;
     }
     const std::optional<Tensor> shifted = shifted_weight_copies(weight, hidden, stream, like);
+    const scalar_t* weight_copies = shifted ? const_data<scalar_t>(*shifted) : nullptr;
     const auto kernel = [](auto vpt) {
       return rms_norm_shifted_kernel<scalar_t, kCasting, decltype(vpt)::value>;
     };
-    return launch_vector_row_kernel<2>(plan, rows, stream, kernel, x,
-                                       shifted ? const_data<scalar_t>(*shifted) : nullptr, y, rows,
-                                       hidden, span_vectors, eps, offset);
+    if constexpr (sizeof(scalar_t) == 2) {
+      return launch_vector_row_kernel<2, 4>(plan, rows, stream, kernel, x, weight_copies, y, rows,
+                                            hidden, span_vectors, eps, offset);
+    } else {
+      return launch_vector_row_kernel<2>(plan, rows, stream, kernel, x, weight_copies, y, rows,
+                                         hidden, span_vectors, eps, offset);
+    }
   }
 }
 

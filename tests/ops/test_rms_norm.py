@@ -89,7 +89,8 @@ def test_forward_rows_read_twice_from_l2(
 
 
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32])
-@pytest.mark.parametrize("hidden", [257, 1001, 2047, 4095, 6001, 8193])
+# 8193 and 16377: spans of four vectors a thread on an H200, the second the widest
+@pytest.mark.parametrize("hidden", [257, 1001, 2047, 4095, 6001, 8193, 16377])
 def test_forward_rows_off_the_vector_boundary(device: str, dtype: torch.dtype, hidden: int) -> None:
     # Odd widths put consecutive rows at every offset from the 16-byte boundary; 3000 rows
     # are more than a GPU keeps resident, so blocks loop over rows. The offset view gives
