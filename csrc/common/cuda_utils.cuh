@@ -29,23 +29,17 @@ constexpr int vector_size() {
   return kVectorBytes / static_cast<int>(sizeof(T));
 }
 
-// A 16-byte vector as its four 32-bit words, and back.
-template <typename Vec>
-__device__ __forceinline__ uint4 as_words(const Vec& v) {
-  static_assert(sizeof(Vec) == sizeof(uint4), "one 16-byte vector");
-  uint4 words;
-  memcpy(&words, &v, sizeof words);
-  return words;
-}
-template <typename Vec>
-__device__ __forceinline__ Vec as_vector(const uint4& words) {
-  static_assert(sizeof(Vec) == sizeof(uint4), "one 16-byte vector");
-  Vec v;
-  memcpy(&v, &words, sizeof v);
-  return v;
+// The bytes of `from` as a To of the same size: a 16-byte vector as its four 32-bit words
+// (uint4) and back.
+template <typename To, typename From>
+__device__ __forceinline__ To bit_copy(const From& from) {
+  static_assert(sizeof(To) == sizeof(From), "the same size");
+  To to;
+  memcpy(&to, &from, sizeof to);
+  return to;
 }
 
-// Element k of a 16-byte vector held as its four words (as_words), in acc_t. bfloat16 by
+// Element k of a 16-byte vector held as its four words (bit_copy<uint4>), in acc_t. bfloat16 by
 // shifting or masking its word: through the 16-bit element, nvcc extracted an upper half with
 // a PRMT before shifting it.
 template <typename T, typename acc_t, int kSize>
@@ -54,7 +48,7 @@ __device__ __forceinline__ acc_t word_element(const uint4& words, int k) {
     const unsigned w = (&words.x)[k / 2];
     return __uint_as_float(k % 2 == 0 ? w << 16 : w & 0xffff0000u);
   } else {
-    return static_cast<acc_t>(as_vector<AlignedVector<T, kSize>>(words).val[k]);
+    return static_cast<acc_t>(bit_copy<AlignedVector<T, kSize>>(words).val[k]);
   }
 }
 
@@ -102,10 +96,7 @@ __device__ __forceinline__ Vec load_with_l2_eviction(const Vec* p) {
                  : "l"(p), "l"(policy)
                  : "memory");
   }
-  const uint32_t words[4] = {w0, w1, w2, w3};
-  Vec v;
-  memcpy(&v, words, sizeof(v));
-  return v;
+  return bit_copy<Vec>(make_uint4(w0, w1, w2, w3));
 }
 
 inline bool is_vector_aligned(const void* ptr) {

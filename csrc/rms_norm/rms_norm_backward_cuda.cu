@@ -437,8 +437,7 @@ __device__ __forceinline__ Vec weight_vector_read_again(const Vec* weight_vec, i
     asm volatile("ld.global.nc.v4.u32 {%0, %1, %2, %3}, [%4];"
                  : "=r"(w0), "=r"(w1), "=r"(w2), "=r"(w3)
                  : "l"(weight_vec + idx));
-    const uint32_t words[4] = {w0, w1, w2, w3};
-    memcpy(&wv, words, sizeof(wv));
+    wv = bit_copy<Vec>(make_uint4(w0, w1, w2, w3));
   }
   return wv;
 }

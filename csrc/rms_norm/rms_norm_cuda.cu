@@ -362,7 +362,7 @@ __global__ void __launch_bounds__(kForwardLimits.max_threads,
           for (int k = 0; k < kVec; ++k) {
             v.val[k] = own >> k & 1u ? x_row[first + k] : scalar_t(acc_t(0));
           }
-          xv[i] = as_words(v);
+          xv[i] = bit_copy<uint4>(v);
         } else {
           keep_own_words<kVec>(xv[i], own);
         }
@@ -386,7 +386,7 @@ __global__ void __launch_bounds__(kForwardLimits.max_threads,
       if (idx < row_vectors) {
         store_span_vector(
             y_row, lead, idx, hidden_int,
-            normalized<kCasting>(as_vector<Vec>(xv[i]), rstd, weight_vec, idx, offset));
+            normalized<kCasting>(bit_copy<Vec>(xv[i]), rstd, weight_vec, idx, offset));
       }
     }
   }
