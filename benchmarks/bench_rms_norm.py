@@ -1025,6 +1025,13 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         "shape only where its H is one of them (a short before/after run; see compare_runs.py)",
     )
     p.add_argument(
+        "--sweep-hidden",
+        type=hidden_sizes,
+        default=None,
+        help="comma-separated hidden sizes: RMSNorm's sweep at these widths instead of its own "
+        "(widths it does not hold, such as 3001,6001, for a kernel change that reaches them)",
+    )
+    p.add_argument(
         "--castings",
         action="store_true",
         help="time hotloop's Llama and Gemma casting modes at every width of the sweep too, "
@@ -1097,7 +1104,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         torch.cuda.empty_cache()
     # 2. The hidden-size sweep in bfloat16, tensors of about the headline's size (with
     # --castings, the casting modes' rows beside each width's).
-    for hidden in widths(QUICK_SWEEP_HIDDEN if args.quick else SWEEP_HIDDEN):
+    sweep = QUICK_SWEEP_HIDDEN if args.quick else SWEEP_HIDDEN
+    for hidden in widths(sorted(args.sweep_hidden) if args.sweep_hidden else sweep):
         if hidden == H:
             continue  # the headline shape is this point of the sweep
         shape = sweep_shape(hidden, total)
@@ -1140,6 +1148,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "meta": {
             **metadata(hotloop, liger_note, args.quick),
             "hidden": sorted(args.hidden) if args.hidden else None,
+            "sweep_hidden": sorted(args.sweep_hidden) if args.sweep_hidden else None,
             "castings_at_every_width": args.castings,
             "tool": TOOL,
         },

@@ -133,6 +133,15 @@ def test_bench_hidden_takes_a_list_of_positive_sizes() -> None:
             bench.parse_args(["--hidden", bad])
 
 
+def test_bench_sweep_hidden_takes_a_list_of_positive_sizes() -> None:
+    bench = load_benchmark("bench_rms_norm")
+    assert bench.parse_args(["--sweep-hidden", "3001,6001"]).sweep_hidden == {3001, 6001}
+    assert bench.parse_args([]).sweep_hidden is None
+    for bad in ("0", "3001,x", ","):
+        with pytest.raises(SystemExit):
+            bench.parse_args(["--sweep-hidden", bad])
+
+
 def test_bench_castings_is_off_unless_asked() -> None:
     bench = load_benchmark("bench_rms_norm")
     assert bench.parse_args([]).castings is False
@@ -152,6 +161,20 @@ def test_castings_are_timed_at_the_chosen_widths(tmp_path: Path) -> None:
     rows = {(r["impl"], r["mode"]) for r in record["results"] if r["hidden"] == 1024}
     for impl in ("hotloop CUDA", "hotloop CUDA llama", "hotloop CUDA gemma"):
         assert {(impl, "fwd"), (impl, "fwd+bwd")} <= rows
+
+
+@pytest.mark.gpu
+@requires_cuda
+def test_sweep_hidden_times_widths_the_sweep_does_not_hold(tmp_path: Path) -> None:
+    bench = load_benchmark("bench_rms_norm")
+    options = ["--rms-norm-only", "--no-small-batch", "--no-plot", "--quick"]
+    widths = ["--sweep-hidden", "3001,6001", "--hidden", "3001,6001"]  # --hidden: no headline
+    out = ["--only", "hotloop cuda", "--out", str(tmp_path)]
+    assert bench.main([*options, *widths, *out]) == 0
+    record = json.loads((tmp_path / "rms_norm.json").read_text())
+    assert record["meta"]["sweep_hidden"] == [3001, 6001]
+    sweep = {r["hidden"] for r in record["results"] if "sweep" in r["tags"]}
+    assert sweep == {3001, 6001}
 
 
 @pytest.mark.gpu
