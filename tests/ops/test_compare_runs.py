@@ -124,22 +124,15 @@ def test_out_never_replaces_a_file_it_did_not_write(compare_runs: Any, tmp_path:
     assert (out / "compare_runs.md").read_text() == "notes of mine\n"
 
 
-def test_bench_hidden_takes_a_list_of_positive_sizes() -> None:
+@pytest.mark.parametrize("option", ["--hidden", "--sweep-hidden"])
+def test_bench_widths_take_a_list_of_positive_sizes(option: str) -> None:
     bench = load_benchmark("bench_rms_norm")
-    assert bench.parse_args(["--hidden", "4096,12288"]).hidden == {4096, 12288}
-    assert bench.parse_args([]).hidden is None
+    attribute = option.removeprefix("--").replace("-", "_")
+    assert getattr(bench.parse_args([option, "3001,12288"]), attribute) == {3001, 12288}
+    assert getattr(bench.parse_args([]), attribute) is None
     for bad in ("0", "4096,x", ","):
         with pytest.raises(SystemExit):
-            bench.parse_args(["--hidden", bad])
-
-
-def test_bench_sweep_hidden_takes_a_list_of_positive_sizes() -> None:
-    bench = load_benchmark("bench_rms_norm")
-    assert bench.parse_args(["--sweep-hidden", "3001,6001"]).sweep_hidden == {3001, 6001}
-    assert bench.parse_args([]).sweep_hidden is None
-    for bad in ("0", "3001,x", ","):
-        with pytest.raises(SystemExit):
-            bench.parse_args(["--sweep-hidden", bad])
+            bench.parse_args([option, bad])
 
 
 def test_bench_castings_is_off_unless_asked() -> None:
