@@ -127,12 +127,20 @@ def device_name(device: torch.device) -> str:
     return "cpu"
 
 
-def dump(out: Path, device: torch.device, quick: bool) -> int:
-    if out.exists():
+def refuse_existing(path: Path, what: str) -> bool:
+    """Whether `path` exists, said on stderr: this tool writes only new files."""
+    exists = path.exists()
+    if exists:
         print(
-            f"output_digests: {out} exists; pass a new path (this tool does not overwrite files)",
+            f"output_digests: {path} exists; pass a new path for the {what} (this tool does not "
+            "overwrite files)",
             file=sys.stderr,
         )
+    return exists
+
+
+def dump(out: Path, device: torch.device, quick: bool) -> int:
+    if refuse_existing(out, "dump"):
         return 2
     results = dict(cases(device, quick))
     errors = sum(isinstance(v, str) for v in results.values())
@@ -165,12 +173,7 @@ def load(path: Path) -> dict[str, Any]:
 
 
 def compare(base_path: Path, new_path: Path, report: Path | None) -> int:
-    if report is not None and report.exists():
-        print(
-            f"output_digests: {report} exists; pass a new path for the report (this tool does "
-            "not overwrite files)",
-            file=sys.stderr,
-        )
+    if report is not None and refuse_existing(report, "report"):
         return 2
     try:
         base, new = load(base_path), load(new_path)
@@ -187,7 +190,8 @@ def compare(base_path: Path, new_path: Path, report: Path | None) -> int:
             return 2
     lines = [f"# {new['hotloop']} against {base['hotloop']} on {base['device']}", ""]
     differ = []
-    for case in sorted(set(base["cases"]) | set(new["cases"])):
+    every_case = sorted(set(base["cases"]) | set(new["cases"]))
+    for case in every_case:
         a, b = base["cases"].get(case), new["cases"].get(case)
         if a == b:
             continue
@@ -196,8 +200,7 @@ def compare(base_path: Path, new_path: Path, report: Path | None) -> int:
             differ.append(f"- {case}: output(s) {which} differ")
         else:
             differ.append(f"- {case}: {a!r} against {b!r}")
-    total = len(set(base["cases"]) | set(new["cases"]))
-    lines.append(f"{total} cases, {len(differ)} differ.")
+    lines.append(f"{len(every_case)} cases, {len(differ)} differ.")
     lines += ["", *differ] if differ else []
     text = "\n".join(lines) + "\n"
     print(text, end="")

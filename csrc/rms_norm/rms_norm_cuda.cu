@@ -372,6 +372,7 @@ __global__ void __launch_bounds__(kForwardLimits.max_threads,
     for_row_vectors<kVectorsPerThread>(blockDim.x, true, row_vectors, [&](int i, int) {
       add_word_squares<scalar_t, acc_t, kVec>(sum_sq[0], xv[i]);
     });
+    // Span rows have at least kSpanMinHidden elements (spans_line_up), so whole warps.
     row_sum<false, /*kWholeWarps=*/true>(sum_sq);
     const acc_t rstd = row_rstd<kCasting>(sum_sq[0], inv_hidden, eps);
 
