@@ -16,6 +16,7 @@
 #include <optional>
 
 #include "cuda_utils.cuh"
+#include "row_launch.cuh"
 #include "staged_rows.cuh"
 
 namespace hotloop {
@@ -230,6 +231,34 @@ template <typename scalar_t>
 int64_t widest_span_vectors(int64_t hidden) {
   constexpr int kVec = vector_size<scalar_t>();
   return ceil_div(hidden + kVec - 1, kVec);
+}
+
+// A plan for span rows of `span_vectors` vectors: of `vectors_choices` vectors a thread, the one
+// whose threads (whole warps, at most max_threads) leave the fewest vector slots empty, the fewer
+// warps on a tie; none (vectors_per_thread 0) where no choice fits. A span is a vector longer
+// than its row's aligned width, and at a fixed number of vectors a thread that vector could take
+// a warp of its own: H = 2047 in 16 bits is 257 vectors, at two a thread on five warps whose
+// fifth has one lane busy, at three on three warps. For spans of more than two warps' threads at
+// every choice (the threads are then whole warps, one row a block).
+inline RowLaunch fewest_idle_span_plan(int64_t span_vectors,
+                                       std::initializer_list<int> vectors_choices,
+                                       int max_threads) {
+  RowLaunch best;
+  int64_t best_idle = 0;
+  for (const int vectors : vectors_choices) {
+    const int threads = threads_for_row(ceil_div(span_vectors, int64_t{vectors}));
+    if (threads > max_threads) {
+      continue;
+    }
+    const int64_t idle = int64_t{threads} * vectors - span_vectors;
+    if (best.vectors_per_thread == 0 || idle < best_idle ||
+        (idle == best_idle && threads < best.threads_per_row)) {
+      best.vectors_per_thread = vectors;
+      best.threads_per_row = threads;
+      best_idle = idle;
+    }
+  }
+  return best;
 }
 
 // The kVec copies of the weight that the span kernels read (see shift_weight_kernel), or

@@ -496,16 +496,24 @@ bool launch_shifted_rms_norm(const scalar_t* x, const scalar_t* weight, scalar_t
     // thread lost 4-12 % at 1001 and 2047 on both GPUs (runs 73-74). Two on more than 512
     // threads, at 40 registers, lost to the scalar kernel on an H100: H = 8193 on 544 threads
     // 80.7 against 85.2 %, 12289 on 800 65.8 against 83.3 % (run O9).
+    // On GPUs whose memory is fast for an SM (an H200), 16-bit spans of more than 128 vectors
+    // (each choice two warps or more) take two, three or four vectors a thread, whichever
+    // leaves the fewest slots empty (fewest_idle_span_plan). On an H200, bfloat16 forward
+    // against a fixed two or four (run O77): 2047 79.0 -> 88.9 % (three), 3001 85.4 -> 92.5
+    // (four), 4095 78.5 -> 88.7 (three), 6001 82.5 -> 89.4 (four), 8193 86.3 -> 87.6 (three);
+    // 12289 keeps four, the only choice on 512 threads. The same choice in the span backward
+    // lost 2-16 points (O78). Three and four vectors a thread: 16-bit types only, and not on
+    // GPUs whose memory is slow for an SM. On an H100, with the vectors still unpacked (before
+    // run O74), four gave 44 % occupancy at H = 4095 (69 % of copy bandwidth) and 74 % at 8193
+    // against the scalar kernel's 85. On an H200, held as words, four took bfloat16 at 8193
+    // from the scalar kernel's 68.9 % to 86.6 forward and 68.3 to 74.3 forward+backward (run
+    // O76).
+    const bool fast_memory_16_bit = sizeof(scalar_t) == 2 && !memory_is_slow_for_an_sm();
     const RowLaunch plan =
-        plan_row_launch(span_vectors * kVec, kVec, /*vector_ok=*/true, kForwardLimits);
-    // Four vectors a thread, 16-bit types only, and not on GPUs whose memory is slow for an SM.
-    // On an H100, with the vectors still unpacked (before run O74), four gave 44 % occupancy at
-    // H = 4095 (69 % of copy bandwidth) and 74 % at 8193 against the scalar kernel's 85. On an
-    // H200, held as words, they took bfloat16 at 8193 from the scalar kernel's 68.9 % to 86.6
-    // forward and 68.3 to 74.3 forward+backward (run O76).
-    const bool four_vectors =
-        plan.vectors_per_thread == 4 && sizeof(scalar_t) == 2 && !memory_is_slow_for_an_sm();
-    if (plan.vectors_per_thread != 2 && !four_vectors) {
+        fast_memory_16_bit && span_vectors > 4 * kWarpSize
+            ? fewest_idle_span_plan(span_vectors, {2, 3, 4}, kForwardLimits.max_threads)
+            : plan_row_launch(span_vectors * kVec, kVec, /*vector_ok=*/true, kForwardLimits);
+    if (plan.vectors_per_thread == 0 || (plan.vectors_per_thread != 2 && !fast_memory_16_bit)) {
       return false;
     }
     const std::optional<Tensor> shifted = shifted_weight_copies(weight, hidden, stream, like);
@@ -514,8 +522,8 @@ bool launch_shifted_rms_norm(const scalar_t* x, const scalar_t* weight, scalar_t
       return rms_norm_shifted_kernel<scalar_t, kCasting, decltype(vpt)::value>;
     };
     if constexpr (sizeof(scalar_t) == 2) {
-      return launch_vector_row_kernel<2, 4>(plan, rows, stream, kernel, x, weight_copies, y, rows,
-                                            hidden, span_vectors, eps, offset);
+      return launch_vector_row_kernel<2, 3, 4>(plan, rows, stream, kernel, x, weight_copies, y,
+                                               rows, hidden, span_vectors, eps, offset);
     } else {
       return launch_vector_row_kernel<2>(plan, rows, stream, kernel, x, weight_copies, y, rows,
                                          hidden, span_vectors, eps, offset);

@@ -89,8 +89,9 @@ def test_forward_rows_read_twice_from_l2(
 
 
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32])
-# 8193 and 16377: spans of four vectors a thread on an H200, the second the widest
-@pytest.mark.parametrize("hidden", [257, 1001, 2047, 4095, 6001, 8193, 16377])
+# On an H200 the span's vectors a thread depend on its width: 1025, 2047, 4095 and 8193 take
+# three, 3001, 6001 and 16377 (the widest) four
+@pytest.mark.parametrize("hidden", [257, 1001, 1025, 2047, 3001, 4095, 6001, 8193, 16377])
 def test_forward_rows_off_the_vector_boundary(device: str, dtype: torch.dtype, hidden: int) -> None:
     # Odd widths put consecutive rows at every offset from the 16-byte boundary; 3000 rows
     # are more than a GPU keeps resident, so blocks loop over rows. The offset view gives
