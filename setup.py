@@ -18,7 +18,8 @@ HOTLOOP_SYSROOT       glibc sysroot to compile and link against (docs/toolchain.
                       the extension's symbol versions within manylinux_2_28).
 NVCC_THREADS          nvcc --threads (default 2).
 SOURCE_DATE_EPOCH     build time recorded in hotloop/_build_info.py.
-HOTLOOP_GIT_COMMIT    commit recorded in the build info when git can't tell (an sdist).
+HOTLOOP_GIT_COMMIT    commit recorded in the build info when git can't tell (an sdist, or a
+                      tree unpacked inside another checkout).
 HOTLOOP_RELEASED_VARIANTS  comma-separated labels of the wheels the release builds (set by
                       `nox -s wheels`): the import guard suggests only those.
 MAX_JOBS, CC, CXX, PYTORCH_NVCC are read by torch's build as usual; the build info records the
@@ -138,7 +139,8 @@ def compiled_archs() -> list[str]:
 def git_commit() -> str:
     """The commit the build info names: HOTLOOP_GIT_COMMIT (the pipeline's, whose
     scripts/build.py marks a tree whose sources differ from HEAD "-dirty"), else HEAD, with
-    "-dirty" when the checkout differs from it. Without the pipeline's list of sources any
+    "-dirty" when the checkout differs from it, where this tree is a checkout's top (not a
+    folder inside somebody else's). Without the pipeline's list of sources any
     change counts: a plain `pip wheel .` of an edited tree must not name HEAD as its source."""
     if commit := os.environ.get("HOTLOOP_GIT_COMMIT"):
         return commit
@@ -149,6 +151,9 @@ def git_commit() -> str:
         ).stdout.strip()
 
     try:
+        # git looks upwards: a tree unpacked inside another checkout would take its HEAD
+        if Path(git("rev-parse", "--show-toplevel")).resolve() != Path(ROOT).resolve():
+            return "unknown"
         head = git("rev-parse", "HEAD")
         changed = git("status", "--porcelain")
     except (OSError, subprocess.CalledProcessError):

@@ -103,3 +103,24 @@ def test_setup_py_names_an_edited_tree_dirty(tmp_path, monkeypatch) -> None:
     assert setup.git_commit() == f"{head}-dirty"
     monkeypatch.setenv("HOTLOOP_GIT_COMMIT", "c" * 40)
     assert setup.git_commit() == "c" * 40
+
+
+@pytest.mark.skipif(shutil.which("git") is None, reason="no git")
+def test_setup_py_does_not_name_an_enclosing_checkouts_commit(tmp_path, monkeypatch) -> None:
+    """A source tree unpacked inside another project's checkout (an sdist or a `git archive`
+    under an ignored folder) is not that checkout's HEAD: its build info must not say it is."""
+    setup = load_setup_py()
+    monkeypatch.delenv("HOTLOOP_GIT_COMMIT", raising=False)
+    subprocess.run(["git", "init", "-q", str(tmp_path)], check=True)
+    (tmp_path / ".gitignore").write_text("/unpacked/\n")
+    subprocess.run(["git", "add", ".gitignore"], cwd=tmp_path, check=True)
+    subprocess.run(
+        ["git", "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-q", "-m", "outer"],
+        cwd=tmp_path,
+        check=True,
+    )
+    unpacked = tmp_path / "unpacked"
+    unpacked.mkdir()
+    (unpacked / "kernel.cu").write_text("// one\n")
+    monkeypatch.setattr(setup, "ROOT", unpacked)
+    assert setup.git_commit() == "unknown"
