@@ -115,7 +115,12 @@ def git_output(*args: str) -> str:
 
 
 def git_commit() -> str:
+    """The repository's HEAD, "-dirty" where its wheel's sources differ from it, or "unknown"
+    where git can't tell or answers for another checkout around the repository (git looks
+    upwards: an unpacked sdist inside a monorepo would take the monorepo's HEAD)."""
     try:
+        if Path(git_output("rev-parse", "--show-toplevel")).resolve() != REPO.resolve():
+            return "unknown"
         head = git_output("rev-parse", "HEAD")
         items = wheel_sources.sources()
         dirty = git_output("status", "--porcelain", "--", *items)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -148,3 +149,15 @@ def test_build_in_venv_failure_shows_the_log_tail(tmp_path):
     (tmp_path / "w").mkdir()
     with pytest.raises(build.BuildError, match=r"(?s)t: build failed.*the compiler said no"):
         build.build_in_venv(py, tmp_path, tmp_path / "w", {"FAIL": "1", "PATH": "/bin"}, what="t")
+
+
+def test_git_commit_is_unknown_for_sources_inside_another_checkout(tmp_path, monkeypatch):
+    """A hotloop tree without its own .git (an unpacked sdist) inside another project's
+    checkout: git answers for the outer checkout, whose HEAD is not this tree's source."""
+    git = ["git", "-c", "user.name=t", "-c", "user.email=t@t"]
+    subprocess.run([*git, "init", "-q", str(tmp_path)], check=True)
+    subprocess.run([*git, "commit", "-q", "--allow-empty", "-m", "outer"], cwd=tmp_path, check=True)
+    inner = tmp_path / "vendored" / "hotloop"
+    inner.mkdir(parents=True)
+    monkeypatch.setattr(build, "REPO", inner)
+    assert build.git_commit() == "unknown"
