@@ -139,9 +139,9 @@ def compiled_archs() -> list[str]:
 def git_commit() -> str:
     """The commit the build info names: HOTLOOP_GIT_COMMIT (the pipeline's, whose
     scripts/build.py marks a tree whose sources differ from HEAD "-dirty"), else HEAD, with
-    "-dirty" when the checkout differs from it, where this tree is a checkout's top (not a
-    folder inside somebody else's). Without the pipeline's list of sources any
-    change counts: a plain `pip wheel .` of an edited tree must not name HEAD as its source."""
+    "-dirty" when this tree differs from it, where a checkout tracks this tree. Without the
+    pipeline's list of sources any change counts: a plain `pip wheel .` of an edited tree must
+    not name HEAD as its source."""
     if commit := os.environ.get("HOTLOOP_GIT_COMMIT"):
         return commit
 
@@ -151,11 +151,12 @@ def git_commit() -> str:
         ).stdout.strip()
 
     try:
-        # git looks upwards: a tree unpacked inside another checkout would take its HEAD
-        if Path(git("rev-parse", "--show-toplevel")).resolve() != Path(ROOT).resolve():
+        # git looks upwards: a tree it does not track (an unpacked sdist, an ignored copy)
+        # inside somebody else's checkout would take that checkout's HEAD
+        if not git("ls-files", "--", "."):
             return "unknown"
         head = git("rev-parse", "HEAD")
-        changed = git("status", "--porcelain")
+        changed = git("status", "--porcelain", "--", ".")
     except (OSError, subprocess.CalledProcessError):
         return "unknown"
     return head + ("-dirty" if changed else "")

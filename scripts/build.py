@@ -107,36 +107,55 @@ def site_packages(python: Path) -> Path:
     return Path(out.stdout.strip())
 
 
-def git_output(*args: str) -> str:
-    """What ``git ARGS`` prints in the repository (raises when git can't tell)."""
+def git_output(*args: str, cwd: Path | None = None) -> str:
+    """What ``git ARGS`` prints in ``cwd`` (default: the repository; raises when git can't
+    tell)."""
     return subprocess.run(
-        ["git", *args], cwd=REPO, capture_output=True, text=True, check=True
+        ["git", *args], cwd=cwd or REPO, capture_output=True, text=True, check=True
     ).stdout.strip()
 
 
-def git_commit() -> str:
-    """The repository's HEAD, "-dirty" where its wheel's sources differ from it, or "unknown"
-    where git can't tell or answers for another checkout around the repository (git looks
-    upwards: an unpacked sdist inside a monorepo would take the monorepo's HEAD)."""
+def tracked_by_git(root: Path) -> bool:
+    """Whether a git checkout tracks files of ``root``. git looks upwards: a folder it does
+    not track (an unpacked sdist, an ignored copy) inside somebody else's checkout would
+    otherwise take that checkout's HEAD and history for its own."""
     try:
-        if Path(git_output("rev-parse", "--show-toplevel")).resolve() != REPO.resolve():
-            return "unknown"
-        head = git_output("rev-parse", "HEAD")
-        items = wheel_sources.sources()
-        dirty = git_output("status", "--porcelain", "--", *items)
+        return bool(git_output("ls-files", "--", ".", cwd=root))
+    except (OSError, subprocess.CalledProcessError):
+        return False
+
+
+def checkout_commit(root: Path, paths: Sequence[str] = (".",)) -> str:
+    """HEAD of the checkout that tracks ``root``, "-dirty" where ``paths`` (relative to
+    ``root``) differ from it, or "unknown" where no checkout tracks it."""
+    if not tracked_by_git(root):
+        return "unknown"
+    try:
+        head = git_output("rev-parse", "HEAD", cwd=root)
+        dirty = git_output("status", "--porcelain", "--", *paths, cwd=root)
     except (OSError, subprocess.CalledProcessError):
         return "unknown"
     return head + ("-dirty" if dirty else "")
 
 
-def source_date_epoch() -> str:
-    """``$SOURCE_DATE_EPOCH`` or the last commit's time: reproducible build_time."""
+def git_commit() -> str:
+    """The commit of hotloop's wheel sources (the repository's HEAD, "-dirty" where they
+    differ from it)."""
+    return checkout_commit(REPO, wheel_sources.sources())
+
+
+def source_date_epoch(root: Path | None = None) -> str:
+    """``$SOURCE_DATE_EPOCH``, or the time of the last commit to ``root`` (default: the
+    repository), or now where no checkout tracks it: reproducible build_time."""
     if os.environ.get("SOURCE_DATE_EPOCH"):
         return os.environ["SOURCE_DATE_EPOCH"]
-    try:
-        return git_output("log", "-1", "--format=%ct")
-    except (OSError, subprocess.CalledProcessError):
-        return str(int(time.time()))
+    where = root or REPO
+    if tracked_by_git(where):
+        try:
+            return git_output("log", "-1", "--format=%ct", "--", ".", cwd=where)
+        except (OSError, subprocess.CalledProcessError):
+            pass
+    return str(int(time.time()))
 
 
 def copy_sources(dest: Path) -> None:

@@ -172,7 +172,7 @@ def project_build_env(
         {
             "MAX_JOBS": os.environ.get("MAX_JOBS", str(os.cpu_count() or 2)),
             "NVCC_THREADS": os.environ.get("NVCC_THREADS", "2"),
-            "SOURCE_DATE_EPOCH": build.source_date_epoch(),
+            "SOURCE_DATE_EPOCH": build.source_date_epoch(project.root),
             "TORCH_NO_COMPILER_WRAPPER": "1",
             "UV_PYTHON_DOWNLOADS": "never",
             **compilers,

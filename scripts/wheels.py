@@ -270,7 +270,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         )
         for builder in builds
     ]
-    return finish(out_dir, cells, started, argv)
+    return finish(out_dir, cells, started, argv, build.git_commit())
 
 
 def project_main(args: argparse.Namespace, argv: Sequence[str] | None) -> int:
@@ -292,16 +292,21 @@ def project_main(args: argparse.Namespace, argv: Sequence[str] | None) -> int:
     cells = project_wheels.run_project(table, rows, out_dir, args.python, args.skip_tests, args.cpu)
     for cell in cells:
         write_cell_json(out_dir, cell)
-    return finish(out_dir, cells, started, argv)
+    return finish(out_dir, cells, started, argv, build.checkout_commit(table.root))
 
 
 def finish(
-    out_dir: Path, cells: Sequence[CellReport], started: float, argv: Sequence[str] | None
+    out_dir: Path,
+    cells: Sequence[CellReport],
+    started: float,
+    argv: Sequence[str] | None,
+    commit: str,
 ) -> int:
-    """Write the run's report, print its table and each failure; the exit status."""
+    """Write the run's report (``commit``: that of the sources built), print its table and
+    each failure; the exit status."""
     meta = {
         "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
-        "commit": build.git_commit(),
+        "commit": commit,
         "host": f"{platform.node()} {platform.machine()} {os.cpu_count()} cores",
         "seconds": round(time.monotonic() - started, 1),
         "args": sys.argv[1:] if argv is None else list(argv),

@@ -124,3 +124,26 @@ def test_setup_py_does_not_name_an_enclosing_checkouts_commit(tmp_path, monkeypa
     (unpacked / "kernel.cu").write_text("// one\n")
     monkeypatch.setattr(setup, "ROOT", unpacked)
     assert setup.git_commit() == "unknown"
+
+
+@pytest.mark.skipif(shutil.which("git") is None, reason="no git")
+def test_setup_py_names_the_monorepo_commit_that_tracks_it(tmp_path, monkeypatch) -> None:
+    """A tree that a larger checkout tracks is that checkout's HEAD, dirty by its own files."""
+    setup = load_setup_py()
+    monkeypatch.delenv("HOTLOOP_GIT_COMMIT", raising=False)
+    git = ["git", "-c", "user.name=t", "-c", "user.email=t@t"]
+    subprocess.run([*git, "init", "-q", str(tmp_path)], check=True)
+    vendored = tmp_path / "third_party" / "hotloop"
+    vendored.mkdir(parents=True)
+    (vendored / "kernel.cu").write_text("// one\n")
+    subprocess.run([*git, "add", "."], cwd=tmp_path, check=True)
+    subprocess.run([*git, "commit", "-q", "-m", "monorepo"], cwd=tmp_path, check=True)
+    head = subprocess.run(
+        ["git", "rev-parse", "HEAD"], cwd=tmp_path, capture_output=True, text=True, check=True
+    ).stdout.strip()
+    monkeypatch.setattr(setup, "ROOT", vendored)
+    assert setup.git_commit() == head
+    (tmp_path / "elsewhere.txt").write_text("not hotloop's\n")
+    assert setup.git_commit() == head
+    (vendored / "kernel.cu").write_text("// two\n")
+    assert setup.git_commit() == f"{head}-dirty"

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import subprocess
 from pathlib import Path
 
 import pytest
@@ -10,6 +9,7 @@ import pytest
 from scripts import build, ci, diskspace, matrix, toolchain, variant
 from scripts.interpreters import Interpreter
 from tests.pipeline.disk_helpers import fake_statvfs
+from tests.pipeline.git_helpers import git_checkout_with_a_project
 
 
 def test_build_env_follows_the_setup_py_contract(tmp_path, monkeypatch, newest_row):
@@ -152,12 +152,23 @@ def test_build_in_venv_failure_shows_the_log_tail(tmp_path):
 
 
 def test_git_commit_is_unknown_for_sources_inside_another_checkout(tmp_path, monkeypatch):
-    """A hotloop tree without its own .git (an unpacked sdist) inside another project's
-    checkout: git answers for the outer checkout, whose HEAD is not this tree's source."""
-    git = ["git", "-c", "user.name=t", "-c", "user.email=t@t"]
-    subprocess.run([*git, "init", "-q", str(tmp_path)], check=True)
-    subprocess.run([*git, "commit", "-q", "--allow-empty", "-m", "outer"], cwd=tmp_path, check=True)
-    inner = tmp_path / "vendored" / "hotloop"
-    inner.mkdir(parents=True)
-    monkeypatch.setattr(build, "REPO", inner)
+    """A hotloop tree that git does not track (an unpacked sdist, an ignored copy) inside
+    another project's checkout: git answers for that checkout, whose HEAD is not this tree's
+    source, and whose last commit is not this tree's time."""
+    git_checkout_with_a_project(tmp_path)
+    monkeypatch.delenv("SOURCE_DATE_EPOCH", raising=False)
+    monkeypatch.setattr(build, "REPO", tmp_path / "unpacked")
     assert build.git_commit() == "unknown"
+    assert build.source_date_epoch() != "1700000000"
+
+
+def test_a_project_in_a_monorepo_takes_its_checkouts_commit_and_time(tmp_path, monkeypatch):
+    project = git_checkout_with_a_project(tmp_path)
+    monkeypatch.delenv("SOURCE_DATE_EPOCH", raising=False)
+    head = build.git_output("rev-parse", "HEAD", cwd=tmp_path)
+    assert build.checkout_commit(project) == head
+    assert build.source_date_epoch(project) == "1700000000"
+    (tmp_path / "README.md").write_text("another project's change\n")
+    assert build.checkout_commit(project) == head
+    (project / "setup.py").write_text("# changed\n")
+    assert build.checkout_commit(project) == f"{head}-dirty"

@@ -15,6 +15,7 @@ from scripts.basics import REPO
 from scripts.build import BuildError
 from scripts.interpreters import Interpreter
 from scripts.toolchain import Toolchain
+from tests.pipeline.git_helpers import git_checkout_with_a_project
 
 FIXTURE = REPO / "tests" / "fixtures" / "anyext"
 PER_PYTHON = REPO / "tests" / "fixtures" / "anyext-per-python.toml"
@@ -104,6 +105,24 @@ def test_build_env_has_the_table_and_sysroot_compilers(rows, tmp_path, monkeypat
     assert f'"--sysroot={tmp_path / "sysroot"}"' in wrapper
     assert f'"-L{tmp_path / "sysroot" / "usr/lib/x86_64-linux-gnu"}"' in wrapper
     assert Path(env["CC"]).name == "gcc"
+
+
+def test_build_env_dates_the_build_by_the_projects_checkout(rows, tmp_path, monkeypatch) -> None:
+    """SOURCE_DATE_EPOCH is the last commit to the project's own checkout (here a folder of a
+    larger one), not hotloop's: the project's wheel is reproducible whatever hotloop's state."""
+    monkeypatch.setenv("HOTLOOP_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.delenv("SOURCE_DATE_EPOCH", raising=False)
+    checkout = git_checkout_with_a_project(tmp_path / "monorepo")
+    table = tmp_path / "t.toml"
+    table.write_text(
+        '[tool.torch-wheels]\ndistribution = "ext"\nimport-name = "ext"\n'
+        f'checkout = "{checkout.relative_to(tmp_path).as_posix()}"\n'
+    )
+    tools = Toolchain(None, tmp_path / "sysroot", {"CC": "/usr/bin/gcc", "CXX": "/usr/bin/g++"}, {})
+    env = project_build.project_build_env(
+        project.load_project(table), row_of(rows, "2.14"), "stable", tools, tmp_path
+    )
+    assert env["SOURCE_DATE_EPOCH"] == "1700000000"
 
 
 def table_with(tmp_path: Path, body: str) -> project.Project:
