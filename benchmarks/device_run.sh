@@ -6,14 +6,16 @@
 #   bash benchmarks/device_run.sh tests WHEEL OUT_DIR   # python -m hotloop, tests/ops on CUDA,
 #                                                      # compute-sanitizer memcheck
 #   bash benchmarks/device_run.sh bench WHEEL OUT_DIR [benchmark options]
-#   bash benchmarks/device_run.sh compare WHEEL OUT_DIR BASE_WHEEL [benchmark options]
+#   bash benchmarks/device_run.sh compare WHEEL[,WHEEL...] OUT_DIR BASE_WHEEL [benchmark options]
 #   bash benchmarks/device_run.sh same WHEEL OUT_DIR BASE_WHEEL
 #   bash benchmarks/device_run.sh ncu WHEEL OUT_DIR H[,H...] [profile_rows.py options]
 #
 # compare: a change's before (BASE_WHEEL) and after (WHEEL) on this GPU, the benchmark run
 # for each wheel in turn, each in its own process, HOTLOOP_COMPARE_ROUNDS rounds (default 2),
 # then compare_runs.py over them (OUT_DIR/compare/compare_runs.md). Options such as --hidden
-# 32768,65536 --rms-norm-only --no-small-batch keep a round short.
+# 32768,65536 --rms-norm-only --no-small-batch keep a round short. Several candidates
+# (WHEEL,WHEEL2,...; labels new, new2, ...) take their turns after the base in every round: the
+# base's runs serve them all, and they compare with each other within one stretch of time.
 #
 # same: whether WHEEL's outputs are BASE_WHEEL's to the bit (output_digests.py): each wheel
 # dumps the digests of its outputs over a grid of seeded inputs in its own process
@@ -36,11 +38,23 @@
 # Liger-Kernel) are taken from .whl/ when that folder exists. Run from the repository root.
 set -uo pipefail
 usage="usage: $0 tests|bench WHEEL OUT_DIR [benchmark options], or
-       $0 compare WHEEL OUT_DIR BASE_WHEEL [benchmark options], or
+       $0 compare WHEEL[,WHEEL...] OUT_DIR BASE_WHEEL [benchmark options], or
        $0 same WHEEL OUT_DIR BASE_WHEEL, or
        $0 ncu WHEEL OUT_DIR H[,H...] [profile_rows.py options]
        (the wheels must exist, OUT_DIR new or empty)"
 phase=${1:-} wheel=${2:-} out=${3:-}
+# compare's candidates: WHEEL, or WHEEL,WHEEL2,... (labels new, new2, ...)
+candidates=("$wheel")
+if [ "$phase" = compare ]; then
+  IFS=, read -ra candidates <<< "$wheel"
+  wheel=${candidates[0]:-}
+  for candidate in "${candidates[@]:1}"; do
+    if [ ! -f "$candidate" ]; then
+      echo "$candidate: no such wheel (a candidate of compare's WHEEL,WHEEL2,...)" >&2
+      exit 2
+    fi
+  done
+fi
 if [ -z "$out" ] || [ ! -f "$wheel" ]; then
   echo "$usage" >&2
   exit 2
@@ -114,12 +128,18 @@ record_env() {
 }
 mkdir -p "$out"
 site=$(install_site "$wheel") || exit 1
-# compare and same: BASE_WHEEL's own folder, and the folder of a run's label (base or new).
+# compare and same: each label's folder (base: BASE_WHEEL's; new, new2, ...: the candidates').
+declare -A site_of_label=([new]=$site)
+labels=(base new)
+for ((i = 1; i < ${#candidates[@]}; i++)); do
+  labels+=("new$((i + 1))")
+  site_of_label[new$((i + 1))]=$(install_site "${candidates[i]}") || exit 1
+done
 if [ "$phase" = compare ] || [ "$phase" = same ]; then
-  base_site=$(install_site "$base_wheel") || exit 1
+  site_of_label[base]=$(install_site "$base_wheel") || exit 1
 fi
 site_of() {
-  if [ "$1" = base ]; then echo "$base_site"; else echo "$site"; fi
+  echo "${site_of_label[$1]}"
 }
 export PYTHONPATH=$site PYTHONUNBUFFERED=1
 status=0
@@ -148,13 +168,19 @@ case $phase in
     ;;
   compare)
     for ((round = 1; round <= rounds; round++)); do
-      for label in base new; do
-        PYTHONPATH=$(site_of $label) python3 benchmarks/bench_rms_norm.py --no-plot \
+      for label in "${labels[@]}"; do
+        PYTHONPATH=$(site_of "$label") python3 benchmarks/bench_rms_norm.py --no-plot \
           --out "$out/$label-$round" "$@" > "$out/$label-$round.log" 2>&1 || status=1
       done
     done
-    python3 benchmarks/compare_runs.py --label base "$out"/base-*/rms_norm.json \
-      --label new "$out"/new-*/rms_norm.json --out "$out/compare" || status=1
+    compared=()
+    for label in "${labels[@]}"; do
+      compared+=(--label "$label")
+      for ((round = 1; round <= rounds; round++)); do
+        compared+=("$out/$label-$round/rms_norm.json")
+      done
+    done
+    python3 benchmarks/compare_runs.py "${compared[@]}" --out "$out/compare" || status=1
     ;;
   same)
     record_env || status=1

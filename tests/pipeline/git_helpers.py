@@ -6,7 +6,6 @@ import os
 import subprocess
 from pathlib import Path
 
-
 GIT = ["git", "-c", "user.name=t", "-c", "user.email=t@t"]
 
 
@@ -28,4 +27,3 @@ def git_checkout_with_a_project(tmp_path: Path) -> Path:
     )
     (tmp_path / "unpacked").mkdir()
     return project
-

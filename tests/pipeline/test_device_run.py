@@ -73,6 +73,39 @@ def test_compare_runs_each_wheel_in_turn_then_compares(tmp_path: Path) -> None:
     assert f"--out {out}/compare" in calls[-1]
 
 
+def test_compare_takes_several_candidates_against_one_base(tmp_path: Path) -> None:
+    """WHEEL,WHEEL2: each candidate in turn with the base in every round, so the base's runs
+    serve them all and the candidates compare with each other within one stretch of time."""
+    one, two, base = wheel(tmp_path, "one"), wheel(tmp_path, "two"), wheel(tmp_path, "base")
+    out = tmp_path / "out"
+    run, calls = device_run(
+        tmp_path, "compare", f"{one},{two}", str(out), base, "--hidden", "2047",
+        HOTLOOP_COMPARE_ROUNDS="2",
+    )  # fmt: skip
+    assert run.returncode == 0, run.stderr
+    installs = [c for c in calls if " -m pip install " in c]
+    site_of = {w: c.split("--target ")[1].split()[0] for c, w in zip(installs, (one, two, base))}
+    assert len(set(site_of.values())) == 3
+    benches = [c for c in calls if "bench_rms_norm.py" in c]
+    expected = [("base", 1), ("new", 1), ("new2", 1), ("base", 2), ("new", 2), ("new2", 2)]
+    assert len(benches) == len(expected)
+    wheel_of = {"base": base, "new": one, "new2": two}
+    for call, (label, round_) in zip(benches, expected):
+        assert f" PYTHONPATH={site_of[wheel_of[label]]} " in call
+        assert f"--out {out}/{label}-{round_} --hidden 2047" in call
+    assert f"--label new2 {out}/new2-1/rms_norm.json {out}/new2-2/rms_norm.json" in calls[-1]
+
+
+def test_compare_names_a_candidate_that_is_not_there(tmp_path: Path) -> None:
+    one, base, out = wheel(tmp_path, "one"), wheel(tmp_path, "base"), tmp_path / "out"
+    missing = str(tmp_path / "o81" / "hotloop.whl")
+    run, calls = device_run(tmp_path, "compare", f"{one},{missing}", str(out), base)
+    assert run.returncode == 2
+    assert f"{missing}: no such wheel" in run.stderr
+    assert calls == []
+    assert not out.exists()
+
+
 def test_same_dumps_each_wheel_in_its_own_site_then_compares(tmp_path: Path) -> None:
     new, base, out = wheel(tmp_path, "new"), wheel(tmp_path, "base"), tmp_path / "out"
     run, calls = device_run(tmp_path, "same", new, str(out), base)
