@@ -25,7 +25,7 @@ from scripts.interpreters import Interpreter
 from scripts.matrix import Row, archs_from_list
 from scripts.project import Project
 from scripts.toolchain import Toolchain
-from scripts.toolchain.sysroot import sysroot_compilers
+from scripts.toolchain.sysroot import host_tuned_flags_left_out, sysroot_compilers
 
 log = basics.logger("build")
 
@@ -225,6 +225,12 @@ def build_project_wheel(
     except BuildError as exc:
         found = unsupported_in_log((workdir / "build.log").read_text(), row)
         raise BuildError(str(exc) + found) from None
+    left_out = host_tuned_flags_left_out(log_path.read_text())
+    if left_out:
+        log(
+            f"{what}: its compiles asked for {', '.join(left_out)}, which would build for this "
+            f"machine's CPU alone; left out, so the wheel runs on any x86-64 CPU ({log_path})"
+        )
     return BuildResult(
         wheel, time.monotonic() - start, log_path, build.compile_times(src / "build")
     )

@@ -5,6 +5,7 @@ than manylinux_2_28 allows (docs/toolchain.md says why).
 
 from __future__ import annotations
 
+import re
 import shutil
 from collections.abc import Mapping
 from pathlib import Path
@@ -57,18 +58,47 @@ def sysroot_flags(sysroot: Path) -> list[str]:
     return [f"--sysroot={sysroot}", *(f"-L{d}" for d in libdirs)]
 
 
+# The flags that tune a compile to the CPU it runs on. A wheel runs on other machines: built
+# with -march=native on this builder (AVX-512), its host code dies of SIGILL on a CPU without
+# those instructions, and two builders give two binaries. flash-attention's csrc/rotary and
+# csrc/layer_norm ask for it in their setup.py (docs/any-project.md); an explicit -march (a
+# baseline the project chose, such as x86-64-v3) passes.
+HOST_TUNED_FLAGS = ("-march=native", "-mtune=native", "-mcpu=native")
+LEAVE_OUT_HOST_TUNED_FLAGS = f"""\
+for arg do
+  shift
+  case "$arg" in
+    {"|".join(HOST_TUNED_FLAGS)})
+      echo "torch-wheels: left out $arg, which builds for this machine's CPU alone: the wheel \
+is built for any x86-64 CPU" >&2 ;;
+    *) set -- "$@" "$arg" ;;
+  esac
+done
+"""
+
+
+def host_tuned_flags_left_out(build_log: str) -> list[str]:
+    """The HOST_TUNED_FLAGS the wrappers left out of a build, from its log, each once."""
+    found = re.findall(r"^torch-wheels: left out (\S+),", build_log, flags=re.MULTILINE)
+    return list(dict.fromkeys(found))
+
+
 def sysroot_compilers(sysroot: Path, compilers: Mapping[str, str]) -> dict[str, str]:
     """``CC`` and ``CXX`` wrappers (named gcc and g++: nvcc, given ``CC`` as ``-ccbin``,
-    recognises the host compiler by name) that run ``compilers``' with the sysroot's flags.
+    recognises the host compiler by name) that run ``compilers``' with the sysroot's flags,
+    leaving out HOST_TUNED_FLAGS.
 
     For a project whose setup.py knows nothing of a sysroot: every compile and link it makes
-    through ``CC``/``CXX`` (and nvcc's host compiles through ``-ccbin``) targets glibc 2.31.
-    The wrappers live in a folder of the cache named after their content
+    through ``CC``/``CXX`` (and nvcc's host compiles through ``-ccbin``) targets glibc 2.31,
+    and any x86-64 CPU. The wrappers live in a folder of the cache named after their content
     (:func:`scripts.toolchain.cache.write_wrappers`).
     """
     flags = " ".join(f'"{flag}"' for flag in sysroot_flags(sysroot))
     scripts = {
-        env_name: (name, f'#!/bin/sh\nexec "{compilers[env_name]}" {flags} "$@"\n')
+        env_name: (
+            name,
+            f'#!/bin/sh\n{LEAVE_OUT_HOST_TUNED_FLAGS}exec "{compilers[env_name]}" {flags} "$@"\n',
+        )
         for env_name, name in (("CC", "gcc"), ("CXX", "g++"))
     }
     return write_wrappers(cache_dir() / "sysroot-wrappers", scripts)

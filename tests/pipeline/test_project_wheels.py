@@ -101,7 +101,7 @@ def test_build_env_has_the_table_and_sysroot_compilers(rows, tmp_path, monkeypat
     assert env["ANYEXT_CUDA"] == "0"
     assert "TORCH_CUDA_ARCH_LIST" not in env
     wrapper = Path(env["CXX"]).read_text()
-    assert wrapper.startswith('#!/bin/sh\nexec "/usr/bin/g++" ')
+    assert '\nexec "/usr/bin/g++" ' in wrapper
     assert f'"--sysroot={tmp_path / "sysroot"}"' in wrapper
     assert f'"-L{tmp_path / "sysroot" / "usr/lib/x86_64-linux-gnu"}"' in wrapper
     assert Path(env["CC"]).name == "gcc"

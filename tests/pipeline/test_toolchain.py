@@ -648,3 +648,47 @@ def test_build_env_of_a_cpu_toolchain_builds_for_the_cpu(fetched_pieces, newest_
     assert env["HOTLOOP_CUDA"] == "0"
     for var in ("CUDA_HOME", "TORCH_CUDA_ARCH_LIST", "CPATH", "PYTORCH_NVCC"):
         assert var not in env
+
+
+@pytest.mark.parametrize(
+    "flags",
+    [["-march=native"], ["-mtune=native", "-march=native"], ["-mcpu=native"]],
+    ids=["march", "mtune-and-march", "mcpu"],
+)
+def test_sysroot_compilers_build_for_any_cpu_not_this_ones(tmp_path, monkeypatch, flags):
+    """A project's -march=native (flash-attention's csrc/rotary and csrc/layer_norm ask for it)
+    would build the wheel's host code for this builder's CPU: on one without its instructions
+    (AVX-512 here) the wheel dies of SIGILL. The wrappers leave such flags out, and say so."""
+    from scripts.toolchain.sysroot import sysroot_compilers
+
+    monkeypatch.setenv("HOTLOOP_CACHE_DIR", str(tmp_path / "cache"))
+    echo = tmp_path / "echo-gcc"
+    echo.write_text('#!/bin/sh\nprintf "%s\\n" "$@"\n')
+    echo.chmod(0o755)
+    wrappers = sysroot_compilers(tmp_path / "sysroot", {"CC": str(echo), "CXX": str(echo)})
+    for variable in ("CC", "CXX"):
+        run = subprocess.run(
+            [wrappers[variable], "-O3", *flags, "-march=x86-64-v2", "-c", "op.cpp"],
+            capture_output=True,
+            text=True,
+            check=True,
+        )
+        args = run.stdout.splitlines()
+        assert not [a for a in args if a.endswith("=native")]
+        assert args[-4:] == ["-O3", "-march=x86-64-v2", "-c", "op.cpp"]  # the rest, in order
+        for flag in flags:
+            assert f"torch-wheels: left out {flag}" in run.stderr
+
+
+def test_the_flags_left_out_are_read_back_from_the_build_log():
+    from scripts.toolchain.sysroot import host_tuned_flags_left_out
+
+    log = (
+        "[1/2] g++ -O3 -c rotary.cpp\n"
+        "torch-wheels: left out -march=native, which builds for this machine's CPU alone: ...\n"
+        "[2/2] nvcc -c rotary_cuda.cu\n"
+        "torch-wheels: left out -march=native, which builds for this machine's CPU alone: ...\n"
+        "torch-wheels: left out -mtune=native, which builds for this machine's CPU alone: ...\n"
+    )
+    assert host_tuned_flags_left_out(log) == ["-march=native", "-mtune=native"]
+    assert host_tuned_flags_left_out("[1/1] g++ -march=native -c op.cpp\n") == []
