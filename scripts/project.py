@@ -152,8 +152,9 @@ class Project:
     """Distribution name: the wheel file's first part and its METADATA ``Name``."""
 
     import_name: str = rule(_matches(_IDENTIFIER, "not a Python identifier"))
-    """Top-level import package (``import NAME``); the wheel holds files only under it, its
-    ``.libs`` folder and its ``.dist-info``."""
+    """Top-level import package or module (``import NAME``); the wheel holds files only under
+    ``NAME/``, its ``.libs`` folder and its ``.dist-info``, or ``NAME.*`` itself (an extension
+    built as one module and no package, such as ``rotary_emb``)."""
 
     checkout: str = rule(_relative, ".")
     """The project's checkout, relative to the file holding the table: set it in a table kept

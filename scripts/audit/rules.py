@@ -309,16 +309,21 @@ def path_problem(
     roots = (f"{package}/", f"{package}.libs/", f"{dist_info}/")
     if name.startswith(roots):
         return None
-    if modules and (top.split(".", 1)[0] if len(segments) == 1 else top) in modules:
+    # A top-level file is the module it names (NAME.py, NAME.cpython-312-x86_64-linux-gnu.so):
+    # the import name itself (an extension that is no package) or one the table names.
+    if (top.split(".", 1)[0] if len(segments) == 1 else top) in (
+        *modules,
+        *((package,) if len(segments) == 1 else ()),
+    ):
         return None
     also = f" or the top-level modules {', '.join(modules)}" if modules else ""
-    return f"outside {', '.join(roots)}{also}"
+    return f"outside {', '.join(roots)}, {package}.*{also}"
 
 
 @rule("member-paths")
 def check_member_paths(it: Inspection) -> Iterator[str]:
-    """Every member is under <import>/, <import>.libs/, <distribution>-<version>.dist-info/
-    or a top-level module the table names."""
+    """Every member is under <import>/, <import>.libs/, <distribution>-<version>.dist-info/,
+    is the module <import> itself (<import>.*) or a top-level module the table names."""
     dist_info = f"{it.name}-{it.wheel.version}.dist-info"
     for info in it.wheel.infos():
         problem = path_problem(

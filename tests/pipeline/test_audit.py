@@ -351,6 +351,21 @@ def test_top_level_modules_the_table_names_are_allowed(wheel_factory, newest_row
     assert audit.check_wheel(wheel, newest_row, project=table).violations == []
 
 
+def test_an_import_name_that_is_a_lone_extension_module_is_allowed(
+    wheel_factory, newest_row, elf_libs
+):
+    """flash-attention's csrc/rotary builds ``rotary_emb`` as one extension module and no
+    package: ``import rotary_emb`` loads ``rotary_emb.cpython-312-x86_64-linux-gnu.so``."""
+    table = dataclasses.replace(own_project(), import_name="hotloop_ext")
+    wheel = wheel_factory(extra={"hotloop_ext.cpython-312-x86_64-linux-gnu.so": elf_libs["no_torch"]})
+    report = audit.check_wheel(wheel, newest_row, project=table)
+    assert not [v for v in report.violations if "hotloop_ext.cpython" in v], report.violations
+    # a module of another name, and a folder that is not the package, stay refused
+    for other in ("hotloop_extra.cpython-312-x86_64-linux-gnu.so", "hotloop_ext.so.d/x.py"):
+        report = audit.check_wheel(wheel_factory(extra={other: "x"}), newest_row, project=table)
+        assert [v for v in report.violations if repr(other) in v], (other, report.violations)
+
+
 def test_a_top_level_module_the_table_does_not_name_is_refused_naming_those_it_does(
     wheel_factory, newest_row
 ):
