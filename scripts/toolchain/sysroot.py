@@ -60,9 +60,9 @@ def sysroot_flags(sysroot: Path) -> list[str]:
 
 # The flags that tune a compile to the CPU it runs on. A wheel runs on other machines: built
 # with -march=native on this builder (AVX-512), its host code dies of SIGILL on a CPU without
-# those instructions, and two builders give two binaries. flash-attention's csrc/rotary and
-# csrc/layer_norm ask for it in their setup.py (docs/any-project.md); an explicit -march (a
-# baseline the project chose, such as x86-64-v3) passes.
+# those instructions, and two builders give two binaries. flash-attention's csrc/rotary asked
+# for it in its setup.py (docs/any-project.md); an explicit -march (a baseline the project
+# chose, such as x86-64-v3) passes.
 HOST_TUNED_FLAGS = ("-march=native", "-mtune=native", "-mcpu=native")
 LEAVE_OUT_HOST_TUNED_FLAGS = f"""\
 for arg do

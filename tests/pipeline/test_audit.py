@@ -357,7 +357,9 @@ def test_an_import_name_that_is_a_lone_extension_module_is_allowed(
     """flash-attention's csrc/rotary builds ``rotary_emb`` as one extension module and no
     package: ``import rotary_emb`` loads ``rotary_emb.cpython-312-x86_64-linux-gnu.so``."""
     table = dataclasses.replace(own_project(), import_name="hotloop_ext")
-    wheel = wheel_factory(extra={"hotloop_ext.cpython-312-x86_64-linux-gnu.so": elf_libs["no_torch"]})
+    wheel = wheel_factory(
+        extra={"hotloop_ext.cpython-312-x86_64-linux-gnu.so": elf_libs["no_torch"]}
+    )
     report = audit.check_wheel(wheel, newest_row, project=table)
     assert not [v for v in report.violations if "hotloop_ext.cpython" in v], report.violations
     # a module of another name, and a folder that is not the package, stay refused

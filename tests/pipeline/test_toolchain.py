@@ -656,7 +656,7 @@ def test_build_env_of_a_cpu_toolchain_builds_for_the_cpu(fetched_pieces, newest_
     ids=["march", "mtune-and-march", "mcpu"],
 )
 def test_sysroot_compilers_build_for_any_cpu_not_this_ones(tmp_path, monkeypatch, flags):
-    """A project's -march=native (flash-attention's csrc/rotary and csrc/layer_norm ask for it)
+    """A project's -march=native (flash-attention's csrc/rotary asked for it)
     would build the wheel's host code for this builder's CPU: on one without its instructions
     (AVX-512 here) the wheel dies of SIGILL. The wrappers leave such flags out, and say so."""
     from scripts.toolchain.sysroot import sysroot_compilers
