@@ -33,7 +33,7 @@ from pathlib import Path
 from scripts import basics, build, diskspace, mmdebstrap, toolchain
 from scripts.interpreters import CONTAINER, Interpreter
 from scripts.toolchain.cache import stamp, stamped
-from scripts.wheeltest import PythonTestResult, cell_paths, last_summary_line
+from scripts.wheeltest import PythonTestResult, cell_paths, run_summary
 
 SUITE = "sid"
 # The Pythons the root provides: the host has 3.9-3.13 (pyenv); sid has these.
@@ -265,7 +265,7 @@ def run_in_root(
         "passed" if proc.returncode == 0 else "failed",
         str(interp.path),
         interp.origin,
-        last_summary_line(output),
+        run_summary(proc.returncode, proc.stdout, proc.stderr),
         time.monotonic() - start,
         str(log_path),
     )

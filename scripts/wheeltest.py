@@ -72,6 +72,15 @@ def last_summary_line(output: str) -> str:
     return "; ".join([summary, *hints])
 
 
+def run_summary(returncode: int, stdout: str, stderr: str) -> str:
+    """A test command's result in a line: a passed command's own output (stderr carries
+    warnings, such as torch's about a missing NumPy), a failed one's whole output, whose
+    traceback ends on stderr."""
+    if returncode == 0 and stdout.strip():
+        return last_summary_line(stdout)
+    return last_summary_line(stdout + stderr)
+
+
 def installed_requirement(project: Project, wheel: Path) -> str:
     """``name[extras] @ file:///...``: the wheel, with the table's test extras."""
     extras = f"[{','.join(project.test_extras)}]" if project.test_extras else ""
@@ -164,7 +173,7 @@ def run_in_host_venv(
         "passed" if proc.returncode == 0 else "failed",
         str(interp.path),
         interp.origin,
-        last_summary_line(output),
+        run_summary(proc.returncode, proc.stdout, proc.stderr),
         time.monotonic() - start,
         str(log_path),
     )

@@ -83,6 +83,20 @@ def test_a_plain_summary_gets_no_hint() -> None:
     assert wheeltest.last_summary_line(output) == "3 passed in 1.2s"
 
 
+def test_a_passed_commands_summary_is_its_own_output_not_a_warning() -> None:
+    """flash-attention's rotary test-command printed what it imported; torch's import warned on
+    stderr (no NumPy), and the table showed the warning's source line as the result."""
+    stdout = "imported /venv/rotary_emb.cpython-312-x86_64-linux-gnu.so apply_rotary(...)\n"
+    stderr = (
+        "/venv/torch/_subclasses/functional_tensor.py:279: UserWarning: Failed to initialize "
+        "NumPy: No module named 'numpy'\n"
+        '  cpu = _conversion_method_template(device=torch.device("cpu"))\n'
+    )
+    assert wheeltest.run_summary(0, stdout, stderr).startswith("imported /venv/rotary_emb")
+    failed = wheeltest.run_summary(1, stdout, "Traceback ...\nImportError: no rotary_emb\n")
+    assert failed == "ImportError: no rotary_emb"
+
+
 @pytest.mark.parametrize(("returncode", "kept"), [(0, False), (1, True)], ids=["passed", "failed"])
 def test_a_passed_cells_venv_is_removed_a_failed_ones_kept(
     monkeypatch, tmp_path, returncode, kept
