@@ -139,7 +139,7 @@ def checkout_commit(root: Path, paths: Sequence[str] = (".",)) -> str:
 
 
 def git_commit() -> str:
-    """The commit of hotloop's wheel sources (the repository's HEAD, "-dirty" where they
+    """The commit of the repository's own wheel sources (its HEAD, "-dirty" where they
     differ from it)."""
     return checkout_commit(REPO, wheel_sources.sources())
 
