@@ -32,6 +32,7 @@ from email.parser import Parser
 from pathlib import Path, PurePosixPath
 
 TORCH_LIBRARY = re.compile(r"lib(?:torch|c10|shm|caffe2|gomp)[^/]*")
+DRIVER_LIBRARY = re.compile(r"lib(?:cuda|nvidia-[a-z-]+)\.so(?:\.[0-9.]+)?")
 CUDA_LIBRARY = re.compile(r"lib(?:cu|nv|nccl|npp)[^/]*")
 SHARED_LIBRARY = re.compile(r".+\.so(?:\.[0-9][0-9.]*)?")
 # Python extension modules in torch's requirements (numpy's, cuda-bindings') are modules of
@@ -61,13 +62,19 @@ def forbidden_reason(member: str, provided_by_torch: Iterable[str]) -> str | Non
         return None
     names = {base, unhashed(base)}
     provided = names & set(provided_by_torch)
+    from_torch = "; it must come from torch at run time"
     if provided:
-        return f"torch's installation provides {sorted(provided)[0]}"
+        return f"torch's installation provides {sorted(provided)[0]}{from_torch}"
     plain = unhashed(base)
+    if DRIVER_LIBRARY.fullmatch(plain):
+        return (
+            "the NVIDIA driver's library: a copy is the builder's driver, which the machine's "
+            "own must replace at run time"
+        )
     if TORCH_LIBRARY.match(plain):
-        return "a torch library (libtorch*, libc10*, libshm*, libcaffe2*, libgomp*)"
+        return f"a torch library (libtorch*, libc10*, libshm*, libcaffe2*, libgomp*){from_torch}"
     if CUDA_LIBRARY.match(plain):
-        return "a CUDA library (NVIDIA's libcu*, libnv*, libnccl*, libnpp*)"
+        return f"a CUDA library (NVIDIA's libcu*, libnv*, libnccl*, libnpp*){from_torch}"
     return None
 
 

@@ -14,8 +14,17 @@ from scripts.matrix import Row
 from scripts.project import Project
 
 # auditwheel --exclude patterns: torch's and the CUDA runtime's sonames, which torch's
-# installation provides; the libraries a torch site lists are added per run.
-AUDITWHEEL_EXCLUDES = ("libtorch*.so", "libc10*.so", "libcudart.so.*")
+# installation provides, and the NVIDIA driver's (the driver API's libcuda, NVML), which only
+# the machine's driver can provide: an extension linking them is repaired with them left out,
+# where auditwheel would bundle the builder's driver, or stop where the builder has none. The
+# libraries a torch site lists are added per run.
+AUDITWHEEL_EXCLUDES = (
+    "libtorch*.so",
+    "libc10*.so",
+    "libcudart.so.*",
+    "libcuda.so.*",
+    "libnvidia-ml.so.*",
+)
 
 
 def auditwheel_command(wheel: Path, out_dir: Path, extra_excludes: Sequence[str] = ()) -> list[str]:

@@ -507,6 +507,18 @@ def test_lib_that_torch_provides_is_caught_by_name(wheel_factory, newest_row, el
     assert "torch's installation provides libfoo_from_torch.so.1" in report.violations[0]
 
 
+@pytest.mark.parametrize(
+    "name", ["hotloop.libs/libcuda-1a2b3c4d.so.1", "hotloop.libs/libnvidia-ml.so.1"]
+)
+def test_a_bundled_driver_library_is_named_the_drivers(wheel_factory, newest_row, elf_libs, name):
+    """An extension that links the driver API (-lcuda) or NVML needs them from the machine's
+    driver: a copy in the wheel is the builder's driver, wrong on every other machine."""
+    report = audit.check_wheel(wheel_factory(extra={name: elf_libs["no_torch"]}), newest_row)
+    assert rules(report) == {"no-bundled-libs"}
+    assert "the NVIDIA driver's" in report.violations[0]
+    assert "from torch" not in report.violations[0]
+
+
 def test_only_shared_libraries_are_judged_by_name():
     assert libraries.forbidden_reason("hotloop/libcufft_notes.txt", []) is None
     assert libraries.forbidden_reason("hotloop/_C.abi3.so", ["libc10.so"]) is None
@@ -564,7 +576,14 @@ def test_torch_provided_libs_follow_torch_requirements_and_nvidia_packages(tmp_p
 def test_auditwheel_command_excludes_torch_and_cuda(tmp_path):
     cmd = audit.auditwheel_command(tmp_path / "x.whl", tmp_path / "out", ["libcublas.so.13"])
     excludes = [cmd[i + 1] for i, a in enumerate(cmd) if a == "--exclude"]
-    assert excludes == ["libtorch*.so", "libc10*.so", "libcudart.so.*", "libcublas.so.13"]
+    assert excludes == [
+        "libtorch*.so",
+        "libc10*.so",
+        "libcudart.so.*",
+        "libcuda.so.*",
+        "libnvidia-ml.so.*",
+        "libcublas.so.13",
+    ]
     assert cmd[cmd.index("--plat") + 1] == "manylinux_2_28_x86_64"
 
 
