@@ -153,8 +153,7 @@ def git_commit() -> str:
     try:
         # git looks upwards: a tree it does not track (an unpacked sdist, an ignored copy)
         # inside somebody else's checkout would take that checkout's HEAD
-        if not git("ls-files", "--", "."):
-            return "unknown"
+        git("rev-parse", "--verify", "--quiet", "HEAD:./")  # fails where HEAD has no such folder
         head = git("rev-parse", "HEAD")
         changed = git("status", "--porcelain", "--", ".")
     except (OSError, subprocess.CalledProcessError):

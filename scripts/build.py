@@ -116,13 +116,15 @@ def git_output(*args: str, cwd: Path | None = None) -> str:
 
 
 def tracked_by_git(root: Path) -> bool:
-    """Whether a git checkout tracks files of ``root``. git looks upwards: a folder it does
-    not track (an unpacked sdist, an ignored copy) inside somebody else's checkout would
-    otherwise take that checkout's HEAD and history for its own."""
+    """Whether ``root`` is a folder of its checkout's HEAD. git looks upwards: a folder it
+    does not track (an unpacked sdist, an ignored copy) inside somebody else's checkout would
+    otherwise take that checkout's HEAD and history for its own. (One lookup, where listing
+    the folder's files would print a monorepo's.)"""
     try:
-        return bool(git_output("ls-files", "--", ".", cwd=root))
+        git_output("rev-parse", "--verify", "--quiet", "HEAD:./", cwd=root)
     except (OSError, subprocess.CalledProcessError):
         return False
+    return True
 
 
 def checkout_commit(root: Path, paths: Sequence[str] = (".",)) -> str:
@@ -150,12 +152,9 @@ def source_date_epoch(root: Path | None = None) -> str:
     if os.environ.get("SOURCE_DATE_EPOCH"):
         return os.environ["SOURCE_DATE_EPOCH"]
     where = root or REPO
-    if tracked_by_git(where):
-        try:
-            return git_output("log", "-1", "--format=%ct", "--", ".", cwd=where)
-        except (OSError, subprocess.CalledProcessError):
-            pass
-    return str(int(time.time()))
+    if not tracked_by_git(where):
+        return str(int(time.time()))
+    return git_output("log", "-1", "--format=%ct", "--", ".", cwd=where)
 
 
 def copy_sources(dest: Path) -> None:

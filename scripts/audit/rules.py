@@ -310,11 +310,11 @@ def path_problem(
     if name.startswith(roots):
         return None
     # A top-level file is the module it names (NAME.py, NAME.cpython-312-x86_64-linux-gnu.so):
-    # the import name itself (an extension that is no package) or one the table names.
-    if (top.split(".", 1)[0] if len(segments) == 1 else top) in (
-        *modules,
-        *((package,) if len(segments) == 1 else ()),
-    ):
+    # the import name itself (an extension that is no package) or one the table names; a
+    # top-level folder, a package the table names.
+    if len(segments) == 1 and top.split(".", 1)[0] in (package, *modules):
+        return None
+    if len(segments) > 1 and top in modules:
         return None
     also = f" or the top-level modules {', '.join(modules)}" if modules else ""
     return f"outside {', '.join(roots)}, {package}.*{also}"

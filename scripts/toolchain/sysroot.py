@@ -64,12 +64,14 @@ def sysroot_flags(sysroot: Path) -> list[str]:
 # for it in its setup.py (docs/any-project.md); an explicit -march (a baseline the project
 # chose, such as x86-64-v3) passes.
 HOST_TUNED_FLAGS = ("-march=native", "-mtune=native", "-mcpu=native")
+# How the wrappers say, in the build log, that they left one out (host_tuned_flags_left_out).
+LEFT_OUT_NOTE = "torch-wheels: left out"
 LEAVE_OUT_HOST_TUNED_FLAGS = f"""\
 for arg do
   shift
   case "$arg" in
     {"|".join(HOST_TUNED_FLAGS)})
-      echo "torch-wheels: left out $arg, which builds for this machine's CPU alone: the wheel \
+      echo "{LEFT_OUT_NOTE} $arg, which builds for this machine's CPU alone: the wheel \
 is built for any x86-64 CPU" >&2 ;;
     *) set -- "$@" "$arg" ;;
   esac
@@ -79,7 +81,7 @@ done
 
 def host_tuned_flags_left_out(build_log: str) -> list[str]:
     """The HOST_TUNED_FLAGS the wrappers left out of a build, from its log, each once."""
-    found = re.findall(r"^torch-wheels: left out (\S+),", build_log, flags=re.MULTILINE)
+    found = re.findall(rf"^{re.escape(LEFT_OUT_NOTE)} (\S+),", build_log, flags=re.MULTILINE)
     return list(dict.fromkeys(found))
 
 
