@@ -135,6 +135,21 @@ constexpr RowKernelLimits kSpanStagedLimits{/*max_vectors_per_thread=*/2,
 // plan's target_threads).
 constexpr int kSpanOneVectorBoundThreads = 640;
 static_assert(kSpanStagedLimits.target_threads <= kSpanOneVectorBoundThreads);
+// Where memory is fast for an SM (an H200), spans of more than 160 vectors take two vectors a
+// thread: H = 2047 in 16 bits, 257 vectors, on 160 threads instead of one vector on 288 (bfloat16
+// forward+backward on an H200 71.8 -> 77.3 % of copy, Llama's casting 66.1 -> 69.6, Gemma's
+// 70.7 -> 75.9; run O82, 2 rounds each, the ranges apart). Wider spans planned the same.
+constexpr RowKernelLimits kSpanStagedFastMemoryLimits{/*max_vectors_per_thread=*/2,
+                                                      /*target_threads=*/128 + kWarpSize,
+                                                      /*max_threads=*/kMaxThreadsPerBlock};
+// Where memory is fast for an SM (an H200), spans of more than this many vectors (6 KiB) stage
+// two rows a block. bfloat16 forward+backward on an H200, % of copy, one row -> two (run O81,
+// 2 rounds each, torch's / Llama's / Gemma's casting):
+//   4095: 77.6 -> 79.0 / 69.8 -> 71.5 / 76.3 -> 78.4
+//   6001: 76.9 -> 82.8 / 69.1 -> 76.4 / 76.2 -> 82.6
+//   8193: 74.7 -> 75.1 / 55.0 -> 69.9 / 72.6 -> 67.8
+// and below it they lost (2047: 71.8 -> 71.5 / 66.1 -> 64.4; 3001: 83.0 -> 82.3).
+constexpr int64_t kSpanTwoRowsMinVectors = 384;
 // The weight's copy stays in registers in blocks of up to this many threads. With more, the
 // 64 registers a thread that 1024-thread bounds allow leave one block an SM (bfloat16
 // backward at H = 8193 on an H100: 1684-1948 GB/s, against 2186-2313 reading it each pass).
@@ -744,7 +759,12 @@ __global__ void __launch_bounds__(kStagedThreads, kMinBlocksPerSm)
 // kernels compiled to other code, and bfloat16 forward+backward at H = 2047 on an H200 went
 // from 63.4 to 63.3 % of copy bandwidth in torch's casting and 62.4 to 62.2 in Gemma's (run
 // O71, three rounds each, the ranges apart).
-template <typename scalar_t, Casting kCasting, int kVectorsPerThread, bool kWeightInRegisters>
+//
+// kTwoRows: two slots a vector, so that the block's next row is copied while the whole of this
+// one is worked on, not only while its grad_x is written (the cp.async wait held 29 % of the
+// stall samples at H = 2047 on an H200, run 135). See kSpanTwoRowsMinVectors for where.
+template <typename scalar_t, Casting kCasting, int kVectorsPerThread, bool kWeightInRegisters,
+          bool kTwoRows>
 __global__ void __launch_bounds__(kVectorsPerThread == 1 ? kSpanOneVectorBoundThreads
                                                          : kMaxThreadsPerBlock,
                                   kVectorsPerThread == 1 ? 2 : 0)
@@ -761,30 +781,51 @@ __global__ void __launch_bounds__(kVectorsPerThread == 1 ? kSpanOneVectorBoundTh
   const acc_t inv_hidden = acc_t(1) / static_cast<acc_t>(hidden);
   const int lead = span_lead(x, blockIdx.x, hidden);
   const int num_vectors = span_vector_count<scalar_t>(lead, hidden);
-  Vec* staged_x = staged_rows<Vec>();
-  Vec* staged_go = staged_x + span_vectors;
+  // Slot s of the block's rows: x's span vectors, then grad_out's.
+  Vec* const staged = staged_rows<Vec>();
+  int slot = 0;
+  const auto staged_x_of = [&](int s) { return staged + s * 2 * span_vectors; };
   const Vec* weight_vec = span_weight<Vec>(weight_copies, lead, span_vectors);
   const SpanWeight<Vec, kVectorsPerThread, kWeightInRegisters> span_weight_vectors(weight_vec,
                                                                                    num_vectors);
 
   acc_t dw[kVectorsPerThread][kVec];
   zero_accumulator(dw);
-  const auto stage = [&](int64_t row, const RowSpan& span, int idx) {
-    stage_span_vector(staged_x + idx, x + row * hidden, span, idx, hidden_int);
-    stage_span_vector(staged_go + idx, grad_out + row * hidden, span, idx, hidden_int);
+  const auto stage = [&](int s, int64_t row, const RowSpan& span, int idx) {
+    Vec* const into_x = staged_x_of(s);
+    stage_span_vector(into_x + idx, x + row * hidden, span, idx, hidden_int);
+    stage_span_vector(into_x + span_vectors + idx, grad_out + row * hidden, span, idx, hidden_int);
   };
-  if (blockIdx.x < rows) {
-    const RowSpan first = row_span<scalar_t>(lead, blockIdx.x, rows, hidden);
+  const auto stage_row = [&](int s, int64_t row) {
+    const RowSpan span = row_span<scalar_t>(lead, row, rows, hidden);
 #pragma unroll
     for (int i = 0; i < kVectorsPerThread; ++i) {
       const int idx = threadIdx.x + i * blockDim.x;
       if (idx < num_vectors) {
-        stage(blockIdx.x, first, idx);
+        stage(s, row, span, idx);
       }
     }
+  };
+  if (blockIdx.x < rows) {
+    stage_row(0, blockIdx.x);
+  }
+  if constexpr (kTwoRows) {
+    __pipeline_commit();
   }
   for (int64_t row = blockIdx.x; row < rows; row += gridDim.x) {
-    wait_for_staged_vectors();
+    if constexpr (kTwoRows) {
+      // The next row's copies go out before this row's are waited for: of the two groups in
+      // flight, this row's is the older.
+      if (row + gridDim.x < rows) {
+        stage_row(slot ^ 1, row + gridDim.x);
+      }
+      __pipeline_commit();
+      __pipeline_wait_prior(1);
+    } else {
+      wait_for_staged_vectors();
+    }
+    const Vec* const staged_x = staged_x_of(slot);
+    const Vec* const staged_go = staged_x + span_vectors;
     const RowSpan span = row_span<scalar_t>(lead, row, rows, hidden);
     acc_t sums[2] = {0, 0};  // sum(x^2), sum(g * x)
 #pragma unroll
@@ -837,10 +878,13 @@ __global__ void __launch_bounds__(kVectorsPerThread == 1 ? kSpanOneVectorBoundTh
         }
         store_span_vector(grad_x + row * hidden, span.lead, idx, hidden_int, out);
         // After the reads above: the copies may not overtake them.
-        if (next < rows) {
-          stage(next, next_span, idx);
+        if (!kTwoRows && next < rows) {
+          stage(slot, next, next_span, idx);
         }
       }
+    }
+    if constexpr (kTwoRows) {
+      slot ^= 1;
     }
   }
 
@@ -1219,8 +1263,9 @@ void launch_rms_norm_backward(const scalar_t* grad_out, const scalar_t* x, const
   if constexpr (kScalarRowsInRegisters<scalar_t>) {
     constexpr int kVec = vector_size<scalar_t>();
     const int64_t span_vectors = widest_span_vectors<scalar_t>(hidden);
-    const RowLaunch span_plan =
-        plan_row_launch(span_vectors * kVec, kVec, /*vector_ok=*/true, kSpanStagedLimits);
+    const RowLaunch span_plan = plan_row_launch(
+        span_vectors * kVec, kVec, /*vector_ok=*/true,
+        memory_is_slow_for_an_sm() ? kSpanStagedLimits : kSpanStagedFastMemoryLimits);
     // In place too (grad_x over grad_out): an edge vector's neighbour elements, which other
     // blocks may be writing, are staged but never used (zeroed in the sums, their grad_x and
     // grad_weight columns not stored). The out-of-place call takes this kernel, so the
@@ -1229,9 +1274,11 @@ void launch_rms_norm_backward(const scalar_t* grad_out, const scalar_t* x, const
     if (span_plan.vectors_per_thread != 0 &&
         spans_line_up<scalar_t>(hidden, {grad_out, x, grad_x})) {
       const std::optional<Tensor> copies = shifted_weight_copies(weight, hidden, stream, like);
+      const bool two_rows = !memory_is_slow_for_an_sm() && span_vectors > kSpanTwoRowsMinVectors;
       auto run = [&](auto kernel) {
-        StagedLaunch staged = plan_staged_launch(kernel, /*cluster=*/1, span_plan.threads_per_row,
-                                                 2 * span_vectors * kVectorBytes, rows);
+        StagedLaunch staged =
+            plan_staged_launch(kernel, /*cluster=*/1, span_plan.threads_per_row,
+                               (two_rows ? 4 : 2) * span_vectors * kVectorBytes, rows);
         staged.clusters = span_grid<scalar_t>(staged.clusters, rows);
         with_partials(staged.clusters, /*zeroed=*/false, [&](acc_t* partials_ptr) {
           launch_staged(staged, stream, kernel, grad_out, x,
@@ -1242,10 +1289,18 @@ void launch_rms_norm_backward(const scalar_t* grad_out, const scalar_t* x, const
       // kSpanStagedLimits plans one or two vectors a thread: both are here.
       launch_vector_rows<1, 2>(span_plan, [&](auto vpt) {
         constexpr int kVectors = decltype(vpt)::value;
-        if (span_plan.threads_per_row <= kSpanWeightRegistersMaxThreads) {
-          run(rms_norm_backward_span_staged_kernel<scalar_t, kCasting, kVectors, true>);
+        const auto with_weight_registers = [&](auto two) {
+          constexpr bool kTwo = decltype(two)::value;
+          if (span_plan.threads_per_row <= kSpanWeightRegistersMaxThreads) {
+            run(rms_norm_backward_span_staged_kernel<scalar_t, kCasting, kVectors, true, kTwo>);
+          } else {
+            run(rms_norm_backward_span_staged_kernel<scalar_t, kCasting, kVectors, false, kTwo>);
+          }
+        };
+        if (two_rows) {
+          with_weight_registers(std::true_type{});
         } else {
-          run(rms_norm_backward_span_staged_kernel<scalar_t, kCasting, kVectors, false>);
+          with_weight_registers(std::false_type{});
         }
       });
       return;
