@@ -1274,12 +1274,16 @@ void launch_rms_norm_backward(const scalar_t* grad_out, const scalar_t* x, const
     if (span_plan.vectors_per_thread != 0 &&
         spans_line_up<scalar_t>(hidden, {grad_out, x, grad_x})) {
       const std::optional<Tensor> copies = shifted_weight_copies(weight, hidden, stream, like);
-      const bool two_rows = !memory_is_slow_for_an_sm() && span_vectors > kSpanTwoRowsMinVectors;
-      auto run = [&](auto kernel) {
+      const bool two_rows_may_pay =
+          !memory_is_slow_for_an_sm() && span_vectors > kSpanTwoRowsMinVectors;
+      const auto plan = [&](auto kernel, int rows_staged) {
         StagedLaunch staged =
             plan_staged_launch(kernel, /*cluster=*/1, span_plan.threads_per_row,
-                               (two_rows ? 4 : 2) * span_vectors * kVectorBytes, rows);
+                               rows_staged * 2 * span_vectors * kVectorBytes, rows);
         staged.clusters = span_grid<scalar_t>(staged.clusters, rows);
+        return staged;
+      };
+      const auto run = [&](const StagedLaunch& staged, auto kernel) {
         with_partials(staged.clusters, /*zeroed=*/false, [&](acc_t* partials_ptr) {
           launch_staged(staged, stream, kernel, grad_out, x,
                         copies ? const_data<scalar_t>(*copies) : nullptr, grad_x, partials_ptr,
@@ -1289,18 +1293,30 @@ void launch_rms_norm_backward(const scalar_t* grad_out, const scalar_t* x, const
       // kSpanStagedLimits plans one or two vectors a thread: both are here.
       launch_vector_rows<1, 2>(span_plan, [&](auto vpt) {
         constexpr int kVectors = decltype(vpt)::value;
-        const auto with_weight_registers = [&](auto two) {
-          constexpr bool kTwo = decltype(two)::value;
-          if (span_plan.threads_per_row <= kSpanWeightRegistersMaxThreads) {
-            run(rms_norm_backward_span_staged_kernel<scalar_t, kCasting, kVectors, true, kTwo>);
-          } else {
-            run(rms_norm_backward_span_staged_kernel<scalar_t, kCasting, kVectors, false, kTwo>);
+        const auto one_or_two_rows = [&](auto weight_in_registers) {
+          constexpr bool kWeight = decltype(weight_in_registers)::value;
+          const auto one_row =
+              rms_norm_backward_span_staged_kernel<scalar_t, kCasting, kVectors, kWeight, false>;
+          const StagedLaunch one_row_launch = plan(one_row, 1);
+          if (two_rows_may_pay) {
+            // Only where the second row costs no block an SM: with Gemma's casting at 8193 on
+            // an H200 the two-row kernel took 61 registers, one block of 544 threads an SM
+            // where the one-row kernel's 54 left two, and forward+backward went 72.4 -> 67.5
+            // (run O84; ncu in run 139). Llama's there went the other way, 58 -> 56.
+            const auto two_rows =
+                rms_norm_backward_span_staged_kernel<scalar_t, kCasting, kVectors, kWeight, true>;
+            const StagedLaunch two_rows_launch = plan(two_rows, 2);
+            if (two_rows_launch.clusters >= one_row_launch.clusters) {
+              run(two_rows_launch, two_rows);
+              return;
+            }
           }
+          run(one_row_launch, one_row);
         };
-        if (two_rows) {
-          with_weight_registers(std::true_type{});
+        if (span_plan.threads_per_row <= kSpanWeightRegistersMaxThreads) {
+          one_or_two_rows(std::true_type{});
         } else {
-          with_weight_registers(std::false_type{});
+          one_or_two_rows(std::false_type{});
         }
       });
       return;
