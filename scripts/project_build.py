@@ -34,6 +34,7 @@ _SKIPPED_DIRS = frozenset({".git", "build", "dist", "__pycache__", ".nox", ".tox
 _SKIPPED_SUFFIXES = (".so", ".o", ".pyc")
 _UNSUPPORTED_ARCH = re.compile(r"Unsupported gpu architecture '([a-z_0-9]+)'")
 _SUBMODULE_PATH = re.compile(r"^\s*path\s*=\s*(.+?)\s*$", re.MULTILINE)
+_SCM_REQUIREMENT = re.compile(r"(setuptools[-_]scm|hatch[-_]vcs)\b", re.IGNORECASE)
 
 
 def skipped(rel: Path) -> bool:
@@ -101,6 +102,54 @@ def copy_project(project: Project, dest: Path) -> Path:
         target.parent.mkdir(parents=True, exist_ok=True)
         shutil.copy2(path, target)
     return dest / project.build_dir
+
+
+def takes_version_from_git(project: Project) -> bool:
+    """Whether the build asks setuptools-scm (or hatch-vcs, built on it) for its version: a
+    ``[tool.setuptools_scm]`` table or either in ``[build-system] requires``, or setup.py's
+    ``use_scm_version``."""
+    pyproject = project.build_root / "pyproject.toml"
+    if pyproject.is_file():
+        data = tomllib.loads(pyproject.read_text())
+        requires = data.get("build-system", {}).get("requires", [])
+        if "setuptools_scm" in data.get("tool", {}) or any(
+            _SCM_REQUIREMENT.match(r.strip()) for r in requires
+        ):
+            return True
+    setup_py = project.build_root / "setup.py"
+    return setup_py.is_file() and "use_scm_version" in setup_py.read_text()
+
+
+def version_from_git(project: Project, python: Path) -> str | None:
+    """The version setuptools-scm gives the project's own checkout (``python -m
+    setuptools_scm`` there, with the build venv's ``python``: it prints, it writes no file),
+    less its local part; None where the build does not take its version from git, or no
+    checkout tracks the project.
+
+    The build runs on a copy without ``.git``, where setuptools-scm finds no tag and
+    falls back (torch-harmonics: ``0.0.0`` instead of ``0.9.3.dev12``); the build is given
+    this version instead. The local part (``+g9e9fa53.d20261129``) gives way to the
+    variant's label; the report names the commit and whether the checkout was dirty."""
+    if not takes_version_from_git(project) or not build.tracked_by_git(project.root):
+        return None
+    found = subprocess.run(
+        [str(python), "-m", "setuptools_scm"],
+        cwd=project.build_root,
+        capture_output=True,
+        text=True,
+        env=build.clean_environment(),
+    )
+    lines = found.stdout.split()
+    if found.returncode != 0 or len(lines) != 1:
+        said = (found.stderr.strip().splitlines() or found.stdout.strip().splitlines() or [""])[-1]
+        raise BuildError(
+            f"{project.build_root}: the build takes its version from git through "
+            "setuptools-scm, and the build's copy has no .git, so the version is asked of the "
+            f"checkout first; `python -m setuptools_scm` there failed ({said or 'no output'}): "
+            "add setuptools-scm to the table's build-requires, or set "
+            "SETUPTOOLS_SCM_PRETEND_VERSION in its build-env"
+        )
+    return lines[0].partition("+")[0]
 
 
 def build_requirements(project: Project) -> list[str]:
@@ -213,6 +262,11 @@ def build_project_wheel(
     )
     src = copy_project(project, workdir / "checkout")
     env = project_build_env(project, row, kind, tools_, build.site_packages(py))
+    if "SETUPTOOLS_SCM_PRETEND_VERSION" not in env:
+        version = version_from_git(project, py)
+        if version:
+            log(f"{what}: version {version}, from git in its checkout (setuptools-scm)")
+            env["SETUPTOOLS_SCM_PRETEND_VERSION"] = version
     env.update(extra_env or {})
     # nvcc's intermediates (tmpxft_*) go to $TMPDIR: a folder of this build's own, which
     # nothing else on a shared builder clears while it runs, and which the next build replaces.

@@ -27,3 +27,30 @@ def git_checkout_with_a_project(tmp_path: Path) -> Path:
     )
     (tmp_path / "unpacked").mkdir()
     return project
+
+
+def commit_all(root: Path, message: str) -> None:
+    subprocess.run([*GIT, "add", "."], cwd=root, check=True)
+    subprocess.run([*GIT, "commit", "-q", "-m", message], cwd=root, check=True)
+
+
+def git_checkout_versioned_by_tags(tmp_path: Path) -> Path:
+    """A checkout of a project whose version setuptools-scm takes from git: tagged v1.2.3,
+    one commit past the tag, and a file changed since (a dirty checkout); its folder."""
+    root = tmp_path / "scm"
+    subprocess.run([*GIT, "init", "-q", str(root)], check=True)
+    (root / "pyproject.toml").write_text(
+        '[build-system]\nrequires = ["setuptools", "setuptools-scm>=8"]\n'
+        'build-backend = "setuptools.build_meta"\n\n'
+        '[project]\nname = "scmext"\ndynamic = ["version"]\n\n'
+        '[tool.setuptools_scm]\nversion_file = "scmext/_version.py"\n'
+    )
+    (root / "scmext").mkdir()
+    (root / "scmext" / "__init__.py").write_text("")
+    (root / ".gitignore").write_text("/scmext/_version.py\n")
+    commit_all(root, "first")
+    subprocess.run([*GIT, "tag", "v1.2.3"], cwd=root, check=True)
+    (root / "setup.py").write_text("from setuptools import setup\nsetup()\n")
+    commit_all(root, "past the tag")
+    (root / "scmext" / "__init__.py").write_text("# changed\n")
+    return root

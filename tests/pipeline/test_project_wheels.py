@@ -5,17 +5,23 @@ the arch checks. The whole path runs on the fixture extension in .ci/run."""
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
 import zipfile
 from pathlib import Path
 
 import pytest
 
-from scripts import basics, matrix, project, project_build, project_wheels, relabel
+from scripts import basics, build, matrix, project, project_build, project_wheels, relabel
 from scripts.basics import REPO
 from scripts.build import BuildError
 from scripts.interpreters import Interpreter
 from scripts.toolchain import Toolchain
-from tests.pipeline.git_helpers import git_checkout_with_a_project
+from tests.pipeline.git_helpers import (
+    GIT,
+    git_checkout_versioned_by_tags,
+    git_checkout_with_a_project,
+)
 
 FIXTURE = REPO / "tests" / "fixtures" / "anyext"
 PER_PYTHON = REPO / "tests" / "fixtures" / "anyext-per-python.toml"
@@ -387,3 +393,82 @@ def test_build_temporaries_live_in_the_cells_work_folder(rows, tmp_path, monkeyp
         )
     assert seen["TMPDIR"] == str(work / "tmp")
     assert (work / "tmp").is_dir()
+
+
+def table_for(tmp_path: Path, checkout: Path) -> project.Project:
+    table = tmp_path / "t.toml"
+    table.write_text(
+        '[tool.torch-wheels]\ndistribution = "scmext"\nimport-name = "scmext"\n'
+        f'checkout = "{os.path.relpath(checkout, tmp_path)}"\n'
+    )
+    return project.load_project(table)
+
+
+@pytest.fixture(scope="module")
+def scm_python(tmp_path_factory) -> Path:
+    """A build venv's interpreter with setuptools-scm, as a project that asks for it has."""
+    where = tmp_path_factory.mktemp("scm-venv")
+    return build.create_venv(where / "venv", Path(sys.executable), ["setuptools-scm>=8"])
+
+
+def test_a_version_from_git_is_the_checkouts_own_not_the_copys_fallback(
+    tmp_path, scm_python
+) -> None:
+    """The build's copy has no .git: there setuptools-scm gives its fallback (torch-harmonics
+    built as 0.0.0). The version comes from the checkout, without its local part, and asking
+    writes nothing there (not setuptools-scm's version_file)."""
+    checkout = git_checkout_versioned_by_tags(tmp_path)
+    before = subprocess.run(
+        [*GIT, "status", "--porcelain", "--ignored"], cwd=checkout, capture_output=True, text=True
+    ).stdout
+    assert project_build.version_from_git(table_for(tmp_path, checkout), scm_python) == "1.2.4.dev1"
+    after = subprocess.run(
+        [*GIT, "status", "--porcelain", "--ignored"], cwd=checkout, capture_output=True, text=True
+    ).stdout
+    assert after == before
+    assert not (checkout / "scmext" / "_version.py").exists()
+
+
+def test_the_build_is_given_the_checkouts_version(tmp_path, scm_python, monkeypatch) -> None:
+    monkeypatch.setenv("HOTLOOP_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.delenv("SETUPTOOLS_SCM_PRETEND_VERSION", raising=False)
+    table = table_for(tmp_path, git_checkout_versioned_by_tags(tmp_path))
+    seen: dict[str, str] = {}
+
+    def build_in_venv(python, src, workdir, env, what):
+        seen.update(env)
+        raise BuildError("stopped after the environment")
+
+    monkeypatch.setattr(build, "create_venv", lambda *args, **kwargs: scm_python)
+    monkeypatch.setattr(build, "site_packages", lambda python: tmp_path / "site")
+    monkeypatch.setattr(build, "build_in_venv", build_in_venv)
+    tools = Toolchain(None, tmp_path / "sysroot", {"CC": "/usr/bin/gcc", "CXX": "/usr/bin/g++"}, {})
+    (tmp_path / "work").mkdir()
+    (tmp_path / "work" / "build.log").write_text("")
+    interp = Interpreter("3.12", Path(sys.executable), "PATH")
+    with pytest.raises(BuildError, match="stopped after the environment"):
+        project_build.build_project_wheel(
+            table, matrix.load_rows()[-1], "stable", tmp_path / "work", tools, interp
+        )
+    assert seen["SETUPTOOLS_SCM_PRETEND_VERSION"] == "1.2.4.dev1"
+
+
+def test_a_project_not_versioned_by_git_is_not_asked(tmp_path) -> None:
+    checkout = git_checkout_with_a_project(tmp_path / "monorepo")
+    table = table_for(tmp_path, checkout)
+    assert not project_build.takes_version_from_git(table)
+    assert project_build.version_from_git(table, tmp_path / "no-such-python") is None
+
+
+def test_a_version_from_git_that_cannot_be_asked_is_a_clear_error(tmp_path) -> None:
+    """setuptools-scm named only in setup.py's setup_requires, so the build venv lacks it."""
+    checkout = git_checkout_versioned_by_tags(tmp_path)
+    python = tmp_path / "python"
+    python.write_text('#!/bin/sh\necho "$1 $2: No module named setuptools_scm" >&2\nexit 1\n')
+    python.chmod(0o755)
+    with pytest.raises(BuildError) as err:
+        project_build.version_from_git(table_for(tmp_path, checkout), python)
+    message = str(err.value)
+    assert "the build takes its version from git through setuptools-scm" in message
+    assert "(-m setuptools_scm: No module named setuptools_scm)" in message
+    assert "add setuptools-scm to the table's build-requires" in message
