@@ -25,6 +25,7 @@ from scripts.wheelfile import parse_wheel_name
 
 _TORCH_REQUIREMENT = re.compile(rb"^Requires-Dist: *torch\b(?![-_.\w]).*\r?\n", re.MULTILINE)
 _VERSION = re.compile(rb"^Version: *(.+?)\r?$", re.MULTILINE)
+_VERSIONEER_UNKNOWN = "0+unknown"
 
 
 class RelabelError(ValueError):
@@ -52,6 +53,15 @@ def label_wheel(wheel: Path, label: str, requires_torch: str, out_dir: Path) -> 
     """
     parts = parse_wheel_name(wheel.name)
     public, sep, existing = parts.version.partition("+")
+    if parts.version == _VERSIONEER_UNKNOWN:
+        raise RelabelError(
+            f"{wheel.name}: {_VERSIONEER_UNKNOWN} is versioneer's version for a tree where it "
+            "finds no git and no version: the build runs on a copy of the checkout without .git. "
+            "Build "
+            "from the project's sdist unpacked (versioneer writes the version into its "
+            "_version.py), or move the project to setuptools-scm, whose version the pipeline "
+            "takes from the checkout"
+        )
     if sep:
         if existing != label:
             raise RelabelError(

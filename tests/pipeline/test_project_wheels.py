@@ -286,6 +286,20 @@ def test_relabel_keeps_a_wheel_with_the_same_label_and_refuses_another(tmp_path)
         relabel.label_wheel(first, "pt29cu128", "torch==2.9.*", tmp_path / "c")
 
 
+def test_relabel_names_versioneers_unknown_version(tmp_path) -> None:
+    """versioneer's version where it finds no git (the build's copy has none): not a label of
+    the project's own, whose advice (drop it from the version) would not help."""
+    wheel = plain_wheel(tmp_path)
+    unknown = wheel.with_name("mypkg-0+unknown-cp39-abi3-linux_x86_64.whl")
+    wheel.rename(unknown)
+    with pytest.raises(relabel.RelabelError) as err:
+        relabel.label_wheel(unknown, "pt29cu128", "torch==2.9.*", tmp_path / "out")
+    message = str(err.value)
+    assert "0+unknown is versioneer's version" in message
+    assert "Build from the project's sdist unpacked" in message
+    assert "drop the project's label" not in message
+
+
 def test_output_folder_of_someone_else_is_refused(tmp_path) -> None:
     theirs = tmp_path / "theirs"
     theirs.mkdir()
