@@ -1297,21 +1297,28 @@ void launch_rms_norm_backward(const scalar_t* grad_out, const scalar_t* x, const
           constexpr bool kWeight = decltype(weight_in_registers)::value;
           const auto one_row =
               rms_norm_backward_span_staged_kernel<scalar_t, kCasting, kVectors, kWeight, false>;
-          const StagedLaunch one_row_launch = plan(one_row, 1);
           if (two_rows_may_pay) {
             // Only where the second row costs no block an SM: with Gemma's casting at 8193 on
             // an H200 the two-row kernel took 61 registers, one block of 544 threads an SM
             // where the one-row kernel's 54 left two, and forward+backward went 72.4 -> 67.5
-            // (run O84; ncu in run 139). Llama's there went the other way, 58 -> 56.
+            // (run O84; ncu in run 139). Llama's there went the other way, 58 -> 56. Rows that
+            // take a block each need no second plan (nor its occupancy query).
             const auto two_rows =
                 rms_norm_backward_span_staged_kernel<scalar_t, kCasting, kVectors, kWeight, true>;
             const StagedLaunch two_rows_launch = plan(two_rows, 2);
-            if (two_rows_launch.clusters >= one_row_launch.clusters) {
+            if (two_rows_launch.clusters >= rows) {
               run(two_rows_launch, two_rows);
               return;
             }
+            const StagedLaunch one_row_launch = plan(one_row, 1);
+            if (two_rows_launch.clusters >= one_row_launch.clusters) {
+              run(two_rows_launch, two_rows);
+            } else {
+              run(one_row_launch, one_row);
+            }
+            return;
           }
-          run(one_row_launch, one_row);
+          run(plan(one_row, 1), one_row);
         };
         if (span_plan.threads_per_row <= kSpanWeightRegistersMaxThreads) {
           one_or_two_rows(std::true_type{});
