@@ -199,7 +199,9 @@ FOREIGN_BUILD_VARIABLES = (
     "LIBRARY_PATH",
     "CUDA_HOME",
     "CUDA_PATH",
+    "CUDACXX",
     "CUDAHOSTCXX",
+    "CUDAToolkit_ROOT",
     "TORCH_CUDA_ARCH_LIST",
 )
 

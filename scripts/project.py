@@ -58,6 +58,10 @@ PIPELINE_BUILD_VARIABLES = {
     "CXX": "the pipeline's compiler wrappers (sysroot, ccache)",
     "PYTORCH_NVCC": "the pipeline's nvcc wrapper",
     "CUDA_HOME": "the row's toolkit",
+    "CUDACXX": "the row's nvcc",
+    "CUDAHOSTCXX": "the pipeline's compiler wrappers (sysroot, ccache)",
+    "CUDAToolkit_ROOT": "the row's toolkit",
+    "PATH": "the build venv and the row's toolkit first",
     "CPATH": "torch's CUDA library headers",
     "TORCH_CUDA_ARCH_LIST": "the table's cuda-archs (or the row's list): set cuda-archs",
     "SOURCE_DATE_EPOCH": "the checkout's last commit time",
@@ -174,8 +178,9 @@ class Project:
     CUDA without a GPU (``FORCE_CUDA``), to build rather than download a prebuilt wheel
     (``MYPKG_FORCE_BUILD = "TRUE"``), and its other switches (``MAX_JOBS``, ``NVCC_THREADS``
     and ``NVCC_APPEND_FLAGS`` replace the pipeline's). The variables the pipeline sets for
-    every build (``CC``, ``CXX``, ``CUDA_HOME``, ``CPATH``, ``TORCH_CUDA_ARCH_LIST``: use
-    ``cuda-archs``) are refused."""
+    every build (``CC``, ``CXX``, ``CUDA_HOME``, ``CUDACXX``, ``CPATH``, ``PATH``,
+    ``TORCH_CUDA_ARCH_LIST``: use ``cuda-archs``, and the others of
+    ``PIPELINE_BUILD_VARIABLES``) are refused."""
 
     build_requires: tuple[str, ...] = ()
     """More requirements of the build venv, next to the row's torch and the build folder's

@@ -230,7 +230,20 @@ def project_build_env(
     )
     if with_cuda:
         assert tools_.cuda_home is not None
-        env["CUDA_HOME"] = str(tools_.cuda_home)
+        # torch's cpp_extension finds the toolkit by CUDA_HOME; CMake's CUDA language by
+        # CUDACXX and CUDAToolkit_ROOT, and links with CUDAHOSTCXX, or else with the first nvcc
+        # on PATH (this builder's /usr/local/bin/nvcc 13.0 for a CUDA 12.8 row) and the host's
+        # own g++ (glibc 2.36 symbols). A setup.py that runs `nvcc` finds the row's first too.
+        nvcc_bin = tools_.cuda_home / "bin"
+        env.update(
+            {
+                "CUDA_HOME": str(tools_.cuda_home),
+                "CUDAToolkit_ROOT": str(tools_.cuda_home),
+                "CUDACXX": str(nvcc_bin / "nvcc"),
+                "CUDAHOSTCXX": compilers["CXX"],
+                "PATH": os.pathsep.join([str(nvcc_bin), env.get("PATH", "")]),
+            }
+        )
         env["TORCH_CUDA_ARCH_LIST"] = arch_list
         includes = [str(p) for p in toolchain.torch_cuda_include_dirs(torch_site)]
         if includes:

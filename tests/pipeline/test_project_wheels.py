@@ -168,6 +168,33 @@ def test_what_readmes_ask_a_builder_to_set_reaches_the_build(
     assert env[name] == value
 
 
+def test_a_cuda_build_points_cmake_and_bare_nvcc_at_the_rows_toolkit(
+    rows, tmp_path, monkeypatch
+) -> None:
+    """A CMake build (scikit-build-core) took this builder's /usr/local/bin/nvcc 13.0 for a
+    CUDA 12.8 row and linked with the host's g++ (glibc 2.36 symbols, refused at repair):
+    CMake reads CUDACXX, CUDAHOSTCXX and CUDAToolkit_ROOT, a setup.py running `nvcc` PATH.
+    The caller's own values never reach a build, CPU builds included."""
+    monkeypatch.setenv("HOTLOOP_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.setenv("CUDACXX", "/usr/local/bin/nvcc")
+    monkeypatch.setenv("CUDAToolkit_ROOT", "/usr/local/cuda")
+    compilers = {"CC": "/usr/bin/gcc", "CXX": "/usr/bin/g++"}
+    cuda = Toolchain(tmp_path / "cuda", tmp_path / "sysroot", compilers, {})
+    env = project_build.project_build_env(
+        table_with(tmp_path, ""), row_of(rows, "2.9"), "pinned", cuda, tmp_path
+    )
+    assert env["CUDACXX"] == str(tmp_path / "cuda" / "bin" / "nvcc")
+    assert env["CUDAToolkit_ROOT"] == env["CUDA_HOME"] == str(tmp_path / "cuda")
+    assert env["CUDAHOSTCXX"] == env["CXX"]
+    assert f'"--sysroot={tmp_path / "sysroot"}"' in Path(env["CUDAHOSTCXX"]).read_text()
+    assert env["PATH"].split(os.pathsep)[0] == str(tmp_path / "cuda" / "bin")
+    cpu = Toolchain(None, tmp_path / "sysroot", compilers, {})
+    env = project_build.project_build_env(
+        table_with(tmp_path, ""), row_of(rows, "2.9"), "pinned", cpu, tmp_path
+    )
+    assert not {"CUDACXX", "CUDAToolkit_ROOT", "CUDAHOSTCXX", "CUDA_HOME"} & set(env)
+
+
 def test_build_requires_join_the_build_venv(tmp_path) -> None:
     """What a README asks to pip install before ``pip install --no-build-isolation .``."""
     table = table_with(tmp_path, 'build-requires = ["packaging", "psutil>=5"]\n')
