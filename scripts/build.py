@@ -199,6 +199,7 @@ FOREIGN_BUILD_VARIABLES = (
     "LIBRARY_PATH",
     "CUDA_HOME",
     "CUDA_PATH",
+    "CUDAARCHS",
     "CUDACXX",
     "CUDAHOSTCXX",
     "CUDAToolkit_ROOT",

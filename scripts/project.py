@@ -64,6 +64,7 @@ PIPELINE_BUILD_VARIABLES = {
     "PATH": "the build venv and the row's toolkit first",
     "CPATH": "torch's CUDA library headers",
     "TORCH_CUDA_ARCH_LIST": "the table's cuda-archs (or the row's list): set cuda-archs",
+    "CUDAARCHS": "the table's cuda-archs (or the row's list): set cuda-archs",
     "SOURCE_DATE_EPOCH": "the checkout's last commit time",
     "TMPDIR": "the cell's own work folder",
 }

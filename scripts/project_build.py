@@ -22,7 +22,7 @@ from scripts import basics, build, toolchain, tools
 from scripts.basics import tomllib
 from scripts.build import BuildError, BuildResult
 from scripts.interpreters import Interpreter
-from scripts.matrix import Row, archs_from_list
+from scripts.matrix import Row, archs_from_list, cmake_cuda_architectures
 from scripts.project import Project
 from scripts.toolchain import Toolchain
 from scripts.toolchain.sysroot import host_tuned_flags_left_out, sysroot_compilers
@@ -245,6 +245,9 @@ def project_build_env(
             }
         )
         env["TORCH_CUDA_ARCH_LIST"] = arch_list
+        # CMake's own spelling of it, for targets that name no CUDA_ARCHITECTURES (else nvcc's
+        # default arch alone, sm_52 for CUDA 12).
+        env["CUDAARCHS"] = cmake_cuda_architectures(arch_list)
         includes = [str(p) for p in toolchain.torch_cuda_include_dirs(torch_site)]
         if includes:
             env["CPATH"] = os.pathsep.join(includes)

@@ -162,6 +162,19 @@ def archs_from_list(arch_list: str) -> list[str]:
     return targets
 
 
+def cmake_cuda_architectures(arch_list: str) -> str:
+    """The same targets in CMake's ``CUDA_ARCHITECTURES`` syntax (what ``CUDAARCHS`` sets).
+
+    ``"8.0;9.0+PTX"`` -> ``"80-real;90"`` (``90``: the cubin and the PTX).
+    """
+    targets = archs_from_list(arch_list)
+    return ";".join(
+        number if f"compute_{number}" in targets else f"{number}-real"
+        for kind, number in (t.split("_", 1) for t in targets)
+        if kind == "sm"
+    )
+
+
 def toolkit_of(cuda: str, spec: ToolkitSpec) -> Toolkit:
     """The toolkit a ``[toolkits."X.Y"]`` table describes."""
     debian = spec.debian

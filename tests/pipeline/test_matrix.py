@@ -91,6 +91,13 @@ def test_archs():
     ]  # fmt: skip
 
 
+def test_archs_in_cmakes_spelling():
+    """What CUDAARCHS gives a CMake build: cubins alone, except where PTX is asked for too."""
+    cmake = matrix.cmake_cuda_architectures("8.0;9.0 10.0;12.0+PTX")
+    assert cmake == "80-real;90-real;100-real;120"
+    assert matrix.cmake_cuda_architectures("9.0a") == "90a-real"
+
+
 def test_selection(rows):
     assert [r.torch for r in matrix.select_rows(rows)] == ["2.15.0"]
     assert [r.torch for r in matrix.select_rows(rows, "2.11")] == ["2.11.0"]

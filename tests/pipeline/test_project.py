@@ -53,6 +53,7 @@ def test_cuda_switches_are_the_build_env_variables_that_are_exactly_cuda(tmp_pat
         ("TORCH_CUDA_ARCH_LIST", "set cuda-archs"),
         ("CUDA_HOME", "the row's toolkit"),
         ("CUDACXX", "the row's nvcc"),
+        ("CUDAARCHS", "set cuda-archs"),
         ("PATH", "the row's toolkit first"),
         ("CC", "compiler wrappers"),
     ],

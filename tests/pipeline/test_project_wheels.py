@@ -178,6 +178,7 @@ def test_a_cuda_build_points_cmake_and_bare_nvcc_at_the_rows_toolkit(
     monkeypatch.setenv("HOTLOOP_CACHE_DIR", str(tmp_path / "cache"))
     monkeypatch.setenv("CUDACXX", "/usr/local/bin/nvcc")
     monkeypatch.setenv("CUDAToolkit_ROOT", "/usr/local/cuda")
+    monkeypatch.setenv("CUDAARCHS", "52")
     compilers = {"CC": "/usr/bin/gcc", "CXX": "/usr/bin/g++"}
     cuda = Toolchain(tmp_path / "cuda", tmp_path / "sysroot", compilers, {})
     env = project_build.project_build_env(
@@ -188,11 +189,12 @@ def test_a_cuda_build_points_cmake_and_bare_nvcc_at_the_rows_toolkit(
     assert env["CUDAHOSTCXX"] == env["CXX"]
     assert f'"--sysroot={tmp_path / "sysroot"}"' in Path(env["CUDAHOSTCXX"]).read_text()
     assert env["PATH"].split(os.pathsep)[0] == str(tmp_path / "cuda" / "bin")
+    assert env["CUDAARCHS"] == "80-real;86-real;89-real;90"  # the 2.9 row's 8.0;8.6;8.9;9.0+PTX
     cpu = Toolchain(None, tmp_path / "sysroot", compilers, {})
     env = project_build.project_build_env(
         table_with(tmp_path, ""), row_of(rows, "2.9"), "pinned", cpu, tmp_path
     )
-    assert not {"CUDACXX", "CUDAToolkit_ROOT", "CUDAHOSTCXX", "CUDA_HOME"} & set(env)
+    assert not {"CUDACXX", "CUDAToolkit_ROOT", "CUDAHOSTCXX", "CUDA_HOME", "CUDAARCHS"} & set(env)
 
 
 def test_build_requires_join_the_build_venv(tmp_path) -> None:
