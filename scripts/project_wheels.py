@@ -158,6 +158,9 @@ def run_cell(
             result = build_project_wheel(project, row, row.kind, workdir, tools, interp)
             cell.build_seconds = result.seconds
             log(f"{name}: built {result.wheel.name} in {result.seconds:.0f}s")
+            unversioned = relabel.unversioned_warning(result.wheel.name)
+            if unversioned:
+                log(f"{name}: warning: {unversioned}")
             cell.stage = "repair/audit"
             labelled_dir = workdir / "labelled"
             shutil.rmtree(labelled_dir, ignore_errors=True)

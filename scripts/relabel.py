@@ -26,6 +26,7 @@ from scripts.wheelfile import parse_wheel_name
 _TORCH_REQUIREMENT = re.compile(rb"^Requires-Dist: *torch\b(?![-_.\w]).*\r?\n", re.MULTILINE)
 _VERSION = re.compile(rb"^Version: *(.+?)\r?$", re.MULTILINE)
 _VERSIONEER_UNKNOWN = "0+unknown"
+_NO_VERSION = "0.0.0"
 
 
 class RelabelError(ValueError):
@@ -43,6 +44,20 @@ def labelled_metadata(metadata: bytes, version: str, requires_torch: str) -> byt
     headers = _TORCH_REQUIREMENT.sub(b"", headers)
     headers += f"Requires-Dist: {requires_torch}\n".encode()
     return headers + body
+
+
+def unversioned_warning(wheel_name: str) -> str | None:
+    """What to say of a wheel whose version is setuptools' ``0.0.0``, a project's that names
+    none (diff-gaussian-rasterization's setup.py) or a version tool's fallback: every build of
+    the project carries it, so an index cannot tell one from another. None for any other."""
+    if parse_wheel_name(wheel_name).version.partition("+")[0] != _NO_VERSION:
+        return None
+    return (
+        f"{wheel_name} is version {_NO_VERSION}, setuptools' default where a project names no "
+        "version: every build of it will carry that version, and an index cannot tell them "
+        "apart. Give the project a version (setup.py's version=, [project] version, or a tag "
+        "that setuptools-scm reads)"
+    )
 
 
 def label_wheel(wheel: Path, label: str, requires_torch: str, out_dir: Path) -> Path:

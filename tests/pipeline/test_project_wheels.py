@@ -329,6 +329,14 @@ def test_relabel_names_versioneers_unknown_version(tmp_path) -> None:
     assert "drop the project's label" not in message
 
 
+def test_a_wheel_without_a_version_is_warned_of() -> None:
+    warning = relabel.unversioned_warning("pkg-0.0.0-cp312-cp312-linux_x86_64.whl")
+    assert warning is not None
+    assert "is version 0.0.0, setuptools' default where a project names no version" in warning
+    assert relabel.unversioned_warning("pkg-0.0.1-cp312-cp312-linux_x86_64.whl") is None
+    assert relabel.unversioned_warning("pkg-0.9.3.dev12-cp312-cp312-linux_x86_64.whl") is None
+
+
 def test_output_folder_of_someone_else_is_refused(tmp_path) -> None:
     theirs = tmp_path / "theirs"
     theirs.mkdir()
