@@ -1274,8 +1274,11 @@ void launch_rms_norm_backward(const scalar_t* grad_out, const scalar_t* x, const
     if (span_plan.vectors_per_thread != 0 &&
         spans_line_up<scalar_t>(hidden, {grad_out, x, grad_x})) {
       const std::optional<Tensor> copies = shifted_weight_copies(weight, hidden, stream, like);
-      const bool two_rows_may_pay =
-          !memory_is_slow_for_an_sm() && span_vectors > kSpanTwoRowsMinVectors;
+      // (Where two rows' spans fit in a block's shared memory at all: an H200's 227 KB hold
+      // 2048 vectors' four spans, a GPU with less may not.)
+      const bool two_rows_may_pay = !memory_is_slow_for_an_sm() &&
+                                    span_vectors > kSpanTwoRowsMinVectors &&
+                                    4 * span_vectors * kVectorBytes <= staged_bytes_limit();
       const auto plan = [&](auto kernel, int rows_staged) {
         StagedLaunch staged =
             plan_staged_launch(kernel, /*cluster=*/1, span_plan.threads_per_row,
