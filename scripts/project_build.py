@@ -35,6 +35,9 @@ _SKIPPED_SUFFIXES = (".so", ".o", ".pyc")
 _UNSUPPORTED_ARCH = re.compile(r"Unsupported gpu architecture '([a-z_0-9]+)'")
 _SUBMODULE_PATH = re.compile(r"^\s*path\s*=\s*(.+?)\s*$", re.MULTILINE)
 _SCM_REQUIREMENT = re.compile(r"(setuptools[-_]scm|hatch[-_]vcs)\b", re.IGNORECASE)
+# torch's cpp_extension, on finding nvcc but no GPU; and what compiling CUDA then leaves in a log.
+_CUDA_HOME_FOUND = re.compile(r"No CUDA runtime is found, using CUDA_HOME='([^']*)'")
+_CUDA_COMPILE_SIGNS = ("_get_cuda_arch_flags", "unix_cuda_flags", "/bin/nvcc")
 
 
 def skipped(rel: Path) -> bool:
@@ -207,6 +210,22 @@ def unsupported_in_log(log_text: str, row: Row) -> str:
     )
 
 
+def cuda_in_cpu_build(log_text: str) -> str:
+    """A sentence for a CPU build that failed compiling CUDA with a toolkit torch's
+    cpp_extension found by itself (the builder's nvcc on PATH): the project builds CUDA
+    whatever its switch says (diff-gaussian-rasterization: an IndexError in torch's arch
+    flags, with no GPU and no arch list to build for)."""
+    found = _CUDA_HOME_FOUND.search(log_text)
+    if not found or not any(sign in log_text for sign in _CUDA_COMPILE_SIGNS):
+        return ""
+    return (
+        f"\nthis CPU build compiled CUDA: torch's cpp_extension found the builder's own toolkit "
+        f"({found.group(1)}, from the nvcc on PATH) and the project builds its CUDA sources "
+        "whatever its switch says. It has no CPU build here: leave out --cpu, or make it build "
+        "CPU-only under a switch that the table's build-env sets to {cuda}"
+    )
+
+
 def project_build_env(
     project: Project, row: Row, kind: str, tools_: Toolchain, torch_site: Path
 ) -> dict[str, str]:
@@ -293,7 +312,10 @@ def build_project_wheel(
     try:
         wheel, log_path = build.build_in_venv(py, src, workdir, env, what=what)
     except BuildError as exc:
-        found = unsupported_in_log((workdir / "build.log").read_text(), row)
+        log_text = (workdir / "build.log").read_text()
+        found = (
+            unsupported_in_log(log_text, row) if tools_.cuda_home else cuda_in_cpu_build(log_text)
+        )
         raise BuildError(str(exc) + found) from None
     left_out = host_tuned_flags_left_out(log_path.read_text())
     if left_out:

@@ -437,9 +437,29 @@ def device_label(version: str) -> str | None:
         return None  # version-label reports it
 
 
+def cpu_label(version: str) -> bool:
+    """Whether a wheel's version label is a CPU variant's (``stable.cpu``, ``pt29cpu``)."""
+    try:
+        return "+" in version and variant.parse_version(version).cuda is None
+    except ValueError:
+        return False  # version-label reports it
+
+
 @rule("device-code")
 def check_device_code(it: Inspection) -> Iterator[str]:
-    """A CUDA-labelled wheel holds device code: a cubin or PTX in some library's .nv_fatbin."""
+    """A CUDA-labelled wheel holds device code: a cubin or PTX in some library's .nv_fatbin;
+    a CPU-labelled one holds none."""
+    if cpu_label(it.wheel.version):
+        for name, facts in sorted(it.elf_facts.items()):
+            if facts.device_code:
+                yield (
+                    f"labelled for the CPU ({it.wheel.version}) but {name} holds device code "
+                    f"({', '.join(facts.device_code)}): the build found a CUDA toolkit of the "
+                    "builder's own and compiled for it, as torch's cpp_extension does with any "
+                    "nvcc on PATH. Make the project build CPU-only when its CUDA switch is 0 "
+                    "({cuda} in the table's build-env), or leave the CPU build out"
+                )
+        return
     cuda = device_label(it.wheel.version)
     if cuda is None or not it.project.audit.device_code:
         return

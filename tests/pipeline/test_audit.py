@@ -877,6 +877,20 @@ def test_cpu_labelled_wheel_needs_no_device_code(wheel_factory, newest_row, elf_
     assert "version-label" in rules(report)  # a CPU wheel is not the row's CUDA wheel
 
 
+def test_cpu_labelled_wheel_with_device_code_is_refused(wheel_factory, newest_row, elf_libs):
+    """A CPU build whose setup.py compiled CUDA anyway (the builder's own nvcc on PATH): its
+    wheel would claim to be the CPU variant and hold kernels for a CUDA it never names."""
+    cpu_label = re.sub(r"cu[0-9]+$", "cpu", newest_row.variant)
+    wheel = wheel_factory(
+        extra={"hotloop/_C.abi3.so": elf_libs["cuda"]}, version=f"0.1.0+{cpu_label}"
+    )
+    report = audit.check_wheel(wheel, newest_row)
+    assert "device-code" in rules(report)
+    [message] = [v for v in report.violations if "labelled for the CPU" in v]
+    assert f"labelled for the CPU (0.1.0+{cpu_label}) but hotloop/_C.abi3.so holds" in message
+    assert "builder's own" in message
+
+
 def test_listed_library_missing(wheel_factory, newest_row):
     def drop_ops(members: dict[str, bytes]) -> None:
         del members["hotloop/libhotloop_ops.so"]

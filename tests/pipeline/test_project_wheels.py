@@ -197,6 +197,22 @@ def test_a_cuda_build_points_cmake_and_bare_nvcc_at_the_rows_toolkit(
     assert not {"CUDACXX", "CUDAToolkit_ROOT", "CUDAHOSTCXX", "CUDA_HOME", "CUDAARCHS"} & set(env)
 
 
+def test_a_cpu_build_that_compiled_cuda_says_so() -> None:
+    """diff-gaussian-rasterization has CUDA sources only: its --cpu build found the builder's
+    nvcc and stopped in torch's arch flags with an IndexError."""
+    log_text = (
+        "W1129 cpp_extension.py:140] No CUDA runtime is found, using CUDA_HOME='/usr/local'\n"
+        '  File ".../torch/utils/cpp_extension.py", line 2600, in _get_cuda_arch_flags\n'
+        "IndexError: list index out of range\n"
+    )
+    said = project_build.cuda_in_cpu_build(log_text)
+    assert "this CPU build compiled CUDA" in said
+    assert "(/usr/local, from the nvcc on PATH)" in said
+    assert "leave out --cpu" in said
+    # a CPU build that failed otherwise, torch's warning at import notwithstanding
+    assert project_build.cuda_in_cpu_build(log_text.split("\n")[0] + "\nerror: x.cpp\n") == ""
+
+
 def test_build_requires_join_the_build_venv(tmp_path) -> None:
     """What a README asks to pip install before ``pip install --no-build-isolation .``."""
     table = table_with(tmp_path, 'build-requires = ["packaging", "psutil>=5"]\n')
