@@ -142,8 +142,8 @@ def version_from_git(project: Project, python: Path) -> str | None:
         text=True,
         env=build.clean_environment(),
     )
-    lines = found.stdout.split()
-    if found.returncode != 0 or len(lines) != 1:
+    printed = found.stdout.split()
+    if found.returncode != 0 or len(printed) != 1:
         said = (found.stderr.strip().splitlines() or found.stdout.strip().splitlines() or [""])[-1]
         raise BuildError(
             f"{project.build_root}: the build takes its version from git through "
@@ -152,7 +152,7 @@ def version_from_git(project: Project, python: Path) -> str | None:
             "add setuptools-scm to the table's build-requires, or set "
             "SETUPTOOLS_SCM_PRETEND_VERSION in its build-env"
         )
-    return lines[0].partition("+")[0]
+    return printed[0].partition("+")[0]
 
 
 def build_requirements(project: Project) -> list[str]:

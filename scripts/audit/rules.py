@@ -428,28 +428,23 @@ def check_libraries(it: Inspection) -> Iterator[str]:
         yield "no shared library at all: the build compiled no extension"
 
 
-def device_label(version: str) -> str | None:
-    """The CUDA a wheel's version label promises (``13``, ``12.8``); None: CPU or no label."""
+def labelled_variant(version: str) -> variant.Variant | None:
+    """The variant a wheel's version label names; None without a label one can read."""
     try:
-        cuda: str | None = variant.parse_version(version).cuda
-        return cuda
+        labelled: variant.Variant = variant.parse_version(version)
+        return labelled
     except ValueError:
         return None  # version-label reports it
-
-
-def cpu_label(version: str) -> bool:
-    """Whether a wheel's version label is a CPU variant's (``stable.cpu``, ``pt29cpu``)."""
-    try:
-        return "+" in version and variant.parse_version(version).cuda is None
-    except ValueError:
-        return False  # version-label reports it
 
 
 @rule("device-code")
 def check_device_code(it: Inspection) -> Iterator[str]:
     """A CUDA-labelled wheel holds device code: a cubin or PTX in some library's .nv_fatbin;
     a CPU-labelled one holds none."""
-    if cpu_label(it.wheel.version):
+    labelled = labelled_variant(it.wheel.version)
+    if labelled is None:
+        return
+    if labelled.cuda is None:
         for name, facts in sorted(it.elf_facts.items()):
             if facts.device_code:
                 yield (
@@ -460,14 +455,14 @@ def check_device_code(it: Inspection) -> Iterator[str]:
                     "({cuda} in the table's build-env), or leave the CPU build out"
                 )
         return
-    cuda = device_label(it.wheel.version)
-    if cuda is None or not it.project.audit.device_code:
+    if not it.project.audit.device_code:
         return
     if any(facts.device_code for facts in it.elf_facts.values()):
         return
     yield (
-        f"labelled for CUDA {cuda} ({it.wheel.version}) but no library holds device code (no "
-        "cubin or PTX in an .nv_fatbin section): the build compiled no CUDA source. A setup.py "
+        f"labelled for CUDA {labelled.cuda} ({it.wheel.version}) but no library holds device "
+        "code (no cubin or PTX in an .nv_fatbin section): the build compiled no CUDA source. "
+        "A setup.py "
         "that picks CUDA with torch.cuda.is_available() builds CPU-only on a builder without "
         "a GPU; make it build CUDA regardless (FORCE_CUDA=1 or the project's own switch, set "
         "in the project table's build-env) and give the archs in TORCH_CUDA_ARCH_LIST"
