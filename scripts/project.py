@@ -63,6 +63,8 @@ PIPELINE_BUILD_VARIABLES = {
     "CUDAToolkit_ROOT": "the row's toolkit",
     "PATH": "the build venv and the row's toolkit first",
     "CPATH": "torch's CUDA library headers",
+    "LIBRARY_PATH": "torch's CUDA libraries, for linking",
+    "CMAKE_LIBRARY_PATH": "torch's CUDA libraries, for linking",
     "TORCH_CUDA_ARCH_LIST": "the table's cuda-archs (or the row's list): set cuda-archs",
     "CUDAARCHS": "the table's cuda-archs (or the row's list): set cuda-archs",
     "SOURCE_DATE_EPOCH": "the checkout's last commit time",

@@ -227,10 +227,11 @@ def cuda_in_cpu_build(log_text: str) -> str:
 
 
 def project_build_env(
-    project: Project, row: Row, kind: str, tools_: Toolchain, torch_site: Path
+    project: Project, row: Row, kind: str, tools_: Toolchain, torch_site: Path, workdir: Path
 ) -> dict[str, str]:
     """The caller's environment, less what would point the build elsewhere, plus the
-    toolchain's compilers (wrapped to target the sysroot) and the table's ``build-env``."""
+    toolchain's compilers (wrapped to target the sysroot) and the table's ``build-env``.
+    A CUDA build's links to torch's CUDA libraries go in ``workdir``."""
     env = build.clean_environment()
     with_cuda = tools_.cuda_home is not None
     arch_list = project.cuda_archs or row.arch_list
@@ -270,6 +271,11 @@ def project_build_env(
         includes = [str(p) for p in toolchain.torch_cuda_include_dirs(torch_site)]
         if includes:
             env["CPATH"] = os.pathsep.join(includes)
+        # CMake's CUDA::cublas and a setup.py's -lcublas link torch's own cuBLAS (and the
+        # rest of its nvidia-* libraries), as its headers are those on CPATH.
+        links = workdir / "cuda-libraries"
+        toolchain.torch_cuda_library_links(torch_site, tools_.cuda_home, links)
+        env["CMAKE_LIBRARY_PATH"] = env["LIBRARY_PATH"] = str(links)
     env.update(
         project.build_environment(kind, row.cuda if with_cuda else None, row.torch, arch_list)
     )
@@ -296,7 +302,7 @@ def build_project_wheel(
         workdir / "venv", interp.path, [f"torch=={row.torch}", *build_requirements(project)]
     )
     src = copy_project(project, workdir / "checkout")
-    env = project_build_env(project, row, kind, tools_, build.site_packages(py))
+    env = project_build_env(project, row, kind, tools_, build.site_packages(py), workdir)
     if "SETUPTOOLS_SCM_PRETEND_VERSION" not in env:
         version = version_from_git(project, py)
         if version:

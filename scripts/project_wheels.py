@@ -175,7 +175,10 @@ def run_cell(
                 row,
                 site_packages(workdir / "venv" / "bin" / "python"),
                 project=project,
+                build_folders=[p for p in (tools.cuda_home, tools.sysroot, workdir) if p],
             )
+            for entry in report.dropped_search_paths:
+                log(f"{name}: dropped {entry}: a folder of this build, which no user has")
             cell.wheel, cell.size_bytes = repaired.name, repaired.stat().st_size
             cell.sha256 = sha256_of_file(repaired)
             parts = audit.wheel_name_parts(repaired.name)

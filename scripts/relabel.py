@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import re
 import zipfile
+from collections.abc import Mapping
 from pathlib import Path
 
 from scripts.reproducible import render_record
@@ -101,9 +102,18 @@ def label_wheel(wheel: Path, label: str, requires_torch: str, out_dir: Path) -> 
         raise RelabelError(f"{wheel.name}: no {old_info}METADATA")
     info, metadata = files[metadata_name]
     files[metadata_name] = (info, labelled_metadata(metadata, version, requires_torch))
-    files.pop(record_name, None)
-    record = render_record({name: data for name, (_, data) in files.items()}, record_name)
     out_dir.mkdir(parents=True, exist_ok=True)
+    return write_wheel(target, files, record_name)
+
+
+def write_wheel(
+    target: Path, members: Mapping[str, tuple[zipfile.ZipInfo, bytes]], record_name: str
+) -> Path:
+    """``members`` (name -> its entry in the wheel it comes from, and its bytes) written as
+    the wheel ``target``, each keeping its entry's date and mode, with a new RECORD of them
+    (any RECORD among ``members`` is replaced)."""
+    files = {name: member for name, member in members.items() if name != record_name}
+    record = render_record({name: data for name, (_, data) in files.items()}, record_name)
     with zipfile.ZipFile(target, "w", zipfile.ZIP_DEFLATED) as out:
         for name, (old, data) in files.items():
             new = zipfile.ZipInfo(name, old.date_time)

@@ -21,6 +21,7 @@ from scripts.audit.libraries import torch_provided_libs
 from scripts.audit.repair import (
     AUDITWHEEL_EXCLUDES,
     auditwheel_command,
+    drop_search_paths,
     repair_and_audit,
     repair_wheel,
     run_abi3audit,
@@ -50,6 +51,7 @@ __all__ = [
     "audit_file",
     "auditwheel_command",
     "check_wheel",
+    "drop_search_paths",
     "elf_version_needs",
     "main",
     "max_versions",

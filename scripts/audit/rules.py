@@ -41,6 +41,8 @@ class AuditReport:
     max_versions: dict[str, str] = field(default_factory=dict)
     auditwheel_output: str = ""
     abi3audit_output: str = ""
+    # RPATH/RUNPATH entries naming the build's own folders, dropped after the repair.
+    dropped_search_paths: list[str] = field(default_factory=list)
     # The GPU targets each library's fat binary holds: what was compiled, whatever was asked.
     device_code: dict[str, list[str]] = field(default_factory=dict)
 

@@ -50,6 +50,7 @@ from scripts.toolchain.cuda import (
     check_nvcc_release,
     override_env_var,
     torch_cuda_include_dirs,
+    torch_cuda_library_links,
 )
 from scripts.toolchain.cuda_debian import (
     check_debs,
@@ -100,6 +101,7 @@ __all__ = [
     "relativize_symlinks",
     "system_apt_sources",
     "torch_cuda_include_dirs",
+    "torch_cuda_library_links",
 ]
 
 

@@ -6,6 +6,7 @@ release check, the override variable and each toolkit's cache folder.
 from __future__ import annotations
 
 import hashlib
+import re
 import shutil
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -113,3 +114,33 @@ def torch_cuda_include_dirs(site_packages: Path) -> list[Path]:
     if not nvidia.is_dir():
         return []
     return sorted(p for p in nvidia.glob("*/include") if p.is_dir())
+
+
+# A run-time library name and the link-time name the linker's -lNAME looks for:
+# libcublas.so.12 -> libcublas.so, libnvrtc-builtins.so.13.0 -> libnvrtc-builtins.so.
+_RUN_TIME_NAME = re.compile(r"(?P<link>lib[^/]+\.so)(?:\.[0-9]+)*")
+
+
+def torch_cuda_library_links(site_packages: Path, cuda_home: Path, dest: Path) -> list[str]:
+    """Link-time names in ``dest`` (replaced: the build's own folder) for the libraries of
+    torch's own nvidia deps that the toolkit lacks (cuBLAS, cuSPARSE, cuFFT, NVRTC, ...):
+    ``libcublas.so`` -> ``<site>/nvidia/cublas/lib/libcublas.so.12``. Returns their names.
+
+    The wheels ship run-time names alone, which neither ``-lcublas`` nor CMake's
+    ``CUDA::cublas`` finds. What links through the links records the run-time name (the
+    library's soname), which torch's installation provides where the extension runs, and the
+    audit keeps out of the wheel. The toolkit's own libraries (its runtime) are not linked:
+    the build links those as torch's cpp_extension does.
+    """
+    own = {p.name for lib in ("lib64", "lib") for p in (cuda_home / lib).glob("lib*.so")}
+    if dest.exists():
+        shutil.rmtree(dest)
+    dest.mkdir(parents=True)
+    links: dict[str, Path] = {}
+    for library in sorted((site_packages / "nvidia").glob("*/lib/lib*.so*")):
+        match = _RUN_TIME_NAME.fullmatch(library.name)
+        if match and match["link"] not in own:
+            links.setdefault(match["link"], library)
+    for name, library in links.items():
+        (dest / name).symlink_to(library)
+    return sorted(links)

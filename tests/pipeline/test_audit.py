@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from scripts import audit, matrix, pypi_release, reproducible, sbom
-from scripts.audit import libraries, stable_abi
+from scripts.audit import elf, libraries, stable_abi
 from scripts.project import own_project
 
 ROWS = matrix.load_rows()
@@ -625,6 +625,52 @@ def test_library_search_path_outside_the_wheel(wheel_factory, newest_row, elf_li
     assert rules(report) == {"search-path"}
     assert f"hotloop/libhotloop_ops.so has {found}" in report.violations[0]
     assert "$ORIGIN" in report.violations[0]
+
+
+def test_the_builds_own_folders_leave_the_search_paths(
+    wheel_factory, newest_row, tmp_path
+) -> None:
+    """bitsandbytes' CMake left the pipeline's toolkit, where it linked libcudart, as its
+    library's RUNPATH (CMake keeps a build's link folders in what it builds), and the audit
+    refused the wheel for a folder of the builder. Entries naming the folders the pipeline
+    built in are dropped after the repair; any other entry stays for the search-path rule."""
+    build = tmp_path / "builder"
+    libs = {
+        "toolkit_and_origin": f"-Wl,-rpath,{build}/cuda/lib64:$ORIGIN/../hotloop.libs",
+        "toolkit_and_venv": f"-Wl,-rpath,{build}/cuda/lib64:{build}/work/venv/torch/lib",
+        "old_rpath_of_the_sysroot": f"-Wl,--disable-new-dtags,-rpath,{build}/sysroot/lib",
+        "elsewhere": "-Wl,-rpath,/opt/build/lib",
+    }
+    extra = {
+        f"hotloop/lib{name}.so": compile_cxx(tmp_path, name, STABLE_SHIM_CPP, flag)
+        for name, flag in libs.items()
+    }
+    wheel = wheel_factory(extra=extra)
+    folders = [build / "cuda", build / "sysroot", build / "work"]
+    dropped = audit.drop_search_paths(wheel, folders)
+    assert dropped == [
+        f"hotloop/libold_rpath_of_the_sysroot.so: RPATH '{build}/sysroot/lib'",
+        f"hotloop/libtoolkit_and_origin.so: RUNPATH '{build}/cuda/lib64'",
+        f"hotloop/libtoolkit_and_venv.so: RUNPATH '{build}/cuda/lib64'",
+        f"hotloop/libtoolkit_and_venv.so: RUNPATH '{build}/work/venv/torch/lib'",
+    ]
+    with zipfile.ZipFile(wheel) as zf:
+        paths = {
+            name: elf.read_elf(zf.read(f"hotloop/lib{name}.so")).search_paths for name in libs
+        }
+    assert paths == {
+        "toolkit_and_origin": (("RUNPATH", "$ORIGIN/../hotloop.libs"),),
+        "toolkit_and_venv": (),
+        "old_rpath_of_the_sysroot": (),
+        "elsewhere": (("RUNPATH", "/opt/build/lib"),),
+    }
+    report = audit.check_wheel(wheel, newest_row)
+    assert rules(report) == {"search-path"}  # the RECORD matches the rewritten libraries
+    assert "/opt/build/lib" in report.violations[0]
+    # a wheel with nothing to drop is left as it was
+    before = wheel.read_bytes()
+    assert audit.drop_search_paths(wheel, folders) == []
+    assert wheel.read_bytes() == before
 
 
 def test_library_search_path_inside_the_wheel_is_allowed(wheel_factory, newest_row, elf_libs):

@@ -101,7 +101,7 @@ def test_build_env_has_the_table_and_sysroot_compilers(rows, tmp_path, monkeypat
     monkeypatch.setenv("TORCH_CUDA_ARCH_LIST", "3.5")  # the caller's: never reaches the build
     tools = Toolchain(None, tmp_path / "sysroot", {"CC": "/usr/bin/gcc", "CXX": "/usr/bin/g++"}, {})
     env = project_build.project_build_env(
-        project.load_project(FIXTURE), row_of(rows, "2.9"), "pinned", tools, tmp_path
+        project.load_project(FIXTURE), row_of(rows, "2.9"), "pinned", tools, tmp_path, tmp_path
     )
     assert env["ANYEXT_ABI"] == "pinned"
     assert env["ANYEXT_CUDA"] == "0"
@@ -126,7 +126,7 @@ def test_build_env_dates_the_build_by_the_projects_checkout(rows, tmp_path, monk
     )
     tools = Toolchain(None, tmp_path / "sysroot", {"CC": "/usr/bin/gcc", "CXX": "/usr/bin/g++"}, {})
     env = project_build.project_build_env(
-        project.load_project(table), row_of(rows, "2.14"), "stable", tools, tmp_path
+        project.load_project(table), row_of(rows, "2.14"), "stable", tools, tmp_path, tmp_path
     )
     assert env["SOURCE_DATE_EPOCH"] == "1700000000"
 
@@ -164,7 +164,9 @@ def test_what_readmes_ask_a_builder_to_set_reaches_the_build(
         tmp_path / "cuda", tmp_path / "sysroot", {"CC": "/usr/bin/gcc", "CXX": "/usr/bin/g++"}, {}
     )
     table = table_with(tmp_path, line + "\n")
-    env = project_build.project_build_env(table, row_of(rows, "2.14"), "stable", tools, tmp_path)
+    env = project_build.project_build_env(
+        table, row_of(rows, "2.14"), "stable", tools, tmp_path, tmp_path
+    )
     assert env[name] == value
 
 
@@ -182,7 +184,7 @@ def test_a_cuda_build_points_cmake_and_bare_nvcc_at_the_rows_toolkit(
     compilers = {"CC": "/usr/bin/gcc", "CXX": "/usr/bin/g++"}
     cuda = Toolchain(tmp_path / "cuda", tmp_path / "sysroot", compilers, {})
     env = project_build.project_build_env(
-        table_with(tmp_path, ""), row_of(rows, "2.9"), "pinned", cuda, tmp_path
+        table_with(tmp_path, ""), row_of(rows, "2.9"), "pinned", cuda, tmp_path, tmp_path
     )
     assert env["CUDACXX"] == str(tmp_path / "cuda" / "bin" / "nvcc")
     assert env["CUDAToolkit_ROOT"] == env["CUDA_HOME"] == str(tmp_path / "cuda")
@@ -192,9 +194,88 @@ def test_a_cuda_build_points_cmake_and_bare_nvcc_at_the_rows_toolkit(
     assert env["CUDAARCHS"] == "80-real;86-real;89-real;90"  # the 2.9 row's 8.0;8.6;8.9;9.0+PTX
     cpu = Toolchain(None, tmp_path / "sysroot", compilers, {})
     env = project_build.project_build_env(
-        table_with(tmp_path, ""), row_of(rows, "2.9"), "pinned", cpu, tmp_path
+        table_with(tmp_path, ""), row_of(rows, "2.9"), "pinned", cpu, tmp_path, tmp_path
     )
     assert not {"CUDACXX", "CUDAToolkit_ROOT", "CUDAHOSTCXX", "CUDA_HOME", "CUDAARCHS"} & set(env)
+
+
+def cuda_12_4_toolkit_without_libraries(root: Path) -> Path:
+    """The least of a CUDA 12.4 toolkit that CMake's FindCUDAToolkit accepts: an nvcc that
+    tells its release, the runtime's headers and library; no math libraries, like the
+    pipeline's own toolkits."""
+    for rel in ("include/cuda_runtime.h", "lib64/libcudart.so"):
+        (root / rel).parent.mkdir(parents=True, exist_ok=True)
+        (root / rel).touch()
+    (root / "include/cuda_runtime_api.h").write_text("#define CUDART_VERSION 12040\n")
+    nvcc = root / "bin" / "nvcc"
+    nvcc.parent.mkdir()
+    nvcc.write_text(
+        "#!/bin/sh\necho 'nvcc: NVIDIA (R) Cuda compiler driver'\n"
+        "echo 'Cuda compilation tools, release 12.4, V12.4.131'\n"
+    )
+    nvcc.chmod(0o755)
+    return root
+
+
+CMAKE_LINKED_CUDA_LIBRARIES = """\
+cmake_minimum_required(VERSION 3.18)
+project(probe LANGUAGES NONE)
+find_package(CUDAToolkit REQUIRED)
+foreach(lib cudart cublas cusparse)
+  if(TARGET CUDA::${lib})
+    get_target_property(where CUDA::${lib} IMPORTED_LOCATION)
+    message(STATUS "CUDA::${lib} at ${where}")
+  else()
+    message(STATUS "CUDA::${lib} not found")
+  endif()
+endforeach()
+"""
+
+
+def test_cmake_finds_torchs_cuda_libraries_in_a_cuda_build(rows, tmp_path, monkeypatch) -> None:
+    """bitsandbytes' CMake stopped at `Target "bitsandbytes" links to: CUDA::cublas but the
+    target was not found`: the pipeline's toolkit has no cuBLAS, and torch's nvidia-* wheels
+    ship only run-time names (libcublas.so.12), which CMake and `-lcublas` do not look for.
+    A CUDA build links torch's own, whose run-time names torch's installation provides."""
+    from cmake import CMAKE_BIN_DIR
+
+    monkeypatch.setenv("HOTLOOP_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.setenv("CMAKE_LIBRARY_PATH", str(tmp_path / "elsewhere"))
+    site = tmp_path / "site"
+    libraries = {"cublas": "libcublas.so.12", "cusparse": "libcusparse.so.12"}
+    for component, name in libraries.items():
+        (site / "nvidia" / component / "lib").mkdir(parents=True)
+        (site / "nvidia" / component / "lib" / name).touch()
+    toolkit = cuda_12_4_toolkit_without_libraries(tmp_path / "cuda")
+    compilers = {"CC": "/usr/bin/gcc", "CXX": "/usr/bin/g++"}
+    cuda = Toolchain(toolkit, tmp_path / "sysroot", compilers, {})
+    table = table_with(tmp_path, "")
+    env = project_build.project_build_env(
+        table, row_of(rows, "2.9"), "pinned", cuda, site, tmp_path / "work"
+    )
+    probe = tmp_path / "probe"
+    probe.mkdir()
+    (probe / "CMakeLists.txt").write_text(CMAKE_LINKED_CUDA_LIBRARIES)
+    configured = subprocess.run(
+        [str(Path(CMAKE_BIN_DIR) / "cmake"), "-S", str(probe), "-B", str(tmp_path / "b")],
+        env=env, capture_output=True, text=True, check=True,
+    ).stdout  # fmt: skip
+    found = dict(
+        line.removeprefix("-- CUDA::").split(" at ", 1)
+        for line in configured.splitlines()
+        if line.startswith("-- CUDA::") and " at " in line
+    )
+    assert Path(found["cudart"]) == toolkit / "lib64" / "libcudart.so"
+    for component, name in libraries.items():
+        assert Path(found[component]).resolve() == site / "nvidia" / component / "lib" / name
+    # a setup.py's `-lcublas` (gcc's LIBRARY_PATH) finds the same
+    assert (Path(env["LIBRARY_PATH"]) / "libcublas.so").resolve().name == "libcublas.so.12"
+    assert str(tmp_path / "elsewhere") not in env["CMAKE_LIBRARY_PATH"]
+    cpu = Toolchain(None, tmp_path / "sysroot", compilers, {})
+    env = project_build.project_build_env(
+        table, row_of(rows, "2.9"), "pinned", cpu, site, tmp_path / "work"
+    )
+    assert not {"CMAKE_LIBRARY_PATH", "LIBRARY_PATH"} & set(env)
 
 
 def test_a_cpu_build_that_compiled_cuda_says_so() -> None:

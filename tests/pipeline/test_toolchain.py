@@ -116,6 +116,32 @@ def test_torch_cuda_include_dirs(tmp_path):
     ]
 
 
+def test_torch_cuda_library_links(tmp_path):
+    """torch's nvidia-* wheels ship run-time names alone (libcublas.so.12): the links give the
+    link-time ones, except for what the toolkit has itself (its runtime is the one linked)."""
+    site, toolkit, dest = tmp_path / "site", tmp_path / "cuda", tmp_path / "links"
+    for rel in (
+        "nvidia/cublas/lib/libcublas.so.12",
+        "nvidia/cublas/lib/libcublasLt.so.12",
+        "nvidia/cuda_runtime/lib/libcudart.so.12",
+        "nvidia/cu13/lib/libnvrtc-builtins.so.13.0",
+        "nvidia/cu13/lib/libcheckpoint.so",
+        "nvidia/cudnn/include/cudnn.h",
+        "toolkit/lib64/libcudart.so",
+    ):
+        target = (toolkit if rel.startswith("toolkit/") else site) / rel.removeprefix("toolkit/")
+        target.parent.mkdir(parents=True, exist_ok=True)
+        target.touch()
+    dest.mkdir()
+    (dest / "libstale.so").touch()  # a previous build's: the folder is the build's own
+    linked = toolchain.torch_cuda_library_links(site, toolkit, dest)
+    assert linked == ["libcheckpoint.so", "libcublas.so", "libcublasLt.so", "libnvrtc-builtins.so"]
+    assert sorted(p.name for p in dest.iterdir()) == linked
+    assert (dest / "libcublas.so").resolve() == (site / "nvidia/cublas/lib/libcublas.so.12")
+    assert (dest / "libnvrtc-builtins.so").resolve().name == "libnvrtc-builtins.so.13.0"
+    assert toolchain.torch_cuda_library_links(tmp_path / "no-site", toolkit, dest) == []
+
+
 def test_cache_dir_honours_env(tmp_path, monkeypatch):
     monkeypatch.setenv("HOTLOOP_CACHE_DIR", str(tmp_path / "c"))
     assert toolchain.cache_dir() == tmp_path / "c"
