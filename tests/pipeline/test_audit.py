@@ -627,9 +627,7 @@ def test_library_search_path_outside_the_wheel(wheel_factory, newest_row, elf_li
     assert "$ORIGIN" in report.violations[0]
 
 
-def test_the_builds_own_folders_leave_the_search_paths(
-    wheel_factory, newest_row, tmp_path
-) -> None:
+def test_the_builds_own_folders_leave_the_search_paths(wheel_factory, newest_row, tmp_path) -> None:
     """bitsandbytes' CMake left the pipeline's toolkit, where it linked libcudart, as its
     library's RUNPATH (CMake keeps a build's link folders in what it builds), and the audit
     refused the wheel for a folder of the builder. Entries naming the folders the pipeline
@@ -655,9 +653,7 @@ def test_the_builds_own_folders_leave_the_search_paths(
         f"hotloop/libtoolkit_and_venv.so: RUNPATH '{build}/work/venv/torch/lib'",
     ]
     with zipfile.ZipFile(wheel) as zf:
-        paths = {
-            name: elf.read_elf(zf.read(f"hotloop/lib{name}.so")).search_paths for name in libs
-        }
+        paths = {name: elf.read_elf(zf.read(f"hotloop/lib{name}.so")).search_paths for name in libs}
     assert paths == {
         "toolkit_and_origin": (("RUNPATH", "$ORIGIN/../hotloop.libs"),),
         "toolkit_and_venv": (),
