@@ -178,7 +178,7 @@ def run_cell(
                 build_folders=[p for p in (tools.cuda_home, tools.sysroot, workdir) if p],
             )
             for entry in report.dropped_search_paths:
-                log(f"{name}: dropped {entry}: a folder of this build, which no user has")
+                log(f"{name}: dropped {entry}")
             cell.wheel, cell.size_bytes = repaired.name, repaired.stat().st_size
             cell.sha256 = sha256_of_file(repaired)
             parts = audit.wheel_name_parts(repaired.name)

@@ -7,7 +7,7 @@ import subprocess
 import sys
 import tempfile
 import zipfile
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
 from scripts.audit import elf
@@ -101,21 +101,38 @@ def with_search_path(library: bytes, kind: str, entries: Sequence[str]) -> bytes
         return path.read_bytes()
 
 
-def drop_search_paths(wheel: Path, folders: Sequence[Path]) -> list[str]:
-    """Drops from the wheel's libraries each RPATH/RUNPATH entry naming one of ``folders`` or
-    a folder below one: the folders a build ran in (its toolkit, sysroot, venv, work folder),
-    which CMake keeps as the search path of what it builds. Returns them, as
-    ``member: RUNPATH 'entry'``; the wheel (the pipeline's own, repaired) is rewritten in
-    place when there are any. Other entries stay, for the search-path rule.
+# torch's CMake config (share/cmake/Caffe2/public/mkl.cmake) gives every target linking
+# ${TORCH_LIBRARIES} these link folders under ${MKL_ROOT}, which nothing sets
+# (pytorch/pytorch#73008); CMake keeps them as the search path of what it builds.
+TORCH_CMAKE_MKL_FOLDERS = ("/lib/intel64", "/lib/intel64_win", "/lib/win-x64")
+
+
+def droppable_search_paths(build_folders: Sequence[Path]) -> dict[str, str]:
+    """The search-path folders :func:`drop_search_paths` drops, and why: those a build ran in
+    (its toolkit, sysroot, venv, work folder) and the MKL folders of torch's CMake config."""
+    why = {str(folder): "a folder of this build, which no user has" for folder in build_folders}
+    for folder in TORCH_CMAKE_MKL_FOLDERS:
+        why[folder] = "from torch's CMake config, MKL's under an MKL_ROOT nothing set"
+    return why
+
+
+def drop_search_paths(wheel: Path, folders: Mapping[str, str]) -> list[str]:
+    """Drops from the wheel's libraries each RPATH/RUNPATH entry naming one of ``folders``
+    (folder -> why it goes) or a folder below one. Returns them, as ``member: RUNPATH 'entry'
+    (why)``; the wheel (the pipeline's own, repaired) is rewritten in place when there are
+    any. Other entries stay, for the search-path rule.
 
     For after the repair: what a library needs from those folders is then either bundled by
     auditwheel, whose bundling gives it a search path inside the wheel, or one of the
     libraries torch's installation provides and has loaded before the package's.
     """
-    roots = [str(folder).rstrip("/") for folder in folders]
+    roots = {folder.rstrip("/"): why for folder, why in folders.items()}
 
-    def built_in(entry: str) -> bool:
-        return any(entry == root or entry.startswith(root + "/") for root in roots)
+    def why_dropped(entry: str) -> str | None:
+        for root, why in roots.items():
+            if entry == root or entry.startswith(root + "/"):
+                return why
+        return None
 
     with zipfile.ZipFile(wheel) as zf:
         members = {i.filename: (i, zf.read(i)) for i in zf.infolist() if not i.is_dir()}
@@ -127,12 +144,12 @@ def drop_search_paths(wheel: Path, folders: Sequence[Path]) -> list[str]:
             search_paths = elf.read_elf(data).search_paths
         except elf.ElfReadError:
             continue  # the rules report an ELF that cannot be read
-        gone = [(kind, entry) for kind, entry in search_paths if built_in(entry)]
-        if not gone:
+        gone = [(kind, entry, why_dropped(entry)) for kind, entry in search_paths]
+        if not any(why for _, _, why in gone):
             continue
-        kept = [entry for _, entry in search_paths if not built_in(entry)]
+        kept = [entry for _, entry, why in gone if why is None]
         members[name] = (info, with_search_path(data, search_paths[0][0], kept))
-        dropped += [f"{name}: {kind} {entry!r}" for kind, entry in gone]
+        dropped += [f"{name}: {kind} {entry!r} ({why})" for kind, entry, why in gone if why]
     if dropped:
         part = wheel.with_name(wheel.name + ".part")
         write_wheel(part, members, f"{dist_info_dir(list(members))}/RECORD")
@@ -169,7 +186,7 @@ def repair_and_audit(
     build_folders: Sequence[Path] = (),
 ) -> tuple[Path, AuditReport]:
     """auditwheel repair (torch's libraries excluded), the search paths naming
-    ``build_folders`` dropped, ``finalize``, abi3audit --strict (for abi3 wheels), then every
+    ``build_folders`` (or torch's CMake config's MKL folders) dropped, ``finalize``, abi3audit --strict (for abi3 wheels), then every
     rule, on the wheel that ships.
 
     ``site_packages`` holds the torch the wheel was built against: what it installs is
@@ -178,7 +195,8 @@ def repair_and_audit(
     """
     provided = torch_provided_libs(site_packages)
     repaired, aw_output = repair_wheel(wheel, out_dir, provided)
-    dropped = drop_search_paths(repaired, build_folders) if build_folders else []
+    droppable = droppable_search_paths(build_folders) if build_folders else {}
+    dropped = drop_search_paths(repaired, droppable) if droppable else []
     if finalize is not None:
         repaired = finalize(repaired)
     limited_api = project is None or audit_wheel_is_abi3(repaired)

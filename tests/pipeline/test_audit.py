@@ -630,39 +630,45 @@ def test_library_search_path_outside_the_wheel(wheel_factory, newest_row, elf_li
 def test_the_builds_own_folders_leave_the_search_paths(wheel_factory, newest_row, tmp_path) -> None:
     """bitsandbytes' CMake left the pipeline's toolkit, where it linked libcudart, as its
     library's RUNPATH (CMake keeps a build's link folders in what it builds), and the audit
-    refused the wheel for a folder of the builder. Entries naming the folders the pipeline
-    built in are dropped after the repair; any other entry stays for the search-path rule."""
+    refused the wheel for a folder of the builder; a project linking ${TORCH_LIBRARIES} got
+    the build venv's torch/lib and torch's CMake config's /lib/intel64 too. Entries naming the
+    folders the pipeline built in, and those, are dropped after the repair; any other entry
+    stays for the search-path rule."""
     build = tmp_path / "builder"
     libs = {
         "toolkit_and_origin": f"-Wl,-rpath,{build}/cuda/lib64:$ORIGIN/../hotloop.libs",
-        "toolkit_and_venv": f"-Wl,-rpath,{build}/cuda/lib64:{build}/work/venv/torch/lib",
+        "cmake_torch": f"-Wl,-rpath,/lib/intel64:{build}/work/venv/torch/lib:/lib/win-x64",
         "old_rpath_of_the_sysroot": f"-Wl,--disable-new-dtags,-rpath,{build}/sysroot/lib",
-        "elsewhere": "-Wl,-rpath,/opt/build/lib",
+        "elsewhere": "-Wl,-rpath,/opt/build/lib:/lib/intel64x",
     }
     extra = {
         f"hotloop/lib{name}.so": compile_cxx(tmp_path, name, STABLE_SHIM_CPP, flag)
         for name, flag in libs.items()
     }
     wheel = wheel_factory(extra=extra)
-    folders = [build / "cuda", build / "sysroot", build / "work"]
+    folders = audit.droppable_search_paths([build / "cuda", build / "sysroot", build / "work"])
+    ours, mkl = "(a folder of this build, which no user has)", "(from torch's CMake config, "
     dropped = audit.drop_search_paths(wheel, folders)
-    assert dropped == [
+    assert [entry.split(" (")[0] for entry in dropped] == [
+        "hotloop/libcmake_torch.so: RUNPATH '/lib/intel64'",
+        f"hotloop/libcmake_torch.so: RUNPATH '{build}/work/venv/torch/lib'",
+        "hotloop/libcmake_torch.so: RUNPATH '/lib/win-x64'",
         f"hotloop/libold_rpath_of_the_sysroot.so: RPATH '{build}/sysroot/lib'",
         f"hotloop/libtoolkit_and_origin.so: RUNPATH '{build}/cuda/lib64'",
-        f"hotloop/libtoolkit_and_venv.so: RUNPATH '{build}/cuda/lib64'",
-        f"hotloop/libtoolkit_and_venv.so: RUNPATH '{build}/work/venv/torch/lib'",
     ]
+    assert [ours in entry for entry in dropped] == [False, True, False, True, True]
+    assert [mkl in entry for entry in dropped] == [True, False, True, False, False]
     with zipfile.ZipFile(wheel) as zf:
         paths = {name: elf.read_elf(zf.read(f"hotloop/lib{name}.so")).search_paths for name in libs}
     assert paths == {
         "toolkit_and_origin": (("RUNPATH", "$ORIGIN/../hotloop.libs"),),
-        "toolkit_and_venv": (),
+        "cmake_torch": (),
         "old_rpath_of_the_sysroot": (),
-        "elsewhere": (("RUNPATH", "/opt/build/lib"),),
+        "elsewhere": (("RUNPATH", "/opt/build/lib"), ("RUNPATH", "/lib/intel64x")),
     }
     report = audit.check_wheel(wheel, newest_row)
     assert rules(report) == {"search-path"}  # the RECORD matches the rewritten libraries
-    assert "/opt/build/lib" in report.violations[0]
+    assert ["/opt/build/lib" in v for v in report.violations] == [True, False]
     # a wheel with nothing to drop is left as it was
     before = wheel.read_bytes()
     assert audit.drop_search_paths(wheel, folders) == []
