@@ -186,8 +186,8 @@ def repair_and_audit(
     build_folders: Sequence[Path] = (),
 ) -> tuple[Path, AuditReport]:
     """auditwheel repair (torch's libraries excluded), the search paths naming
-    ``build_folders`` (or torch's CMake config's MKL folders) dropped, ``finalize``, abi3audit --strict (for abi3 wheels), then every
-    rule, on the wheel that ships.
+    ``build_folders`` (or torch's CMake config's MKL folders) dropped, ``finalize``,
+    abi3audit --strict (for abi3 wheels), then every rule, on the wheel that ships.
 
     ``site_packages`` holds the torch the wheel was built against: what it installs is
     excluded from the repair and forbidden inside the wheel. ``finalize`` turns the repaired
