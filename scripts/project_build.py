@@ -210,20 +210,35 @@ def unsupported_in_log(log_text: str, row: Row) -> str:
     )
 
 
-def cuda_in_cpu_build(log_text: str) -> str:
-    """A sentence for a CPU build that failed compiling CUDA with a toolkit torch's
-    cpp_extension found by itself (the builder's nvcc on PATH): the project builds CUDA
-    whatever its switch says (diff-gaussian-rasterization: an IndexError in torch's arch
-    flags, with no GPU and no arch list to build for)."""
+# torch's CMake config (Caffe2Config.cmake) when the torch it describes is a CUDA build and no
+# CUDA toolkit is found: what find_package(Torch) says in a CPU build against PyPI's torch.
+_TORCH_CMAKE_WANTS_CUDA = "Your installed Caffe2 version uses CUDA but I cannot find the CUDA"
+
+
+def cpu_build_failure(log_text: str) -> str:
+    """A sentence for a CPU build that failed for want of CUDA, or "".
+
+    - The project compiled CUDA with a toolkit torch's cpp_extension found by itself (the
+      builder's nvcc on PATH), whatever its switch says (diff-gaussian-rasterization: an
+      IndexError in torch's arch flags, with no GPU and no arch list to build for).
+    - A CMake project's find_package(Torch) found torch's CUDA build, the one on PyPI, whose
+      CMake config asks for a CUDA toolkit whatever the project builds (pyg-lib).
+    """
     found = _CUDA_HOME_FOUND.search(log_text)
-    if not found or not any(sign in log_text for sign in _CUDA_COMPILE_SIGNS):
-        return ""
-    return (
-        f"\nthis CPU build compiled CUDA: torch's cpp_extension found the builder's own toolkit "
-        f"({found.group(1)}, from the nvcc on PATH) and the project builds its CUDA sources "
-        "whatever its switch says. It has no CPU build here: leave out --cpu, or make it build "
-        "CPU-only under a switch that the table's build-env sets to {cuda}"
-    )
+    if found and any(sign in log_text for sign in _CUDA_COMPILE_SIGNS):
+        return (
+            "\nthis CPU build compiled CUDA: torch's cpp_extension found the builder's own "
+            f"toolkit ({found.group(1)}, from the nvcc on PATH) and the project builds its CUDA "
+            "sources whatever its switch says. It has no CPU build here: leave out --cpu, or "
+            "make it build CPU-only under a switch that the table's build-env sets to {cuda}"
+        )
+    if _TORCH_CMAKE_WANTS_CUDA in log_text:
+        return (
+            "\nthe project's find_package(Torch) found torch's CUDA build (the torch on PyPI), "
+            "whose CMake config asks for a CUDA toolkit even when the project builds for the CPU "
+            "alone, and a CPU build has none: build the CUDA rows (leave out --cpu)"
+        )
+    return ""
 
 
 def project_build_env(
@@ -320,7 +335,7 @@ def build_project_wheel(
     except BuildError as exc:
         log_text = (workdir / "build.log").read_text()
         found = (
-            unsupported_in_log(log_text, row) if tools_.cuda_home else cuda_in_cpu_build(log_text)
+            unsupported_in_log(log_text, row) if tools_.cuda_home else cpu_build_failure(log_text)
         )
         raise BuildError(str(exc) + found) from None
     left_out = host_tuned_flags_left_out(log_path.read_text())

@@ -199,6 +199,22 @@ def test_a_cuda_build_points_cmake_and_bare_nvcc_at_the_rows_toolkit(
     assert not {"CUDACXX", "CUDAToolkit_ROOT", "CUDAHOSTCXX", "CUDA_HOME", "CUDAARCHS"} & set(env)
 
 
+def test_a_cpu_build_of_a_cmake_project_on_torchs_cuda_build_says_why_it_stops() -> None:
+    """pyg-lib's --cpu build (CMake, find_package(Torch)) stopped in torch's CMake config with
+    "Your installed Caffe2 version uses CUDA but I cannot find the CUDA libraries": the torch
+    on PyPI is a CUDA build, whose config asks for a CUDA toolkit whatever the project builds."""
+    log_text = (
+        "CMake Error at .../torch/share/cmake/Caffe2/Caffe2Config.cmake:90 (message):\n"
+        "  Your installed Caffe2 version uses CUDA but I cannot find the CUDA\n"
+        "  libraries.  Please set the proper CUDA prefixes and / or install CUDA.\n"
+    )
+    said = project_build.cpu_build_failure(log_text)
+    assert "find_package(Torch)" in said
+    assert "torch's CUDA build" in said
+    assert "leave out --cpu" in said
+    assert project_build.cpu_build_failure("error: x.cpp\n") == ""
+
+
 def cuda_12_4_toolkit_without_libraries(root: Path) -> Path:
     """The least of a CUDA 12.4 toolkit that CMake's FindCUDAToolkit accepts: an nvcc that
     tells its release, the runtime's headers and library; no math libraries, like the
@@ -286,12 +302,12 @@ def test_a_cpu_build_that_compiled_cuda_says_so() -> None:
         '  File ".../torch/utils/cpp_extension.py", line 2600, in _get_cuda_arch_flags\n'
         "IndexError: list index out of range\n"
     )
-    said = project_build.cuda_in_cpu_build(log_text)
+    said = project_build.cpu_build_failure(log_text)
     assert "this CPU build compiled CUDA" in said
     assert "(/usr/local, from the nvcc on PATH)" in said
     assert "leave out --cpu" in said
     # a CPU build that failed otherwise, torch's warning at import notwithstanding
-    assert project_build.cuda_in_cpu_build(log_text.split("\n")[0] + "\nerror: x.cpp\n") == ""
+    assert project_build.cpu_build_failure(log_text.split("\n")[0] + "\nerror: x.cpp\n") == ""
 
 
 def test_build_requires_join_the_build_venv(tmp_path) -> None:
