@@ -5,6 +5,7 @@ the arch checks. The whole path runs on the fixture extension in .ci/run."""
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
 import zipfile
@@ -12,7 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from scripts import basics, build, matrix, project, project_build, project_wheels, relabel
+from scripts import audit, basics, build, matrix, project, project_build, project_wheels, relabel
+from scripts.audit import elf
 from scripts.basics import REPO
 from scripts.build import BuildError
 from scripts.interpreters import Interpreter
@@ -529,6 +531,64 @@ def test_a_cell_whose_work_folder_another_run_holds_stops_before_building(
     with basics.exclusive_folder(held), pytest.raises(basics.FolderInUse, match=str(held)):
         project_wheels.run_cell(table, row, [row], interp, {}, tmp_path / "out", cpu=True)
     assert not (tmp_path / "out").exists()
+
+
+def test_a_cell_drops_search_paths_naming_its_own_folders(rows, tmp_path, monkeypatch) -> None:
+    """bitsandbytes' wheel was refused for the RUNPATH CMake left naming the pipeline's
+    toolkit: between the repair and the audit, a cell drops the entries naming its toolchain's
+    folders and its own work folder, and logs them; the wheel then passes."""
+    if shutil.which("gcc") is None:
+        pytest.skip("gcc not installed")
+    monkeypatch.setenv("HOTLOOP_CACHE_DIR", str(tmp_path / "cache"))
+    table = table_with(tmp_path, 'kinds = ["pinned"]\npython-abi = "per-python"\n')
+    row = project_wheels.cpu_row(row_of(rows, "2.9"))
+    interp = Interpreter("3.12", tmp_path / "python3.12", "test")
+    workdir = project_wheels.toolchain.cache_dir() / "projects" / "anyext" / f"{row.variant}-py3.12"
+    tools = Toolchain(None, tmp_path / "sysroot", {"CC": "gcc", "CXX": "g++"}, {})
+    monkeypatch.setattr(project_wheels.toolchain, "assemble", lambda *a, **k: tools)
+    (tmp_path / "ops.c").write_text("int answer(void) { return 42; }\n")
+    library = tmp_path / "_C.so"
+    rpath = f"-Wl,-rpath,{workdir}/venv/lib/python3.12/site-packages/torch/lib"
+    subprocess.run(
+        ["gcc", "-shared", "-fPIC", rpath, "-o", str(library), str(tmp_path / "ops.c")],
+        check=True,
+    )
+
+    def fake_build(project_, row_, kind, workdir_, tools_, interp_):
+        tag = "cp312-cp312-manylinux_2_28_x86_64"
+        info = "anyext-0.1.0.dist-info"
+        files = {
+            "anyext/__init__.py": b"",
+            "anyext/_C.so": library.read_bytes(),
+            f"{info}/METADATA": b"Metadata-Version: 2.1\nName: anyext\nVersion: 0.1.0\n",
+            f"{info}/WHEEL": f"Wheel-Version: 1.0\nRoot-Is-Purelib: false\nTag: {tag}\n".encode(),
+        }
+        members = {name: (zipfile.ZipInfo(name), data) for name, data in files.items()}
+        (workdir_ / "dist").mkdir(parents=True, exist_ok=True)
+        wheel = relabel.write_wheel(
+            workdir_ / "dist" / f"anyext-0.1.0-{tag}.whl", members, f"{info}/RECORD"
+        )
+        return build.BuildResult(wheel, 1.0, workdir_ / "build.log")
+
+    def copied(wheel, out_dir, provided=()):
+        out_dir.mkdir(parents=True, exist_ok=True)
+        return Path(shutil.copy2(wheel, out_dir / wheel.name)), "auditwheel: (not run here)"
+
+    monkeypatch.setattr(project_wheels, "build_project_wheel", fake_build)
+    monkeypatch.setattr(audit.repair, "repair_wheel", copied)
+    monkeypatch.setattr(project_wheels, "site_packages", lambda python: tmp_path / "site")
+    monkeypatch.setattr(project_wheels, "test_wheel", lambda *a, **k: [])
+    said: list[str] = []
+    monkeypatch.setattr(project_wheels, "log", said.append)
+    (tmp_path / "out").mkdir()
+    cell = project_wheels.run_cell(
+        table, row, [row], interp, {row.torch: {}}, tmp_path / "out", cpu=True
+    )
+    assert cell.status == "passed", cell.error
+    assert any("dropped anyext/_C.so: RUNPATH" in line and str(workdir) in line for line in said)
+    (published,) = (tmp_path / "out").glob("*.whl")
+    with zipfile.ZipFile(published) as zf:
+        assert elf.read_elf(zf.read("anyext/_C.so")).search_paths == ()
 
 
 def test_build_temporaries_live_in_the_cells_work_folder(rows, tmp_path, monkeypatch) -> None:
