@@ -148,7 +148,9 @@ constexpr RowKernelLimits kSpanStagedFastMemoryLimits{/*max_vectors_per_thread=*
 //   4095: 77.6 -> 79.0 / 69.8 -> 71.5 / 76.3 -> 78.4
 //   6001: 76.9 -> 82.8 / 69.1 -> 76.4 / 76.2 -> 82.6
 //   8193: 74.7 -> 75.1 / 55.0 -> 69.9 / 72.6 -> 67.8
-// and below it they lost (2047: 71.8 -> 71.5 / 66.1 -> 64.4; 3001: 83.0 -> 82.3).
+// and below it they lost (2047: 71.8 -> 71.5 / 66.1 -> 64.4; 3001: 83.0 -> 82.3). At 2047's
+// two vectors a thread too (run 143, from 257 vectors): 77.3 -> 74.5 / 69.6 -> 68.0 / 75.9 ->
+// 74.1; 3001: 82.8 -> 82.1 / 75.0 -> 75.6 / 81.7 -> 81.9.
 constexpr int64_t kSpanTwoRowsMinVectors = 384;
 // The weight's copy stays in registers in blocks of up to this many threads. With more, the
 // 64 registers a thread that 1024-thread bounds allow leave one block an SM (bfloat16
