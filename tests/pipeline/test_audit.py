@@ -638,7 +638,7 @@ def test_the_builds_own_folders_leave_the_search_paths(wheel_factory, newest_row
     libs = {
         "toolkit_and_origin": f"-Wl,-rpath,{build}/cuda/lib64:$ORIGIN/../hotloop.libs",
         "cmake_torch": f"-Wl,-rpath,/lib/intel64:{build}/work/venv/torch/lib:/lib/win-x64",
-        "old_rpath_of_the_sysroot": f"-Wl,--disable-new-dtags,-rpath,{build}/sysroot/lib",
+        "old_rpath_of_the_sysroot": f"-Wl,--disable-new-dtags,-rpath,{build}/sysroot/lib:$ORIGIN",
         "elsewhere": "-Wl,-rpath,/opt/build/lib:/lib/intel64x",
     }
     extra = {
@@ -663,7 +663,7 @@ def test_the_builds_own_folders_leave_the_search_paths(wheel_factory, newest_row
     assert paths == {
         "toolkit_and_origin": (("RUNPATH", "$ORIGIN/../hotloop.libs"),),
         "cmake_torch": (),
-        "old_rpath_of_the_sysroot": (),
+        "old_rpath_of_the_sysroot": (("RPATH", "$ORIGIN"),),  # still the old kind
         "elsewhere": (("RUNPATH", "/opt/build/lib"), ("RUNPATH", "/lib/intel64x")),
     }
     report = audit.check_wheel(wheel, newest_row)
