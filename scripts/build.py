@@ -205,6 +205,10 @@ FOREIGN_BUILD_VARIABLES = (
     "CUDAHOSTCXX",
     "CUDAToolkit_ROOT",
     "TORCH_CUDA_ARCH_LIST",
+    # a repository of the caller's, which git in the build would read (and write) instead
+    "GIT_DIR",
+    "GIT_WORK_TREE",
+    "GIT_INDEX_FILE",
 )
 
 

@@ -69,6 +69,7 @@ PIPELINE_BUILD_VARIABLES = {
     "CUDAARCHS": "the table's cuda-archs (or the row's list): set cuda-archs",
     "SOURCE_DATE_EPOCH": "the checkout's last commit time",
     "TMPDIR": "the cell's own work folder",
+    "GIT_CEILING_DIRECTORIES": "the cell's own work folder: git in the build finds no repository",
 }
 _NAME = re.compile(r"[A-Za-z0-9]([A-Za-z0-9._-]*[A-Za-z0-9])?")
 _IDENTIFIER = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")

@@ -591,6 +591,33 @@ def test_a_cell_drops_search_paths_naming_its_own_folders(rows, tmp_path, monkey
         assert elf.read_elf(zf.read("anyext/_C.so")).search_paths == ()
 
 
+def test_git_in_the_build_sees_no_repository_around_the_copy(rows, tmp_path, monkeypatch) -> None:
+    """The private copy of a checkout lives in the cache, by default inside this repository:
+    a build that asks git for its version (torchao's `git rev-parse --short HEAD`) got this
+    repository's commit, and one that runs `git submodule update` ran it here. git in the
+    build now stops at the cell's work folder, as in a copy with no .git."""
+    monkeypatch.setenv("HOTLOOP_CACHE_DIR", str(tmp_path / "cache"))
+    outer = tmp_path / "outer"
+    git_checkout_with_a_project(outer)
+    monkeypatch.setenv("GIT_DIR", str(tmp_path / "elsewhere" / ".git"))  # the caller's: dropped
+    workdir = outer / "cache" / "cell"
+    copy = workdir / "checkout"
+    copy.mkdir(parents=True)
+    tools = Toolchain(None, tmp_path / "sysroot", {"CC": "/usr/bin/gcc", "CXX": "/usr/bin/g++"}, {})
+    env = project_build.project_build_env(
+        table_with(tmp_path, ""), row_of(rows, "2.9"), "pinned", tools, tmp_path, workdir
+    )
+    assert "GIT_DIR" not in env
+    toplevel = ["git", "rev-parse", "--show-toplevel"]
+    asked = subprocess.run(toplevel, cwd=copy, env=env, capture_output=True, text=True)
+    assert asked.returncode != 0, asked.stdout
+    assert "not a git repository" in asked.stderr
+    # without the ceiling, git finds the repository around the copy
+    plain = {k: v for k, v in env.items() if k != "GIT_CEILING_DIRECTORIES"}
+    found = subprocess.run(toplevel, cwd=copy, env=plain, capture_output=True, text=True)
+    assert found.stdout.strip() == str(outer)
+
+
 def test_build_temporaries_live_in_the_cells_work_folder(rows, tmp_path, monkeypatch) -> None:
     """nvcc writes its intermediate files (tmpxft_*.ii) to $TMPDIR, /tmp by default: on a
     shared builder, something clearing /tmp under a running build failed three extension-cpp
