@@ -83,7 +83,10 @@ def label_wheel(wheel: Path, label: str, requires_torch: str, out_dir: Path) -> 
             raise RelabelError(
                 f"{wheel.name} carries the local version label {existing!r}, but it was built as "
                 f"{label!r}: the project labels its own wheels differently from the pipeline's "
-                "variants (stable.cuXX, ptXYcuZZZ); drop the project's label from its version"
+                "variants (stable.cuXX, ptXYcuZZZ); drop the project's label from its version. "
+                "Where its setup.py adds one (a git commit, a date) unless a variable says "
+                'otherwise (torchao: VERSION_SUFFIX = ""), set that variable in the table\'s '
+                "build-env"
             )
         return wheel
     version = f"{public}+{label}"

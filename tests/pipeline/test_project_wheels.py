@@ -430,6 +430,21 @@ def test_relabel_keeps_a_wheel_with_the_same_label_and_refuses_another(tmp_path)
         relabel.label_wheel(first, "pt29cu128", "torch==2.9.*", tmp_path / "c")
 
 
+def test_relabel_says_where_a_projects_own_git_label_is_turned_off(tmp_path) -> None:
+    """torchao's setup.py appends `+git<short commit>` unless VERSION_SUFFIX is set: in the
+    build's copy, with no repository, that is `+git`; the advice names the table's
+    build-env, where such a switch goes."""
+    wheel = plain_wheel(tmp_path)
+    labelled = wheel.with_name("mypkg-0.19.0+git-cp39-abi3-linux_x86_64.whl")
+    wheel.rename(labelled)
+    with pytest.raises(relabel.RelabelError) as err:
+        relabel.label_wheel(labelled, "pt211cpu", "torch==2.11.*", tmp_path / "out")
+    message = str(err.value)
+    assert "carries the local version label 'git'" in message
+    assert "VERSION_SUFFIX" in message
+    assert "build-env" in message
+
+
 def test_relabel_names_versioneers_unknown_version(tmp_path) -> None:
     """versioneer's version where it finds no git (the build's copy has none): not a label of
     the project's own, whose advice (drop it from the version) would not help."""
