@@ -33,7 +33,7 @@ from pathlib import Path
 from scripts import basics, build, diskspace, mmdebstrap, toolchain
 from scripts.interpreters import CONTAINER, Interpreter
 from scripts.toolchain.cache import stamp, stamped
-from scripts.wheeltest import PythonTestResult, cell_paths, run_summary
+from scripts.wheeltest import PythonTestResult, cell_paths, isolation_env, run_folder, run_summary
 
 SUITE = "sid"
 # The Pythons the root provides: the host has 3.9-3.13 (pyenv); sid has these.
@@ -235,7 +235,7 @@ def run_in_root(
             diskspace.TORCH_WHAT + " of the roots", diskspace.TORCH_BYTES, toolchain.cache_dir()
         ),
     )
-    (cell / "run").mkdir(parents=True)
+    run = run_folder(cell)
     venv = cell / "venv"
     uv = Path(build.uv_exe()).resolve()
     # Seeded like a user's `python -m venv` (as in a host cell).
@@ -253,10 +253,11 @@ def run_in_root(
         **cert_env,
         "UV_CACHE_DIR": str(uv_cache().resolve()),
         "UV_PYTHON_DOWNLOADS": "never",
+        **isolation_env(cell),
         **env_extra,
         "PYTHONDONTWRITEBYTECODE": "1",
     }
-    entered = enter_command(interp.root, ["sh", "-c", script], binds, env, cell / "run")
+    entered = enter_command(interp.root, ["sh", "-c", script], binds, env, run)
     proc = subprocess.run(entered, capture_output=True, text=True)
     output = proc.stdout + proc.stderr
     log_path.write_text(output)

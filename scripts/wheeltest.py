@@ -97,6 +97,31 @@ def private_tmp(cell: Path) -> Path:
     return tmp
 
 
+# Written at the top of a test cell: pytest looks for its configuration from the folder it runs
+# in upwards, and the cells live in the cache, by default inside this repository, whose own
+# configuration (strict markers, its root on sys.path) is no project's.
+CELL_PYTEST_INI = """\
+# Written by the wheel tests: a test command run here sees no pytest configuration of the
+# folders around this one, as in a fresh folder of the user's.
+[pytest]
+"""
+
+
+def run_folder(cell: Path) -> Path:
+    """The empty folder a cell's test command runs in (``cell/run``), with a ``pytest.ini``
+    of no settings at the top of the cell."""
+    run = cell / "run"
+    run.mkdir(parents=True, exist_ok=True)
+    (cell / "pytest.ini").write_text(CELL_PYTEST_INI)
+    return run
+
+
+def isolation_env(cell: Path) -> dict[str, str]:
+    """What a cell's test command gets so that git there finds no repository around the cell
+    (the one the cache lies in), as in a fresh folder."""
+    return {"GIT_CEILING_DIRECTORIES": str(cell)}
+
+
 def cell_paths(workdir: Path, interp: Interpreter) -> tuple[Path, Path]:
     """A Python's cell folder in ``workdir`` (its venv and temporary files) and its log
     (named whole, not with_suffix: "py3.10")."""
@@ -152,10 +177,9 @@ def run_in_host_venv(
             time.monotonic() - start,
             str(log_path),
         )
-    run_dir = cell / "run"
-    run_dir.mkdir(parents=True, exist_ok=True)
+    run_dir = run_folder(cell)
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}
-    env.update({"PYTHONDONTWRITEBYTECODE": "1", **env_extra})
+    env.update({"PYTHONDONTWRITEBYTECODE": "1", **isolation_env(cell), **env_extra})
     env["PATH"] = os.pathsep.join([str(py.parent), env.get("PATH", "")])
     # The host's /tmp is shared: pytest keeps three basetemps per user there and Inductor its
     # cache, so another run's pruning or clearing fails this cell's fixtures and compiles. The

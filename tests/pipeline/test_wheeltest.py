@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -120,3 +122,33 @@ def test_a_passed_cells_venv_is_removed_a_failed_ones_kept(
     assert res.status == ("failed" if kept else "passed")
     assert (tmp_path / "py3.12" / "venv").exists() == kept
     assert (tmp_path / "py3.12.log").exists()
+
+
+STRICT_MARKERS = "[tool.pytest.ini_options]\naddopts = ['--strict-markers']\n"
+A_MARKED_TEST = "import pytest\n\n\n@pytest.mark.theirs\ndef test_marked():\n    pass\n"
+
+
+def test_a_wheels_tests_see_no_configuration_of_the_folders_around_them(tmp_path) -> None:
+    """The test cells live in the cache, by default inside this repository: a test command
+    that runs pytest on the installed package (no path of the checkout) took this repository's
+    pytest configuration (its strict markers, and its root on sys.path), and a marker of the
+    project's own failed collection. Nor does git there find this repository."""
+    repo = tmp_path / "repo"
+    repo.mkdir()
+    (repo / "pyproject.toml").write_text(STRICT_MARKERS)
+    cell = repo / "cache" / "py3.12"
+    run = wheeltest.run_folder(cell)
+    (run / "test_theirs.py").write_text(A_MARKED_TEST)
+    pytest_run = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "test_theirs.py"]
+    ran = subprocess.run(pytest_run, cwd=run, capture_output=True, text=True)
+    assert ran.returncode == 0, ran.stdout
+    # the same test, with the repository's configuration in reach, fails collection
+    (cell / "pytest.ini").unlink()
+    ran = subprocess.run(pytest_run, cwd=run, capture_output=True, text=True)
+    assert "'theirs' not found in `markers`" in ran.stdout
+    subprocess.run(["git", "init", "-q", str(repo)], check=True)
+    env = {**os.environ, **wheeltest.isolation_env(cell)}
+    toplevel = subprocess.run(
+        ["git", "rev-parse", "--show-toplevel"], cwd=run, env=env, capture_output=True, text=True
+    )
+    assert "not a git repository" in toplevel.stderr
