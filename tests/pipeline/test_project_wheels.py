@@ -430,16 +430,20 @@ def test_relabel_keeps_a_wheel_with_the_same_label_and_refuses_another(tmp_path)
         relabel.label_wheel(first, "pt29cu128", "torch==2.9.*", tmp_path / "c")
 
 
+def relabel_refusal(tmp_path: Path, version: str, label: str, requires_torch: str) -> str:
+    """Why relabelling a wheel built as ``version`` as ``label`` is refused."""
+    wheel = plain_wheel(tmp_path)
+    built = wheel.rename(wheel.with_name(f"mypkg-{version}-cp39-abi3-linux_x86_64.whl"))
+    with pytest.raises(relabel.RelabelError) as err:
+        relabel.label_wheel(built, label, requires_torch, tmp_path / "out")
+    return str(err.value)
+
+
 def test_relabel_says_where_a_projects_own_git_label_is_turned_off(tmp_path) -> None:
     """torchao's setup.py appends `+git<short commit>` unless VERSION_SUFFIX is set: in the
     build's copy, with no repository, that is `+git`; the advice names the table's
     build-env, where such a switch goes."""
-    wheel = plain_wheel(tmp_path)
-    labelled = wheel.with_name("mypkg-0.19.0+git-cp39-abi3-linux_x86_64.whl")
-    wheel.rename(labelled)
-    with pytest.raises(relabel.RelabelError) as err:
-        relabel.label_wheel(labelled, "pt211cpu", "torch==2.11.*", tmp_path / "out")
-    message = str(err.value)
+    message = relabel_refusal(tmp_path, "0.19.0+git", "pt211cpu", "torch==2.11.*")
     assert "carries the local version label 'git'" in message
     assert "VERSION_SUFFIX" in message
     assert "build-env" in message
@@ -448,12 +452,7 @@ def test_relabel_says_where_a_projects_own_git_label_is_turned_off(tmp_path) -> 
 def test_relabel_names_versioneers_unknown_version(tmp_path) -> None:
     """versioneer's version where it finds no git (the build's copy has none): not a label of
     the project's own, whose advice (drop it from the version) would not help."""
-    wheel = plain_wheel(tmp_path)
-    unknown = wheel.with_name("mypkg-0+unknown-cp39-abi3-linux_x86_64.whl")
-    wheel.rename(unknown)
-    with pytest.raises(relabel.RelabelError) as err:
-        relabel.label_wheel(unknown, "pt29cu128", "torch==2.9.*", tmp_path / "out")
-    message = str(err.value)
+    message = relabel_refusal(tmp_path, "0+unknown", "pt29cu128", "torch==2.9.*")
     assert "0+unknown is versioneer's version" in message
     assert "Build from the project's sdist unpacked" in message
     assert "drop the project's label" not in message
