@@ -210,6 +210,26 @@ def unsupported_in_log(log_text: str, row: Row) -> str:
     )
 
 
+# CMake's words for a target that links an imported target it did not find.
+_MISSING_CUDA_TARGET = re.compile(r"links to:\s+(CUDA::\w+)\s+but the target was not found")
+
+
+def missing_cuda_libraries(log_text: str) -> str:
+    """A sentence for a CUDA build that stopped at CMake's ``CUDA::X`` targets it did not
+    find, or "": the pipeline's toolkit holds the compiler, the runtime and CCCL, and builds
+    link torch's own CUDA libraries (its nvidia-* wheels); a library torch does not ship has
+    neither."""
+    missing = sorted(set(_MISSING_CUDA_TARGET.findall(log_text)))
+    if not missing:
+        return ""
+    return (
+        f"\nCMake found no {', '.join(missing)}: builds here link the CUDA libraries that torch's "
+        "nvidia-* wheels hold (cuBLAS, cuSPARSE, cuFFT, cuRAND, cuSOLVER, NVRTC, ...), and the "
+        "row's toolkit holds the compiler and the runtime alone; a library torch does not ship "
+        "is not available to the build"
+    )
+
+
 # torch's CMake config (Caffe2Config.cmake) when the torch it describes is a CUDA build and no
 # CUDA toolkit is found: what find_package(Torch) says in a CPU build against PyPI's torch.
 _TORCH_CMAKE_WANTS_CUDA = "Your installed Caffe2 version uses CUDA but I cannot find the CUDA"
@@ -339,7 +359,9 @@ def build_project_wheel(
     except BuildError as exc:
         log_text = (workdir / "build.log").read_text()
         found = (
-            unsupported_in_log(log_text, row) if tools_.cuda_home else cpu_build_failure(log_text)
+            unsupported_in_log(log_text, row) + missing_cuda_libraries(log_text)
+            if tools_.cuda_home
+            else cpu_build_failure(log_text)
         )
         raise BuildError(str(exc) + found) from None
     left_out = host_tuned_flags_left_out(log_path.read_text())

@@ -296,6 +296,21 @@ def test_cmake_finds_torchs_cuda_libraries_in_a_cuda_build(rows, tmp_path, monke
     assert not {"CMAKE_LIBRARY_PATH", "LIBRARY_PATH"} & set(env)
 
 
+def test_a_cmake_target_on_a_cuda_library_torch_does_not_ship_is_named() -> None:
+    """CMake's own words for a CUDA library target it did not find ('links to: CUDA::nppc but
+    the target was not found') name no cause: the links cover torch's nvidia-* libraries, and
+    a library torch does not ship has none."""
+    log_text = (
+        "CMake Error at CMakeLists.txt:12 (target_link_libraries):\n"
+        '  Target "ext" links to:\n\n    CUDA::nppc\n\n  but the target was not found.\n'
+        '  Target "ext" links to:\n\n    CUDA::nvjpeg\n\n  but the target was not found.\n'
+    )
+    said = project_build.missing_cuda_libraries(log_text)
+    assert "CUDA::nppc, CUDA::nvjpeg" in said
+    assert "torch's nvidia-* wheels" in said
+    assert project_build.missing_cuda_libraries("error: x.cu\n") == ""
+
+
 def test_a_cpu_build_that_compiled_cuda_says_so() -> None:
     """diff-gaussian-rasterization has CUDA sources only: its --cpu build found the builder's
     nvcc and stopped in torch's arch flags with an IndexError."""
