@@ -212,6 +212,13 @@ FOREIGN_BUILD_VARIABLES = (
 )
 
 
+def no_repository_around(folder: Path) -> dict[str, str]:
+    """What git run in ``folder`` or below needs to find no repository around it, as in a
+    fresh folder: the cache, where another project's build and tests run, lies by default
+    inside this repository."""
+    return {"GIT_CEILING_DIRECTORIES": str(folder)}
+
+
 def clean_environment() -> dict[str, str]:
     """The caller's environment less ``FOREIGN_BUILD_VARIABLES``."""
     return {k: v for k, v in os.environ.items() if k not in FOREIGN_BUILD_VARIABLES}

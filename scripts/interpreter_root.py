@@ -33,7 +33,7 @@ from pathlib import Path
 from scripts import basics, build, diskspace, mmdebstrap, toolchain
 from scripts.interpreters import CONTAINER, Interpreter
 from scripts.toolchain.cache import stamp, stamped
-from scripts.wheeltest import PythonTestResult, cell_paths, isolation_env, run_folder, run_summary
+from scripts.wheeltest import PythonTestResult, cell_paths, run_folder, run_summary
 
 SUITE = "sid"
 # The Pythons the root provides: the host has 3.9-3.13 (pyenv); sid has these.
@@ -253,7 +253,7 @@ def run_in_root(
         **cert_env,
         "UV_CACHE_DIR": str(uv_cache().resolve()),
         "UV_PYTHON_DOWNLOADS": "never",
-        **isolation_env(cell),
+        **build.no_repository_around(cell),
         **env_extra,
         "PYTHONDONTWRITEBYTECODE": "1",
     }

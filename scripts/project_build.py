@@ -279,10 +279,9 @@ def project_build_env(
             "SOURCE_DATE_EPOCH": build.source_date_epoch(project.root),
             "TORCH_NO_COMPILER_WRAPPER": "1",
             "UV_PYTHON_DOWNLOADS": "never",
-            # The copy has no .git, and lives in the cache, by default inside this repository:
-            # git in the build (a version from `git rev-parse HEAD`, a `git submodule update`)
-            # would find this repository around it. It stops at the cell's work folder.
-            "GIT_CEILING_DIRECTORIES": str(workdir),
+            # The copy has no .git: git in the build (a version from `git rev-parse HEAD`, a
+            # `git submodule update`) finds no repository, rather than this one.
+            **build.no_repository_around(workdir),
             **compilers,
             **tools_.ccache_env,
         }

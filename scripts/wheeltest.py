@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from scripts.basics import REPO
-from scripts.build import create_venv
+from scripts.build import create_venv, no_repository_around
 from scripts.interpreters import Interpreter
 from scripts.project import Project, own_project
 
@@ -116,12 +116,6 @@ def run_folder(cell: Path) -> Path:
     return run
 
 
-def isolation_env(cell: Path) -> dict[str, str]:
-    """What a cell's test command gets so that git there finds no repository around the cell
-    (the one the cache lies in), as in a fresh folder."""
-    return {"GIT_CEILING_DIRECTORIES": str(cell)}
-
-
 def cell_paths(workdir: Path, interp: Interpreter) -> tuple[Path, Path]:
     """A Python's cell folder in ``workdir`` (its venv and temporary files) and its log
     (named whole, not with_suffix: "py3.10")."""
@@ -179,7 +173,7 @@ def run_in_host_venv(
         )
     run_dir = run_folder(cell)
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}
-    env.update({"PYTHONDONTWRITEBYTECODE": "1", **isolation_env(cell), **env_extra})
+    env.update({"PYTHONDONTWRITEBYTECODE": "1", **no_repository_around(cell), **env_extra})
     env["PATH"] = os.pathsep.join([str(py.parent), env.get("PATH", "")])
     # The host's /tmp is shared: pytest keeps three basetemps per user there and Inductor its
     # cache, so another run's pruning or clearing fails this cell's fixtures and compiles. The

@@ -195,8 +195,9 @@ def repair_and_audit(
     """
     provided = torch_provided_libs(site_packages)
     repaired, aw_output = repair_wheel(wheel, out_dir, provided)
-    droppable = droppable_search_paths(build_folders) if build_folders else {}
-    dropped = drop_search_paths(repaired, droppable) if droppable else []
+    dropped = (
+        drop_search_paths(repaired, droppable_search_paths(build_folders)) if build_folders else []
+    )
     if finalize is not None:
         repaired = finalize(repaired)
     limited_api = project is None or audit_wheel_is_abi3(repaired)

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from scripts import wheeltest
+from scripts import build, wheeltest
 
 
 def test_cells_run_in_a_venv_seeded_like_python_m_venv(monkeypatch, tmp_path) -> None:
@@ -147,7 +147,7 @@ def test_a_wheels_tests_see_no_configuration_of_the_folders_around_them(tmp_path
     ran = subprocess.run(pytest_run, cwd=run, capture_output=True, text=True)
     assert "'theirs' not found in `markers`" in ran.stdout
     subprocess.run(["git", "init", "-q", str(repo)], check=True)
-    env = {**os.environ, **wheeltest.isolation_env(cell)}
+    env = {**os.environ, **build.no_repository_around(cell)}
     toplevel = subprocess.run(
         ["git", "rev-parse", "--show-toplevel"], cwd=run, env=env, capture_output=True, text=True
     )
